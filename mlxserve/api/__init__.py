@@ -1,0 +1,1 @@
+"""The HTTP layer: Quart routes, request/response models, errors. Never imports mlx."""

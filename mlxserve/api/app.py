@@ -1,0 +1,75 @@
+"""The Quart application: routes, limits, auth, and error handlers that keep every failure JSON."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from quart import Quart, request
+from quart_schema import QuartSchema
+from werkzeug.exceptions import HTTPException
+
+from ..settings import Settings
+from . import completions, health, models
+from .auth import check_api_key
+from .errors import APIError, error_body
+
+log = logging.getLogger("mlxserve.api")
+
+HTTP_ERROR_TYPES = {
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+}
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def create_app(settings: Settings, engine) -> Quart:
+    app = Quart("mlxserve")
+    app.config.update(
+        ENGINE=engine,
+        SETTINGS=settings,
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        # Quart's 60 s default silently cuts long streams and slow generations (REFERENCE §6).
+        RESPONSE_TIMEOUT=None,
+        BODY_TIMEOUT=60,
+        JSON_SORT_KEYS=False,
+    )
+    app.config[models.STARTED] = int(time.time())
+    app.json.sort_keys = False
+    QuartSchema(app, openapi_path="/openapi.json", redoc_ui_path=None, swagger_ui_path="/docs")
+    for module in (completions, health, models):
+        app.register_blueprint(module.blueprint)
+
+    @app.before_request
+    async def authenticate() -> None:
+        check_api_key(settings.api_key)
+
+    @app.errorhandler(APIError)
+    async def api_error(error: APIError):
+        return error.body(), error.status, error.headers
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException):
+        status = error.code or 500
+        message = error.description or error.name
+        if status == 404:
+            message = f"Unknown route: {request.method} {request.path}"
+        elif status == 405:
+            message = f"Method {request.method} is not allowed on {request.path}"
+        elif status == 413:
+            message = f"Request body too large: the limit is {settings.max_body_bytes} bytes"
+        body = error_body(
+            message,
+            HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
+            code=HTTP_ERROR_CODES.get(status),
+        )
+        return body, status
+
+    @app.errorhandler(Exception)
+    async def unexpected(error: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_body("The server had an internal error.", "server_error"), 500
+
+    return app

@@ -1,0 +1,289 @@
+"""POST /v1/completions: plan the sequences, hand them to the engine, shape OpenAI's answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from quart import Blueprint, current_app, request
+from quart_schema import document_request
+
+from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
+from ..prompt import Prompt, PromptError, fit_context, split_prompts, tokenize
+from ..sampling.params import SamplingParams
+from ..settings import Settings
+from .errors import InvalidRequest, ServerError, ServiceUnavailable
+from .models import check_model_name, served_model_id
+from .parsing import parse_completion_request, parse_json_object
+from .schemas import CompletionRequest
+
+blueprint = Blueprint("completions", __name__)
+FINGERPRINT = "mlxserve-0.1"
+
+
+@dataclass
+class Plan:
+    """What one HTTP request asks of the engine: per prompt, `per_prompt` sequences."""
+
+    body: CompletionRequest
+    prompts: list[Prompt]
+    sequences: list[GenerationRequest]
+    per_prompt: int
+
+
+@dataclass
+class SequenceResult:
+    text: str = ""
+    tokens: list[TokenLogprob] = field(default_factory=list)
+    prompt_tokens: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cumulative_logprob: float = 0.0
+
+
+@blueprint.post("/v1/completions")
+@document_request(CompletionRequest)
+async def create_completion():
+    body = parse_completion_request(parse_json_object(await request.get_data()))
+    check_model_name(body.model)
+    engine = current_app.config["ENGINE"]
+    try:
+        loaded = engine.check_ready()
+    except EngineError as error:
+        raise ServiceUnavailable(
+            str(error), code="model_loading", headers={"Retry-After": "1"}
+        ) from error
+    plan = await asyncio.to_thread(make_plan, body, loaded, current_app.config["SETTINGS"])
+    meta = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": served_model_id(),
+        "system_fingerprint": FINGERPRINT,
+    }
+    if body.stream:
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        return stream_completion(engine, plan, meta), 200, headers
+    return await collect_completion(engine, plan, meta)
+
+
+def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
+    """Tokenize, fit the context, and expand prompts x best_of into GenerationRequests."""
+    pieces = _or_400(lambda: split_prompts(body.prompt), "prompt")
+    per_prompt = body.best_of or body.n
+    if len(pieces) * per_prompt > settings.max_sequences_per_request:
+        raise InvalidRequest(
+            f"{len(pieces)} prompts x {per_prompt} choices = {len(pieces) * per_prompt} sequences; "
+            f"the limit is {settings.max_sequences_per_request} per request.",
+            param="n",
+        )
+    vocab = loaded.vocab_size
+    _check_token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
+    _check_token_ids(body.allowed_token_ids or [], vocab, "allowed_token_ids")
+    bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
+    _check_token_ids(list(bias), vocab, "logit_bias")
+    sampling = SamplingParams(
+        temperature=body.temperature,
+        top_k=max(body.top_k, 0),
+        top_p=body.top_p,
+        min_p=body.min_p,
+        seed=body.seed,
+        logit_bias=bias,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        repeat_last_n=body.repeat_last_n,
+        allowed_token_ids=tuple(body.allowed_token_ids) if body.allowed_token_ids else None,
+    )
+    stop = StopSpec(
+        strings=tuple(body.stop_strings),
+        token_ids=tuple(body.stop_token_ids or ()),
+        include_in_output=body.include_stop_str_in_output,
+        min_tokens=body.min_tokens,
+        ignore_eos=body.ignore_eos,
+    )
+    needs_scores = body.best_of is not None and body.best_of > body.n
+    logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
+    base_seed = body.seed if body.seed not in (None, -1) else secrets.randbits(64)
+    document_start = (
+        loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_ids[0]
+    )
+    prompts, sequences = [], []
+    for piece in pieces:
+        prompt = _or_400(
+            lambda p=piece: tokenize(p, loaded.tokenizer, vocab, document_start), "prompt"
+        )
+        budget = _or_400(
+            lambda p=prompt: fit_context(
+                p.ids,
+                body.max_tokens,
+                loaded.context_length,
+                body.truncate,
+                body.truncate_prompt_tokens,
+            ),
+            "prompt",
+        )
+        prompts.append(Prompt(budget.ids, prompt.text))
+        for choice in range(per_prompt):
+            sequences.append(
+                GenerationRequest(
+                    prompt_ids=budget.ids,
+                    max_tokens=budget.max_tokens,
+                    sampling=sampling,
+                    # Choices of one request differ; the same seed repeats the same choices.
+                    seed=(base_seed + choice) % 2**64,
+                    stop=StopSpec(
+                        stop.strings,
+                        stop.token_ids,
+                        stop.include_in_output,
+                        min(stop.min_tokens, budget.max_tokens),
+                        stop.ignore_eos,
+                    ),
+                    logprobs=logprobs,
+                    prompt_logprobs=body.echo and body.logprobs is not None,
+                    skip_special_tokens=body.skip_special_tokens,
+                )
+            )
+    return Plan(body, prompts, sequences, per_prompt)
+
+
+async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
+    results = [SequenceResult() for _ in plan.sequences]
+    async for event in engine.submit(plan.sequences):
+        _raise_on_error(event)
+        result = results[event.index]
+        result.text += event.text
+        result.tokens += event.tokens
+        if event.prompt_tokens is not None:
+            result.prompt_tokens = event.prompt_tokens
+        if event.finish_reason:
+            result.finish_reason = event.finish_reason
+            result.completion_tokens = event.completion_tokens
+            result.cumulative_logprob = event.cumulative_logprob
+    body, choices = plan.body, []
+    for p, prompt in enumerate(plan.prompts):
+        candidates = results[p * plan.per_prompt : (p + 1) * plan.per_prompt]
+        if plan.per_prompt > body.n:  # best_of: keep the n most likely, in that order
+            candidates = sorted(candidates, key=lambda r: -r.cumulative_logprob)[: body.n]
+        for c, result in enumerate(candidates):
+            text = (prompt.text if body.echo else "") + result.text
+            logprobs = None
+            if body.logprobs is not None:
+                tokens = (result.prompt_tokens or []) + result.tokens
+                logprobs = legacy_logprobs(tokens, 0)
+            choices.append(
+                {
+                    "index": p * body.n + c,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": result.finish_reason,
+                }
+            )
+    return {
+        **meta,
+        "object": "text_completion",
+        "choices": choices,
+        "usage": usage(plan, sum(r.completion_tokens for r in results)),
+    }
+
+
+async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIterator[str]:
+    body = plan.body
+    started: set[int] = set()
+    offsets = [0] * len(plan.sequences)
+    completion_tokens = 0
+    try:
+        async for event in engine.submit(plan.sequences):
+            if event.error:
+                yield _sse(error_chunk(event.error))
+                return
+            index = event.index
+            text, tokens = event.text, (event.prompt_tokens or []) + event.tokens
+            if body.echo and index not in started:  # the prompt goes out with the first chunk
+                started.add(index)
+                text = plan.prompts[index // plan.per_prompt].text + text
+            if not text and not tokens and not event.finish_reason:
+                continue
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = legacy_logprobs(tokens, offsets[index])
+                offsets[index] += sum(len(t.text) for t in tokens)
+            if event.finish_reason:
+                completion_tokens += event.completion_tokens
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": event.finish_reason,
+            }
+            yield _sse({**meta, "object": "text_completion", "choices": [choice]})
+        if body.stream_options and body.stream_options.include_usage:
+            yield _sse(
+                {
+                    **meta,
+                    "object": "text_completion",
+                    "choices": [],
+                    "usage": usage(plan, completion_tokens),
+                }
+            )
+        yield "data: [DONE]\n\n"
+    except EngineError as error:
+        yield _sse(error_chunk(str(error)))
+
+
+def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, list]:
+    """OpenAI's legacy completions logprobs: four parallel lists."""
+    offsets, position = [], start_offset
+    for token in tokens:
+        offsets.append(position)
+        position += len(token.text)
+    return {
+        "tokens": [t.text for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [t.top if t.logprob is not None else None for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+def usage(plan: Plan, completion_tokens: int) -> dict[str, Any]:
+    prompt_tokens = sum(len(p.ids) for p in plan.prompts)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def error_chunk(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _raise_on_error(event: GenerationEvent) -> None:
+    if event.error:
+        raise ServerError(event.error, code="generation_failed")
+
+
+def _or_400(make, param: str):
+    try:
+        return make()
+    except PromptError as error:
+        raise InvalidRequest(str(error), param=param, code=error.code) from error
+
+
+def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequest(
+            f"token id {bad[0]} in '{param}' is outside the vocabulary [0, {vocab_size}).",
+            param=param,
+        )

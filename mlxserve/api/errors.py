@@ -1,0 +1,61 @@
+"""OpenAI-style errors: every failure a client can cause is a JSON body naming what was wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error that becomes `{"error": {"message", "type", "param", "code"}}` with a status."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        if status is not None:
+            self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(APIError):
+    status = 400
+
+
+class AuthenticationError(APIError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "not_found_error"
+
+
+class ServerError(APIError):
+    status = 500
+    type = "server_error"
+
+
+class ServiceUnavailable(APIError):
+    status = 503
+    type = "service_unavailable"
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,23 @@
+"""GET /health: 200 once the model is ready, 503 while it loads (llama.cpp's contract)."""
+
+from __future__ import annotations
+
+from quart import Blueprint, current_app
+
+from .errors import error_body
+
+blueprint = Blueprint("health", __name__)
+
+
+@blueprint.get("/health")
+async def health():
+    engine = current_app.config["ENGINE"]
+    if engine.state == "ready":
+        return {"status": "ok", "model": engine.loaded.model_id}
+    body = error_body(
+        "Loading model" if engine.state in ("starting", "loading") else f"Engine {engine.state}",
+        "service_unavailable",
+        code="model_loading" if engine.state in ("starting", "loading") else "engine_error",
+    )
+    body["status"] = engine.state
+    return body, 503, {"Retry-After": "1"}

@@ -1,0 +1,72 @@
+"""Turning a request body into a validated model, or an error that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import InvalidRequest
+from .schemas import NOT_YET_SUPPORTED, CompletionRequest
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {error}", code="invalid_json"
+        ) from error
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def validate(model: type[Model], data: dict[str, Any]) -> Model:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        message = first["msg"]
+        if first.get("input") is not None and first["type"] not in ("missing",):
+            message = f"{message} (got {_short(first['input'])})"
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {message}" if param else message,
+            param=param,
+            code="invalid_value" if first["type"] != "missing" else "missing_field",
+        ) from error
+
+
+def parse_completion_request(data: dict[str, Any]) -> CompletionRequest:
+    for name, off_values in NOT_YET_SUPPORTED.items():
+        if name in data and data[name] not in off_values:
+            raise InvalidRequest(
+                f"'{name}' is not supported by this server yet; remove it or send its default.",
+                param=name,
+                code="unsupported_parameter",
+            )
+    request = validate(CompletionRequest, data)
+    if request.best_of is not None and request.best_of < request.n:
+        raise InvalidRequest(
+            f"best_of ({request.best_of}) must be at least n ({request.n}).", param="best_of"
+        )
+    if request.stream and request.best_of is not None and request.best_of > request.n:
+        raise InvalidRequest(
+            "best_of > n cannot be streamed: the best choices are known only at the end.",
+            param="best_of",
+        )
+    if request.max_tokens is not None and 0 < request.max_tokens < request.min_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({request.max_tokens}).",
+            param="min_tokens",
+        )
+    return request
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

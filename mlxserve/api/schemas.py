@@ -1,0 +1,139 @@
+"""Request models: every dialect's field names mapped onto one canonical shape.
+
+Each alias sits next to the field it maps to (OpenAI first, then llama.cpp, mistral.rs, Fireworks,
+vLLM). Unknown fields are accepted and ignored; known fields whose feature has not landed yet are
+refused by name when they would change the output (see NOT_YET_SUPPORTED).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_MAX_TOKENS = 16
+MAX_N = 128
+MAX_LOGPROBS = 5
+MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 100.0
+
+PromptPart = str | int
+PromptInput = str | list[PromptPart | list[PromptPart]]
+
+
+def alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+# Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
+NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "suffix": (None, ""),
+    "mirostat": (None, 0),
+    "dry_multiplier": (None, 0, 0.0),
+    "typical_p": (None, 1, 1.0),
+    "xtc_probability": (None, 0, 0.0),
+    "top_n_sigma": (None, -1, -1.0, 0, 0.0),
+    "dynatemp_range": (None, 0, 0.0),
+    "samplers": (None,),
+    "grammar": (None, ""),
+    "json_schema": (None,),
+    "response_format": (None, {"type": "text"}),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "tools": (None, []),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+}
+
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions, in OpenAI's, llama.cpp's, mistral.rs's, Fireworks' and vLLM's names."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+
+    model: str | None = None
+    prompt: PromptInput = Field(description="text, token ids, or a list of either")
+    max_tokens: int | None = Field(
+        DEFAULT_MAX_TOKENS,
+        ge=-1,
+        validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
+        description="-1 or null: until the context window is full",
+    )
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, validation_alias=alias("logprobs", "n_probs")
+    )
+    echo: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, validation_alias=alias("repetition_penalty", "repeat_penalty")
+    )
+    repeat_last_n: int = Field(
+        64, ge=-1, description="penalty window in tokens, prompt included; -1 = all, 0 = off"
+    )
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    context_length_exceeded_behavior: Literal["truncate", "error"] = "error"
+    truncate_sequence: bool = False
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    cache_prompt: bool = True
+    user: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: PromptInput) -> PromptInput:
+        if isinstance(prompt, list) and (not prompt or any(p == [] for p in prompt)):
+            raise ValueError("prompt must not be an empty list")
+        return prompt
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
+        return [s for s in stops if s]
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
+        return bias
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self.stop  # normalised to a list by the validator
+
+    @property
+    def truncate(self) -> bool:
+        return (
+            self.context_length_exceeded_behavior == "truncate"
+            or self.truncate_sequence
+            or self.truncate_prompt_tokens is not None
+        )

@@ -1,0 +1,90 @@
+"""mlxserve's command line: `mlxserve serve ...`. `--help` is the manual."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .settings import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxserve",
+        description="A local, OpenAI-compatible text-completion server built on MLX.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve one model over HTTP",
+        description="Serve one model over an OpenAI-compatible HTTP API "
+        "(POST /v1/completions, GET /v1/models, GET /health).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="an mlx-lm model folder or Hugging Face repo id; without it, a tiny random-weight "
+        "test model is built into the user cache on first use (it prints noise)",
+    )
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("MLXSERVE_API_KEY"),
+        help="require this key (Authorization: Bearer KEY) on every route but /health; "
+        "defaults to $MLXSERVE_API_KEY",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body accepted (larger gets 413)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "serve":
+        return serve(args)
+    return 2
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .engine.model_host import ModelLoadError, check_model_source
+
+    model = args.model
+    if model is None:
+        from .tiny_model import default_tiny_model_dir, ensure_default_tiny_model
+
+        print(
+            f"no --model given: using the tiny test model in {default_tiny_model_dir()}",
+            file=sys.stderr,
+        )
+        model = str(ensure_default_tiny_model())
+    try:
+        check_model_source(model)
+    except ModelLoadError as error:
+        print(f"mlxserve: error: {error}", file=sys.stderr)
+        return 2
+    from .server import serve_forever
+
+    settings = Settings(
+        model=model,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        max_body_bytes=args.max_body_bytes,
+    )
+    return serve_forever(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

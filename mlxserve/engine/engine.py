@@ -1,0 +1,382 @@
+"""The engine thread: owns the model and every MLX call, batches all live sequences.
+
+HTTP handlers call `submit`, which hands a group of GenerationRequests to the thread through a
+thread-safe inbox and yields GenerationEvents that the thread posts back onto the caller's event
+loop. Leaving the iterator early (a client that disconnects) cancels the group at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..sampling.chain import SequenceSampler, make_processors
+from ..sampling.logprobs import LogprobReader, LogprobRow
+from ..text import IncrementalDetokenizer, StopMatcher
+from .model_host import LoadedModel, ModelLoadError, load_model
+from .requests import GenerationEvent, GenerationRequest, TokenLogprob
+
+log = logging.getLogger("mlxserve.engine")
+
+EngineState = Literal["starting", "loading", "ready", "error", "stopped"]
+PREFILL_STEP = 512
+MAX_BATCH = 32
+# mlx-lm keeps freed buffers for reuse; return them to the system now and then.
+CLEAR_CACHE_EVERY = 256
+
+
+class EngineError(Exception):
+    """The engine cannot take work now (not loaded, failed, stopped)."""
+
+    def __init__(self, message: str, state: EngineState):
+        super().__init__(message)
+        self.state = state
+
+
+@dataclass
+class EngineStats:
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    finished_sequences: int = 0
+    cancelled_sequences: int = 0
+    active_sequences: int = 0
+    waiting_groups: int = 0
+
+
+@dataclass
+class _Sequence:
+    """The engine thread's state for one live sequence."""
+
+    index: int
+    request: GenerationRequest
+    post: Callable[[GenerationEvent], None]
+    detokenizer: IncrementalDetokenizer
+    stops: StopMatcher
+    logprob_reader: LogprobReader | None
+    uid: int | None = None
+    generated: int = 0
+    cumulative_logprob: float = 0.0
+    text_tokens: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    group_id: int
+    requests: Sequence[GenerationRequest]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+
+
+class Engine:
+    """One model, one thread, one batch."""
+
+    def __init__(self, model_source: str, on_fatal: Callable[[str], None] | None = None):
+        self.model_source = model_source
+        self.state: EngineState = "starting"
+        self.error: str | None = None
+        self.loaded: LoadedModel | None = None
+        self.stats = EngineStats()
+        self._on_fatal = on_fatal
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
+        self._ready = threading.Event()
+        self._groups: dict[int, list[_Sequence]] = {}
+        self._by_uid: dict[int, tuple[int, _Sequence]] = {}
+
+    # ---- called from any thread -------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self.state = "loading"
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._inbox.put(("stop",))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.state = "stopped"
+
+    def check_ready(self) -> LoadedModel:
+        if self.state == "ready" and self.loaded is not None:
+            return self.loaded
+        if self.state in ("starting", "loading"):
+            raise EngineError(f"model {self.model_source} is still loading", self.state)
+        raise EngineError(f"engine is {self.state}: {self.error or 'no model loaded'}", self.state)
+
+    async def submit(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[GenerationEvent]:
+        """Generate a group of sequences; events carry the request's index in the group.
+
+        Stop iterating (or get cancelled) to cancel whatever is still running.
+        """
+        self.check_ready()
+        loop = asyncio.get_running_loop()
+        group = _Group(next(self._ids), list(requests), loop, asyncio.Queue())
+        self._inbox.put(("add", group))
+        remaining = len(group.requests)
+        try:
+            while remaining:
+                event: GenerationEvent = await group.events.get()
+                if event.finished:
+                    remaining -= 1
+                yield event
+        finally:
+            if remaining:
+                self._inbox.put(("cancel", group.group_id))
+
+    # ---- the engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.loaded = load_model(self.model_source)
+        except ModelLoadError as error:
+            self._fail(str(error))
+            return
+        except Exception as error:  # anything else is still a failed load, reported in one line
+            self._fail(f"could not load model {self.model_source}: {error}")
+            return
+        self._generator = self._new_generator()
+        self.state = "ready"
+        self._ready.set()
+        log.info("model %s ready (context %d)", self.loaded.model_id, self.loaded.context_length)
+        while True:
+            if not self._drain_inbox(block=not self._by_uid):
+                break
+            if not self._by_uid:
+                continue
+            try:
+                self._step()
+            except Exception as error:  # a broken step must not take the server down
+                log.exception("engine step failed")
+                self._fail_all(f"generation failed: {error}")
+        self.state = "stopped"
+
+    def _fail(self, message: str) -> None:
+        self.state = "error"
+        self.error = message
+        self._ready.set()
+        log.error(message)
+        if self._on_fatal:
+            self._on_fatal(message)
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.loaded.model,
+            completion_batch_size=MAX_BATCH,
+            prefill_batch_size=8,
+            prefill_step_size=PREFILL_STEP,
+        )
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued adds and cancels. Returns False when asked to stop."""
+        while True:
+            try:
+                message = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if message[0] == "stop":
+                return False
+            if message[0] == "add":
+                self._admit(message[1])
+            elif message[0] == "cancel":
+                self._cancel(message[1])
+            self.stats.waiting_groups = self._inbox.qsize()
+
+    def _admit(self, group: _Group) -> None:
+        def poster(event: GenerationEvent) -> None:
+            group.loop.call_soon_threadsafe(group.events.put_nowait, event)
+
+        sequences = []
+        try:
+            for index, request in enumerate(group.requests):
+                sequences.append(self._start_sequence(index, request, poster))
+        except Exception as error:
+            log.exception("could not start a sequence")
+            self._remove([s for s in sequences if s.uid is not None])
+            for index in range(len(group.requests)):
+                poster(GenerationEvent(index=index, error=f"could not start generation: {error}"))
+            return
+        live = [s for s in sequences if s.uid is not None]
+        if live:
+            self._groups[group.group_id] = live
+            for seq in live:
+                self._by_uid[seq.uid] = (group.group_id, seq)
+        self.stats.active_sequences = len(self._by_uid)
+
+    def _start_sequence(self, index: int, request: GenerationRequest, post) -> _Sequence:
+        loaded = self.loaded
+        prompt = list(request.prompt_ids)
+        self.stats.prompt_tokens += len(prompt)
+        reader = (
+            LogprobReader(loaded.tokenizer, request.logprobs)
+            if request.logprobs is not None
+            else None
+        )
+        seq = _Sequence(
+            index=index,
+            request=request,
+            post=post,
+            detokenizer=IncrementalDetokenizer(
+                loaded.tokenizer, prompt, skip_special_tokens=request.skip_special_tokens
+            ),
+            stops=StopMatcher(request.stop.strings, request.stop.include_in_output),
+            logprob_reader=reader,
+        )
+        cache, cached_tokens = None, []
+        if request.prompt_logprobs:
+            cache, prompt_tokens = self._score_prompt(prompt, reader)
+            cached_tokens = prompt[:-1]
+            post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
+        if request.max_tokens == 0:
+            post(GenerationEvent(index=index, finish_reason="length"))
+            return seq
+        stop = request.stop
+        eos = [] if stop.ignore_eos else list(loaded.eos_token_ids)
+        stop_ids = eos + [t for t in stop.token_ids if t not in eos]
+        processors = make_processors(
+            request.sampling,
+            loaded.vocab_size,
+            loaded.context_length,
+            banned_until=(stop_ids, len(prompt), stop.min_tokens),
+            always_banned=loaded.eos_token_ids if stop.ignore_eos else (),
+        )
+        (seq.uid,) = self._generator.insert(
+            [prompt[-1:] if cache is not None else prompt],
+            max_tokens=[request.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[cached_tokens],
+            samplers=[SequenceSampler(request.sampling, loaded.vocab_size, request.seed)],
+            logits_processors=[processors],
+            stop_sequences=[StopSequences([[t] for t in stop_ids] or None)],
+        )
+        return seq
+
+    def _score_prompt(self, prompt: list[int], reader: LogprobReader):
+        """Prefill the prompt ourselves to read every prompt token's logprob (echo + logprobs).
+
+        Returns the filled KV cache (all but the last prompt token) so generation goes on from it.
+        """
+        model = self.loaded.model
+        cache = make_prompt_cache(model)
+        texts = IncrementalDetokenizer(self.loaded.tokenizer, [])
+        scored = [TokenLogprob(prompt[0], texts.add(prompt[0]), None)]
+        for start in range(0, len(prompt) - 1, PREFILL_STEP):
+            chunk = prompt[start : min(start + PREFILL_STEP, len(prompt) - 1)]
+            logits = model(mx.array(chunk)[None], cache=cache)[0].astype(mx.float32)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            targets = prompt[start + 1 : start + 1 + len(chunk)]
+            rows = LogprobReader.read_rows(logprobs, targets, reader.k)
+            for row in rows:
+                context = list(texts.ids)
+                text = texts.add(row.token_id)
+                scored.append(_describe(reader, context + [row.token_id], row, text))
+            mx.eval([c.state for c in cache])
+        return cache, scored
+
+    def _step(self) -> None:
+        _, responses = self._generator.next()
+        if not responses:
+            return
+        self.stats.decode_steps += 1
+        if self.stats.decode_steps % CLEAR_CACHE_EVERY == 0:
+            mx.clear_cache()
+        live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]
+        scored = [(r, s) for r, s in live if s.logprob_reader is not None]
+        logprob_rows = {}
+        if scored:
+            rows = LogprobReader.read_rows(
+                mx.stack([r.logprobs for r, _ in scored]),
+                [r.token for r, _ in scored],
+                max(s.request.logprobs for _, s in scored),
+            )
+            logprob_rows = {id(s): row for (_, s), row in zip(scored, rows)}
+        finished = []
+        for response, seq in live:
+            if self._advance(seq, response, logprob_rows.get(id(seq))):
+                finished.append(seq)
+        self._remove(finished)
+        self.stats.active_sequences = len(self._by_uid)
+
+    def _advance(self, seq: _Sequence, response, row) -> bool:
+        """Feed one generated token to its sequence; post an event. True when the sequence ends."""
+        request = seq.request
+        seq.generated += 1
+        self.stats.generated_tokens += 1
+        finish = response.finish_reason
+        event = GenerationEvent(index=seq.index, completion_tokens=seq.generated)
+        if finish == "stop":
+            # A stop token (EOS or stop_token_ids) ends the text without adding to it.
+            event.text = seq.stops.flush() + seq.detokenizer.flush()
+        else:
+            delta = seq.detokenizer.add(response.token)
+            if finish == "length":
+                delta += seq.detokenizer.flush()
+            result = seq.stops.feed(delta, active=seq.generated >= request.stop.min_tokens)
+            event.text = result.text
+            if result.stopped:
+                finish = "stop"
+            elif finish == "length":
+                event.text += seq.stops.flush()
+            if row is not None:
+                seq.cumulative_logprob += row.logprob
+                event.tokens.append(_describe(seq.logprob_reader, seq.detokenizer.ids, row, delta))
+        event.cumulative_logprob = seq.cumulative_logprob
+        event.finish_reason = finish
+        seq.post(event)
+        return finish is not None
+
+    def _remove(self, sequences: list[_Sequence]) -> None:
+        """Forget finished or cancelled sequences and free their batch slots.
+
+        mlx-lm already dropped those it finished itself; `remove` ignores uids it no longer holds.
+        """
+        uids = [s.uid for s in sequences if s.uid is not None]
+        if uids:
+            self._generator.remove(uids)
+        for seq in sequences:
+            if seq.uid is None or seq.uid not in self._by_uid:
+                continue
+            group_id, _ = self._by_uid.pop(seq.uid)
+            members = self._groups.get(group_id, [])
+            if seq in members:
+                members.remove(seq)
+            if not members:
+                self._groups.pop(group_id, None)
+            self.stats.finished_sequences += 1
+
+    def _cancel(self, group_id: int) -> None:
+        members = list(self._groups.get(group_id, []))
+        if members:
+            self._remove(members)
+            self.stats.cancelled_sequences += len(members)
+            self.stats.active_sequences = len(self._by_uid)
+
+    def _fail_all(self, message: str) -> None:
+        for members in list(self._groups.values()):
+            for seq in members:
+                seq.post(GenerationEvent(index=seq.index, error=message))
+        self._groups.clear()
+        self._by_uid.clear()
+        self._generator = self._new_generator()
+        self.stats.active_sequences = 0
+
+
+def _describe(reader: LogprobReader, ids_with_token, row: LogprobRow, text: str) -> TokenLogprob:
+    top = reader.top_alternatives(ids_with_token, row, text)
+    return TokenLogprob(row.token_id, text, row.logprob, top)

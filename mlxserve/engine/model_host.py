@@ -1,0 +1,95 @@
+"""Loading the active model and reading the facts the server needs about it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.nn as nn
+
+# Config keys architectures use for their context window, most specific first.
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "max_sequence_length",
+    "seq_length",
+    "n_positions",
+    "n_ctx",
+)
+FALLBACK_CONTEXT = 4096
+
+
+class ModelLoadError(Exception):
+    """The model could not be loaded; the message is one line a user can act on."""
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    path: str
+    model: nn.Module
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    context_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+
+def model_id_for(path_or_repo: str) -> str:
+    """The name clients use: a local folder's name, or the repo id as given."""
+    path = Path(path_or_repo).expanduser()
+    return path.name if path.exists() else path_or_repo
+
+
+def check_model_source(path_or_repo: str) -> None:
+    """Fail fast, before serving, on a source that cannot possibly load."""
+    path = Path(path_or_repo).expanduser()
+    looks_like_path = path_or_repo.startswith((".", "/", "~")) or path.exists()
+    if looks_like_path:
+        if not path.is_dir():
+            raise ModelLoadError(f"model folder not found: {path_or_repo}")
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
+
+
+def load_model(path_or_repo: str) -> LoadedModel:
+    import mlx_lm
+
+    check_model_source(path_or_repo)
+    try:
+        model, tokenizer, config = mlx_lm.load(path_or_repo, return_config=True)
+    except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
+    vocab_size = _vocab_size(config, tokenizer)
+    eos = tuple(sorted(tokenizer.eos_token_ids))
+    return LoadedModel(
+        model_id=model_id_for(path_or_repo),
+        path=str(path_or_repo),
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config, Path(path_or_repo)),
+        vocab_size=vocab_size,
+        eos_token_ids=eos,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
+def _context_length(config: dict[str, Any], path: Path) -> int:
+    for source in (config, config.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            value = source.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.exists():
+        value = json.loads(tokenizer_config.read_text()).get("model_max_length")
+        if isinstance(value, int) and 0 < value < 10**7:
+            return value
+    return FALLBACK_CONTEXT
+
+
+def _vocab_size(config: dict[str, Any], tokenizer: Any) -> int:
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if size else len(tokenizer.vocab)

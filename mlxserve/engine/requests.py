@@ -1,0 +1,59 @@
+"""What crosses the engine boundary: plain data, no HTTP and no MLX types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..sampling.params import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    strings: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    include_in_output: bool = False
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate. A completion with n prompts x best_of is a group of these."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int
+    stop: StopSpec = StopSpec()
+    logprobs: int | None = None  # top-k alternatives per token; 0 = only the chosen token's
+    prompt_logprobs: bool = False  # echo with logprobs: score the prompt too
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    text: str
+    logprob: float | None  # None for the first prompt token, which nothing predicts
+    top: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationEvent:
+    """Progress of one sequence (`index` = its place in the submitted group)."""
+
+    index: int
+    text: str = ""
+    tokens: list[TokenLogprob] = field(default_factory=list)  # filled when logprobs were asked
+    prompt_tokens: list[TokenLogprob] | None = None  # once, first, when prompt_logprobs
+    cumulative_logprob: float = 0.0
+    finish_reason: FinishReason | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None

@@ -1,0 +1,116 @@
+"""Prompt forms -> token ids, and the context-length policy.
+
+Accepted forms (OpenAI and llama.cpp): a string; a list of token ids; a list of strings (one
+prompt each); a list of token-id lists; and llama.cpp's mixed list of strings and ids, which is ONE
+prompt whose pieces are concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+
+class PromptError(ValueError):
+    """A prompt the model cannot take; `code` says why for the API's error body."""
+
+    def __init__(self, message: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: tuple[int, ...]
+    text: str  # what echo returns: the string as sent, or the decoded ids
+
+
+@dataclass(frozen=True)
+class Budget:
+    ids: tuple[int, ...]
+    max_tokens: int
+    truncated: bool
+
+
+def split_prompts(prompt: Any) -> list[Any]:
+    """One entry per prompt: a string, or a list of ids/strings forming one prompt."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, (int, str)) for p in prompt):
+        return [prompt]  # llama.cpp's mixed form: one prompt
+    raise PromptError("prompt lists must not mix nested lists with strings or token ids")
+
+
+def tokenize(piece: Any, tokenizer: Any, vocab_size: int, document_start: int) -> Prompt:
+    """Token ids for one prompt. Strings get the tokenizer's special tokens (BOS) once, up front."""
+    if isinstance(piece, str):
+        ids = list(tokenizer.encode(piece))
+        text = piece
+    else:
+        ids = []
+        for i, part in enumerate(piece):
+            if isinstance(part, str):
+                ids += tokenizer.encode(part, add_special_tokens=(i == 0))
+            else:
+                ids.append(part)
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise PromptError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        text = piece if isinstance(piece, str) else _decode(tokenizer, piece)
+    if not ids:
+        # An empty prompt starts a new document, as "" does for OpenAI's models.
+        ids = [document_start]
+    return Prompt(tuple(ids), text)
+
+
+def _decode(tokenizer: Any, piece: list) -> str:
+    """Echo text for an id (or mixed) prompt: runs of ids decoded together, strings as sent."""
+    return "".join(
+        "".join(run) if is_text else tokenizer.decode(list(run), skip_special_tokens=True)
+        for is_text, run in groupby(piece, key=lambda part: isinstance(part, str))
+    )
+
+
+def fit_context(
+    ids: tuple[int, ...],
+    max_tokens: int | None,
+    context_length: int,
+    truncate: bool,
+    keep_last: int | None = None,
+) -> Budget:
+    """Make prompt + completion fit the context window.
+
+    max_tokens None or -1 means "until the window is full". Without `truncate`, overflowing is an
+    error naming the numbers; with it, max_tokens shrinks first, then the oldest prompt tokens go.
+    `keep_last` (vLLM's truncate_prompt_tokens) keeps only the prompt's last N tokens up front.
+    """
+    truncated = False
+    if keep_last is not None and len(ids) > keep_last:
+        ids, truncated = ids[-keep_last:], True
+    until_full = max_tokens is None or max_tokens < 0
+    room = context_length - len(ids)
+    if until_full:
+        if room >= 1:
+            return Budget(ids, room, truncated)
+        max_tokens = 1
+    if len(ids) + max_tokens <= context_length:
+        return Budget(ids, max_tokens, truncated)
+    if not truncate:
+        raise PromptError(
+            f"This model's maximum context length is {context_length} tokens, but "
+            f"{len(ids) + max_tokens} were requested ({len(ids)} in the prompt, {max_tokens} for "
+            f"the completion). Shorten the prompt, lower max_tokens, or send "
+            f'"context_length_exceeded_behavior": "truncate".',
+            code="context_length_exceeded",
+        )
+    if room >= 1:
+        return Budget(ids, room, True)
+    max_tokens = min(max_tokens, 1)
+    return Budget(ids[len(ids) - (context_length - max_tokens) :], max_tokens, True)

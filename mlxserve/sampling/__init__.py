@@ -1,0 +1,1 @@
+"""Per-sequence sampling on the MLX device: parameters, sampler chain, logprobs."""

@@ -1,0 +1,81 @@
+"""Running the app on Hypercorn, with the engine started inside the server's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from .api.app import create_app
+from .engine import Engine
+from .settings import Settings
+
+log = logging.getLogger("mlxserve")
+
+
+def hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    config.bind = [f"{host}:{settings.port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = 30
+    # Graceful stop: in-flight responses get this long to finish.
+    config.graceful_timeout = 5
+    return config
+
+
+def warn_if_exposed(settings: Settings) -> None:
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if not loopback and not settings.api_key:
+        log.warning(
+            "listening on %s without an API key: anyone on the network can use this server "
+            "(set --api-key or MLXSERVE_API_KEY)",
+            settings.host,
+        )
+
+
+async def run(settings: Settings, engine: Engine, shutdown: asyncio.Event) -> None:
+    """Serve until `shutdown` is set. The engine starts loading once the socket is listening."""
+    app = create_app(settings, engine)
+    if engine.state == "starting":
+        engine.start()
+    await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
+
+
+def serve_forever(settings: Settings) -> int:
+    """Run the server; returns the process exit code (1 when the model failed to load)."""
+    warn_if_exposed(settings)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        shutdown = asyncio.Event()
+        failed: list[str] = []
+
+        def on_fatal(message: str) -> None:
+            failed.append(message)
+            loop.call_soon_threadsafe(shutdown.set)
+
+        engine = Engine(settings.model, on_fatal=on_fatal)
+        log.info(
+            "serving on http://%s:%d (model %s loading)",
+            settings.host,
+            settings.port,
+            settings.model,
+        )
+        try:
+            await run(settings, engine, shutdown)
+        finally:
+            engine.stop()
+        return 1 if failed else 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,21 @@
+"""Server settings: one place for every default and limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Sequences one request may ask for: prompts x best_of (n alone is capped at 128 by the schema).
+DEFAULT_MAX_SEQUENCES_PER_REQUEST = 256
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST

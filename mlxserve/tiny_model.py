@@ -1,0 +1,129 @@
+"""Build a tiny random-weight Llama with a locally trained SentencePiece tokenizer.
+
+Tests and the first-run default need a model without any download: the tokenizer is trained on
+the Python standard library's own sources (present on every machine), the weights are seeded noise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import platformdirs
+
+TINY_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+TRAINING_TEXT_BYTES = 3_000_000
+FORMAT_VERSION = 1
+
+
+def default_tiny_model_dir(seed: int = 0) -> Path:
+    """Where the first-run default model lives: the user's cache, one folder per seed and format."""
+    cache = Path(platformdirs.user_cache_dir("mlxserve"))
+    return cache / "models" / f"tiny-llama-v{FORMAT_VERSION}-seed{seed}"
+
+
+def _stdlib_text(limit: int) -> str:
+    """Concatenated standard-library sources, in a stable order, up to `limit` bytes."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        chunks.append(text)
+        total += len(text)
+        if total >= limit:
+            break
+    return "".join(chunks)[:limit]
+
+
+def _train_tokenizer(out: Path, vocab_size: int) -> None:
+    import sentencepiece as spm
+
+    corpus = out / "corpus.txt"
+    lines = [line for line in _stdlib_text(TRAINING_TEXT_BYTES).splitlines() if line.strip()]
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(out / "tokenizer"),
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        character_coverage=1.0,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        minloglevel=2,
+    )
+    corpus.unlink()
+    (out / "tokenizer.vocab").unlink(missing_ok=True)
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "add_bos_token": True,
+                "add_eos_token": False,
+                "model_max_length": TINY_CONFIG["max_position_embeddings"],
+            },
+            indent=2,
+        )
+    )
+    # transformers 5 needs tokenizer.json to load without sentencepiece/protobuf (REFERENCE §6).
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def _write_weights(out: Path, seed: int) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(TINY_CONFIG))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+
+
+def build_tiny_model(out: Path, seed: int = 0, force: bool = False) -> Path:
+    """Build the model into `out` (idempotent: an existing complete build is reused)."""
+    out = Path(out)
+    done = out / ".complete"
+    if done.exists() and not force:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    _train_tokenizer(out, TINY_CONFIG["vocab_size"])
+    _write_weights(out, seed)
+    done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
+    return out
+
+
+def ensure_default_tiny_model(seed: int = 0) -> Path:
+    return build_tiny_model(default_tiny_model_dir(seed), seed=seed)
