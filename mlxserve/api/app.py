@@ -34,11 +34,10 @@ def create_app(settings: Settings, engine) -> Quart:
         # Quart's 60 s default silently cuts long streams and slow generations (REFERENCE §6).
         RESPONSE_TIMEOUT=None,
         BODY_TIMEOUT=60,
-        JSON_SORT_KEYS=False,
     )
     app.config[models.STARTED] = int(time.time())
-    app.json.sort_keys = False
     QuartSchema(app, openapi_path="/openapi.json", redoc_ui_path=None, swagger_ui_path="/docs")
+    app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
     for module in (completions, health, models):
         app.register_blueprint(module.blueprint)
 

@@ -78,7 +78,7 @@ class CompletionRequest(BaseModel):
         None, ge=0, le=MAX_LOGPROBS, validation_alias=alias("logprobs", "n_probs")
     )
     echo: bool = False
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, validate_default=True)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     min_tokens: int = Field(0, ge=0)

@@ -51,6 +51,7 @@ class EngineStats:
     finished_sequences: int = 0
     cancelled_sequences: int = 0
     active_sequences: int = 0
+    peak_batch: int = 0
     waiting_groups: int = 0
 
 
@@ -294,6 +295,7 @@ class Engine:
         if not responses:
             return
         self.stats.decode_steps += 1
+        self.stats.peak_batch = max(self.stats.peak_batch, len(responses))
         if self.stats.decode_steps % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
         live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +54,8 @@ class LogprobReader:
         context = list(ids_with_token[-CONTEXT_TOKENS - 1 : -1])
         top: dict[str, float] = {}
         for token_id, logprob in row.top[: self.k]:
-            top.setdefault(self._text_after(context, token_id), logprob)
+            if math.isfinite(logprob):  # banned tokens (-inf) are no alternatives, nor valid JSON
+                top.setdefault(self._text_after(context, token_id), logprob)
         top.setdefault(text, row.logprob)
         return top
 

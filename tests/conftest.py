@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from mlxserve.tiny_model import build_tiny_model
+
+from .live_server import LiveServer
+
+SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model):
+    with LiveServer(str(tiny_model)) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def tokenizer(server):
+    return server.engine.loaded.tokenizer
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def shared_model(name: str) -> Path:
+    path = SHARED_MODELS / name
+    if not (path / "config.json").exists():
+        pytest.skip(f"{name} is not in {SHARED_MODELS}")
+    return path
