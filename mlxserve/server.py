@@ -41,10 +41,12 @@ def warn_if_exposed(settings: Settings) -> None:
         )
 
 
-async def run(settings: Settings, engine: Engine, shutdown: asyncio.Event) -> None:
-    """Serve until `shutdown` is set. The engine starts loading once the socket is listening."""
+async def run(
+    settings: Settings, engine: Engine, shutdown: asyncio.Event, start_engine: bool = True
+) -> None:
+    """Serve until `shutdown` is set; the engine loads its model meanwhile (503 until ready)."""
     app = create_app(settings, engine)
-    if engine.state == "starting":
+    if start_engine:
         engine.start()
     await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
 

@@ -40,9 +40,7 @@ class LiveServer:
             self._loop = asyncio.get_running_loop()
             self._shutdown = asyncio.Event()
             self._listening.set()
-            if self.start_engine:
-                self.engine.start()
-            await run(self.settings, self.engine, self._shutdown)
+            await run(self.settings, self.engine, self._shutdown, self.start_engine)
 
         asyncio.run(main())
 

@@ -1,0 +1,256 @@
+"""Single-stream decode speed: a bare mlx-lm loop versus mlxserve over streaming HTTP.
+
+Both sides use the same model, prompt and token budget, greedy, with EOS banned so every run
+decodes exactly `--max-tokens` tokens:
+
+- bare: `mlx_lm.generate.stream_generate` in this process (detokenizing, as the server does);
+- http: `python -m mlxserve serve` in a subprocess, `POST /v1/completions` with `stream: true`,
+  `ignore_eos: true` and `stream_options.include_usage`, read as server-sent events.
+
+Only the decode rate counts, prompt processing and the first token are left out:
+(tokens - 1) / (time of the last token - time of the first token). The two measurements are
+interleaved (bare, http, bare, http, ...) so machine noise hits both alike, and the medians are
+compared. The server is idle while the bare loop runs, and holds its own copy of the model.
+
+Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
+should be small next to one forward pass of a real model). This script only prints; it asserts
+nothing.
+
+    python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
+DEFAULT_PROMPT = "def fibonacci(n):\n"
+HEALTH_TIMEOUT_S = 300.0
+
+
+def default_model() -> str:
+    """The shared SmolLM2 if present (a real >= 100M model), else the tiny test model."""
+    if SHARED_MODEL.is_dir():
+        return str(SHARED_MODEL)
+    from mlxserve.tiny_model import ensure_default_tiny_model
+
+    return str(ensure_default_tiny_model())
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Compare bare mlx-lm decode speed with mlxserve's streaming HTTP decode speed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens decoded per run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
+    return parser.parse_args()
+
+
+def count_parameters(model: Any) -> int:
+    """Logical parameter count: quantized weights are packed into uint32, so unpack by bits.
+
+    Scales and biases of quantized layers are quantization metadata, not parameters: skipped.
+    """
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        for name, value in tree_flatten(module.parameters()):
+            if "." in name:  # counted at the leaf module that owns it
+                continue
+            if bits is not None and name in ("scales", "biases"):
+                continue
+            if bits is not None and name == "weight":
+                total += value.size * 32 // bits
+            else:
+                total += value.size
+    return total
+
+
+def eos_ban(eos_ids: list[int]) -> Callable[[Any, Any], Any]:
+    """A logits processor that never samples EOS, mirroring the server's `ignore_eos`."""
+    import mlx.core as mx
+
+    banned = mx.array(sorted(eos_ids))
+
+    def process(tokens: Any, logits: Any) -> Any:
+        logits[:, banned] = -float("inf")
+        return logits
+
+    return process
+
+
+def bare_decode_rate(model: Any, tokenizer: Any, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """Decode tokens/s of mlx-lm's own loop, timed from the first token to the last."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    stamps: list[float] = []
+    for _ in stream_generate(
+        model,
+        tokenizer,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=make_sampler(temp=0.0),
+        logits_processors=[eos_ban(list(tokenizer.eos_token_ids))],
+    ):
+        stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
+
+
+def free_port() -> int:
+    """An unused local port, picked by the OS."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
+    """Start mlxserve in its own process; its log goes to a file so a full pipe cannot stall it."""
+    cmd = [sys.executable, "-m", "mlxserve", "serve", "--model", model]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+
+
+def wait_healthy(server: subprocess.Popen, base_url: str, log_path: Path) -> None:
+    """Poll /health until 200: it answers 503 while the model loads."""
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with {server.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"server not healthy after {HEALTH_TIMEOUT_S:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Terminate the server, killing it if it does not go quietly."""
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def http_decode_rate(
+    client: httpx.Client, base_url: str, prompt: str, max_tokens: int
+) -> tuple[float, int]:
+    """Decode tokens/s seen by a streaming client: first text chunk to last, usage's token count."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    first = last = None
+    completion_tokens = None
+    done = False
+    with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: ") :]
+            if payload == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            if any(choice.get("text") for choice in chunk.get("choices", [])):
+                last = time.perf_counter()
+                first = first if first is not None else last
+            if chunk.get("usage"):
+                completion_tokens = chunk["usage"]["completion_tokens"]
+    if not done:
+        raise RuntimeError("stream ended without data: [DONE]")
+    if first is None or last is None or last <= first:
+        raise RuntimeError("stream carried fewer than two text chunks")
+    if completion_tokens is None:
+        raise RuntimeError("no usage chunk despite stream_options.include_usage")
+    return (completion_tokens - 1) / (last - first), completion_tokens
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    """Two aligned columns: label and value."""
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+
+
+def main() -> int:
+    args = parse_args()
+    model_path = args.model or default_model()
+
+    from mlx_lm import load
+
+    print(f"loading {model_path} ...", file=sys.stderr)
+    model, tokenizer = load(model_path)
+    params = count_parameters(model)
+
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxserve-bench-{port}.log"
+    server = start_server(model_path, port, log_path)
+    bare: list[float] = []
+    http: list[float] = []
+    try:
+        wait_healthy(server, base_url, log_path)
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+            print("warming up ...", file=sys.stderr)
+            bare_decode_rate(model, tokenizer, args.prompt, 8)
+            http_decode_rate(client, base_url, args.prompt, 8)
+            for run in range(1, args.repeats + 1):
+                rate, n = bare_decode_rate(model, tokenizer, args.prompt, args.max_tokens)
+                bare.append(rate)
+                print(f"run {run} bare: {rate:.2f} tok/s ({n} tokens)", file=sys.stderr)
+                rate, n = http_decode_rate(client, base_url, args.prompt, args.max_tokens)
+                http.append(rate)
+                print(f"run {run} http: {rate:.2f} tok/s ({n} tokens)", file=sys.stderr)
+    finally:
+        stop_server(server)
+
+    bare_median, http_median = statistics.median(bare), statistics.median(http)
+    print_table(
+        [
+            ("model", model_path),
+            ("params", f"{params:,} (counted, quantized weights unpacked; no scales/biases)"),
+            ("max tokens / repeats", f"{args.max_tokens} / {args.repeats} (medians below)"),
+            ("bare tok/s", f"{bare_median:.2f}  runs: {', '.join(f'{r:.2f}' for r in bare)}"),
+            ("HTTP tok/s", f"{http_median:.2f}  runs: {', '.join(f'{r:.2f}' for r in http)}"),
+            ("ratio HTTP/bare", f"{http_median / bare_median:.3f}  (target >= 0.95)"),
+        ]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
