@@ -112,7 +112,10 @@ def test_logprobs_lists_are_parallel_and_bounded(http):
     assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
     assert "".join(lp["tokens"]) == choice["text"]
     for token, logprob, top, offset, next_offset in zip(
-        lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], lp["text_offset"],
+        lp["tokens"],
+        lp["token_logprobs"],
+        lp["top_logprobs"],
+        lp["text_offset"],
         lp["text_offset"][1:] + [len(choice["text"])],
     ):
         assert logprob <= 0 and math.isfinite(logprob)
@@ -156,7 +159,12 @@ def test_echo_logprobs_with_zero_max_tokens_scores_only_the_prompt(http, tokeniz
 
 def test_unknown_harmless_fields_are_accepted(http):
     result = complete(
-        http, prompt=PROMPT, max_tokens=2, user="me", cache_prompt=True, id_slot=3,
+        http,
+        prompt=PROMPT,
+        max_tokens=2,
+        user="me",
+        cache_prompt=True,
+        id_slot=3,
         some_future_field={"x": 1},
     )
     assert len(result["choices"]) == 1

@@ -60,7 +60,7 @@ def test_bad_values_are_400_naming_the_field(http, field, value):
     [
         ("mirostat", 2),
         ("dry_multiplier", 0.8),
-        ("grammar", "root ::= \"a\""),
+        ("grammar", 'root ::= "a"'),
         ("json_schema", {"type": "object"}),
         ("response_format", {"type": "json_object"}),
         ("guided_regex", "a+"),
@@ -110,15 +110,19 @@ def test_openai_client_sees_a_bad_request_error(client):
 
 def test_malformed_json_and_non_objects_are_400(http):
     for raw in (b"{bad", b"[1, 2]", b"\xff\xfe", b"", b'{"prompt": "x", "temperature": NaN}'):
-        response = http.post("/v1/completions", content=raw,
-                             headers={"Content-Type": "application/json"})
+        response = http.post(
+            "/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+        )
         error_of(response, 400)
 
 
 def test_body_without_json_content_type_is_still_read(http):
     """curl -d sends form encoding; the body is JSON all the same."""
-    response = http.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 1}',
-                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+    response = http.post(
+        "/v1/completions",
+        content=b'{"prompt": "x", "max_tokens": 1}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert response.status_code == 200
 
 
@@ -161,8 +165,15 @@ def test_truncation_shrinks_max_tokens_first(http, policy):
 
 def test_truncation_then_drops_the_oldest_prompt_tokens(http):
     ids = [1] + [300] * 2099 + [301]
-    result = complete(http, prompt=ids, max_tokens=5, truncate_sequence=True, logprobs=0,
-                      echo=True, ignore_eos=True)
+    result = complete(
+        http,
+        prompt=ids,
+        max_tokens=5,
+        truncate_sequence=True,
+        logprobs=0,
+        echo=True,
+        ignore_eos=True,
+    )
     assert result["usage"]["prompt_tokens"] == 2047
     assert result["usage"]["completion_tokens"] == 1
 
@@ -202,4 +213,7 @@ def test_503_while_the_model_loads(tiny_model):
             assert response.headers["Retry-After"] == "1"
             live.engine.start()
             assert live.engine.wait_ready(30)
-            assert http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+            assert (
+                http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code
+                == 200
+            )

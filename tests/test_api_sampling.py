@@ -49,8 +49,9 @@ def test_include_stop_str_in_output_keeps_the_stop(http):
 
 def test_stop_token_id_stops_and_adds_no_text(http):
     forced = 300
-    result = complete(http, prompt=PROMPT, max_tokens=10, logit_bias={str(forced): 100},
-                      stop_token_ids=[forced])
+    result = complete(
+        http, prompt=PROMPT, max_tokens=10, logit_bias={str(forced): 100}, stop_token_ids=[forced]
+    )
     choice = result["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["text"] == ""
     assert result["usage"]["completion_tokens"] == 1
@@ -58,8 +59,14 @@ def test_stop_token_id_stops_and_adds_no_text(http):
 
 def test_min_tokens_holds_off_stop_tokens(http):
     forced = 300
-    result = complete(http, prompt=PROMPT, max_tokens=10, logit_bias={str(forced): 100},
-                      stop_token_ids=[forced], min_tokens=4)
+    result = complete(
+        http,
+        prompt=PROMPT,
+        max_tokens=10,
+        logit_bias={str(forced): 100},
+        stop_token_ids=[forced],
+        min_tokens=4,
+    )
     assert result["choices"][0]["finish_reason"] == "stop"
     assert result["usage"]["completion_tokens"] == 5  # 4 other tokens, then the stop token
 
@@ -94,8 +101,15 @@ def test_logit_bias_minus_100_bans_and_plus_100_forces(http, tokenizer):
 def test_allowed_token_ids_restrict_every_token(http, tokenizer):
     allowed = [400, 401, 402]
     allowed_texts = {tokenizer.decode([t]).strip() for t in allowed}
-    result = complete(http, prompt=PROMPT, max_tokens=10, allowed_token_ids=allowed,
-                      logprobs=5, seed=2, ignore_eos=True)
+    result = complete(
+        http,
+        prompt=PROMPT,
+        max_tokens=10,
+        allowed_token_ids=allowed,
+        logprobs=5,
+        seed=2,
+        ignore_eos=True,
+    )
     lp = result["choices"][0]["logprobs"]
     assert {t.strip() for t in lp["tokens"]} <= allowed_texts
     assert all(len(top) <= 3 for top in lp["top_logprobs"])  # banned tokens are no alternatives
@@ -108,8 +122,12 @@ def count_repeats(tokens: list[str]) -> int:
 def test_penalties_reduce_repetition(http):
     plain = greedy(http, logprobs=0)["choices"][0]["logprobs"]["tokens"]
     assert count_repeats(plain) > 10  # a random model's greedy output loops
-    for penalty in ({"repetition_penalty": 1.8}, {"repeat_penalty": 1.8},
-                    {"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+    for penalty in (
+        {"repetition_penalty": 1.8},
+        {"repeat_penalty": 1.8},
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
+    ):
         penalised = greedy(http, logprobs=0, **penalty)["choices"][0]["logprobs"]["tokens"]
         assert count_repeats(penalised) < count_repeats(plain), penalty
 
@@ -133,8 +151,9 @@ def test_penalty_window_counts_the_prompt(http):
 
 def test_temperature_zero_is_greedy_and_top_k_one_matches_it(http):
     assert texts(greedy(http)) == texts(greedy(http))
-    top1 = complete(http, prompt=PROMPT, max_tokens=40, temperature=1.0, top_k=1, seed=9,
-                    ignore_eos=True)
+    top1 = complete(
+        http, prompt=PROMPT, max_tokens=40, temperature=1.0, top_k=1, seed=9, ignore_eos=True
+    )
     assert texts(top1) == texts(greedy(http))
 
 
@@ -146,12 +165,17 @@ def test_same_seed_same_text_other_seed_other_text(http):
 
 
 def test_seed_gives_the_same_text_alone_or_beside_other_requests(http, server):
-    body = dict(prompt=PROMPT, max_tokens=48, temperature=0.9, top_p=0.95, seed=77,
-                ignore_eos=True)
+    body = dict(prompt=PROMPT, max_tokens=48, temperature=0.9, top_p=0.95, seed=77, ignore_eos=True)
     alone = texts(complete(http, **body))
     others = [
-        dict(prompt="import sys\n" * (i + 1), max_tokens=48 + 8 * i, temperature=1.0 + 0.1 * i,
-             top_k=20 * (i + 1), seed=i, ignore_eos=True)
+        dict(
+            prompt="import sys\n" * (i + 1),
+            max_tokens=48 + 8 * i,
+            temperature=1.0 + 0.1 * i,
+            top_k=20 * (i + 1),
+            seed=i,
+            ignore_eos=True,
+        )
         for i in range(3)
     ]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -163,8 +187,7 @@ def test_seed_gives_the_same_text_alone_or_beside_other_requests(http, server):
 
 
 def test_top_p_and_min_p_narrow_the_choice(http):
-    body = dict(prompt=PROMPT, max_tokens=30, temperature=1.5, seed=5, ignore_eos=True,
-                logprobs=0)
+    body = dict(prompt=PROMPT, max_tokens=30, temperature=1.5, seed=5, ignore_eos=True, logprobs=0)
     wide = complete(http, **body)["choices"][0]["logprobs"]["token_logprobs"]
     for narrowing in ({"top_p": 0.05}, {"min_p": 0.9}):
         narrow = complete(http, **body, **narrowing)["choices"][0]["logprobs"]["token_logprobs"]

@@ -30,34 +30,45 @@ def test_stream_text_equals_the_non_streamed_text(http):
 def test_stream_with_n_and_several_prompts_finishes_every_choice(http):
     body = dict(prompt=["a = ", "b = "], n=2, max_tokens=8, seed=3, ignore_eos=True)
     chunks = stream_chunks(http, **body)
-    finished = sorted(ch["index"] for c in chunks[:-1] for ch in c["choices"]
-                      if ch["finish_reason"])
+    finished = sorted(
+        ch["index"] for c in chunks[:-1] for ch in c["choices"] if ch["finish_reason"]
+    )
     assert finished == [0, 1, 2, 3]
     assert streamed_texts(chunks) == dict(enumerate(texts(complete(http, **body))))
 
 
 def test_include_usage_adds_a_last_chunk_with_empty_choices(http):
-    chunks = stream_chunks(http, prompt=PROMPT, max_tokens=6, ignore_eos=True, n=2,
-                           stream_options={"include_usage": True})
+    chunks = stream_chunks(
+        http,
+        prompt=PROMPT,
+        max_tokens=6,
+        ignore_eos=True,
+        n=2,
+        stream_options={"include_usage": True},
+    )
     usage_chunk = chunks[-2]
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"]["completion_tokens"] == 12
-    assert usage_chunk["usage"]["total_tokens"] == (
-        usage_chunk["usage"]["prompt_tokens"] + 12
-    )
+    assert usage_chunk["usage"]["total_tokens"] == (usage_chunk["usage"]["prompt_tokens"] + 12)
     assert all("usage" not in c for c in chunks[:-2])
 
 
 def test_openai_client_streams(client):
     stream = client.completions.create(
-        model="tiny", prompt=PROMPT, max_tokens=10, stream=True, seed=8,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=10,
+        stream=True,
+        seed=8,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert chunks[-1].usage.completion_tokens == 10
-    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, seed=8,
-                                      extra_body={"ignore_eos": True})
+    whole = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=10, seed=8, extra_body={"ignore_eos": True}
+    )
     assert text == whole.choices[0].text
 
 
@@ -144,18 +155,28 @@ def test_concurrent_streams_are_batched_and_all_finish(server):
     server.engine.stats.peak_batch = max(before, server.engine.stats.peak_batch)
 
 
+def decode_rate(http: httpx.Client, tokens: int) -> float:
+    """Tokens per second of one stream, first to last chunk (prefill left out)."""
+    stamps = []
+    body = {"prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.monotonic())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
 @pytest.mark.slow
 def test_a_stream_longer_than_a_minute_ends_with_done():
     """Quart cuts responses at 60 s by default (RESPONSE_TIMEOUT): ours must run to [DONE]."""
     model = shared_model("smollm2-135m-instruct-4bit")  # ~7 tokens/s here: a slow, real stream
     with LiveServer(str(model)) as live, httpx.Client(base_url=live.url, timeout=None) as http:
+        rate = decode_rate(http, tokens=24)
+        max_tokens = math.ceil(rate * 75)  # well over a minute at this machine's speed
         start = time.monotonic()
-        probe = complete(http, prompt="Once upon a time", max_tokens=16, ignore_eos=True)
-        rate = probe["usage"]["completion_tokens"] / (time.monotonic() - start)
-        max_tokens = math.ceil(rate * 66)  # enough for over a minute at this machine's speed
-        start = time.monotonic()
-        chunks = stream_chunks(http, prompt="Once upon a time", max_tokens=max_tokens,
-                               ignore_eos=True, temperature=0)
+        chunks = stream_chunks(
+            http, prompt="Once upon a time", max_tokens=max_tokens, ignore_eos=True, temperature=0
+        )
         elapsed = time.monotonic() - start
     assert elapsed > 61, f"the stream took only {elapsed:.0f} s: it proves nothing"
     assert chunks[-1] == "[DONE]"

@@ -1,0 +1,94 @@
+"""The command line, run as a user would: a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from .live_server import free_port
+
+
+def mlxserve(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,
+    )
+
+
+def test_help_documents_every_flag():
+    result = mlxserve("serve", "--help")
+    assert result.returncode == 0
+    for flag in ("--model", "--host", "--port", "--api-key", "--max-body-bytes", "--log-level"):
+        assert flag in result.stdout
+    assert "127.0.0.1" in result.stdout
+
+
+def test_bad_model_path_is_a_one_line_error():
+    result = mlxserve("serve", "--model", "/nonexistent/model")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "mlxserve: error: model folder not found: /nonexistent/model"
+    ]
+
+
+def test_folder_without_a_model_is_a_one_line_error(tmp_path):
+    result = mlxserve("serve", "--model", str(tmp_path))
+    assert result.returncode == 2 and "no config.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unloadable_model_exits_nonzero_without_traceback(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    port = free_port()
+    result = mlxserve("serve", "--model", str(tmp_path), "--port", str(port))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "could not load model" in result.stderr
+
+
+def test_serve_answers_then_stops_on_sigint(tiny_model):
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxserve",
+            "serve",
+            "--model",
+            str(tiny_model),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        response = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] <= 3
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert "127.0.0.1" in stderr

@@ -1,0 +1,46 @@
+"""Prompt forms and the context-length policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxserve.prompt import PromptError, fit_context, split_prompts
+
+
+@pytest.mark.parametrize(
+    ("prompt", "count"),
+    [
+        ("a", 1),
+        ([1, 2, 3], 1),
+        (["a", "b"], 2),
+        ([[1], [2, 3]], 2),
+        (["a", 5, "b"], 1),
+        ([["a", 5], [6]], 2),
+    ],
+)
+def test_split_prompts(prompt, count):
+    assert len(split_prompts(prompt)) == count
+
+
+def test_nested_lists_beside_strings_are_refused():
+    with pytest.raises(PromptError):
+        split_prompts(["a", [1]])
+
+
+def test_fit_context_cases():
+    ids = tuple(range(100))
+    assert fit_context(ids, 20, 128, truncate=False).max_tokens == 20
+    assert fit_context(ids, None, 128, truncate=False).max_tokens == 28
+    assert fit_context(ids, -1, 128, truncate=False).max_tokens == 28
+    with pytest.raises(PromptError) as caught:
+        fit_context(ids, 50, 128, truncate=False)
+    assert caught.value.code == "context_length_exceeded"
+    shrunk = fit_context(ids, 50, 128, truncate=True)
+    assert (len(shrunk.ids), shrunk.max_tokens, shrunk.truncated) == (100, 28, True)
+    long = tuple(range(200))
+    cut = fit_context(long, 10, 128, truncate=True)
+    assert cut.ids == long[-127:] and cut.max_tokens == 1
+    kept = fit_context(long, 10, 128, truncate=True, keep_last=50)
+    assert kept.ids == long[-50:] and kept.max_tokens == 10
+    scoring = fit_context(long, 0, 128, truncate=True)
+    assert len(scoring.ids) == 128 and scoring.max_tokens == 0
