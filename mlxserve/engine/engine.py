@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import mlx.core as mx
@@ -68,7 +68,6 @@ class _Sequence:
     uid: int | None = None
     generated: int = 0
     cumulative_logprob: float = 0.0
-    text_tokens: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
