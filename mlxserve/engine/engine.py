@@ -12,6 +12,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -142,6 +143,8 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------------------
 
     def _run(self) -> None:
+        started = time.monotonic()
+        log.info("loading model %s", self.model_source)
         try:
             self.loaded = load_model(self.model_source)
         except ModelLoadError as error:
@@ -153,7 +156,12 @@ class Engine:
         self._generator = self._new_generator()
         self.state = "ready"
         self._ready.set()
-        log.info("model %s ready (context %d)", self.loaded.model_id, self.loaded.context_length)
+        log.info(
+            "model %s ready in %.1f s (context %d tokens)",
+            self.loaded.model_id,
+            time.monotonic() - started,
+            self.loaded.context_length,
+        )
         while True:
             if not self._drain_inbox(block=not self._by_uid):
                 break
