@@ -178,3 +178,29 @@ def test_models_lists_the_served_model(client):
 def test_health_is_ok_when_ready(http):
     response = http.get("/health")
     assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+def test_null_means_the_default_except_for_max_tokens(http):
+    nulls = {
+        name: None
+        for name in (
+            "n",
+            "temperature",
+            "top_p",
+            "stream",
+            "echo",
+            "stop",
+            "logit_bias",
+            "presence_penalty",
+            "best_of",
+            "logprobs",
+            "seed",
+            "user",
+            "stream_options",
+            "repeat_penalty",
+        )
+    }
+    result = complete(http, prompt=PROMPT, max_tokens=4, ignore_eos=True, **nulls)
+    assert len(result["choices"]) == 1 and result["usage"]["completion_tokens"] == 4
+    until_full = complete(http, prompt=PROMPT, max_tokens=None, ignore_eos=True, n=None)
+    assert until_full["usage"]["total_tokens"] == 2048

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MAX_TOKENS = 16
 MAX_N = 128
@@ -101,6 +101,17 @@ class CompletionRequest(BaseModel):
     cache_prompt: bool = True
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """OpenAI's clients send `"n": null` and the like for "use the default".
+
+        max_tokens is the exception: null there means "until the context window is full".
+        """
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, prompt: PromptInput) -> PromptInput:
@@ -137,3 +148,14 @@ class CompletionRequest(BaseModel):
             or self.truncate_sequence
             or self.truncate_prompt_tokens is not None
         )
+
+
+def _keys_where_null_is_default() -> frozenset[str]:
+    keys = set()
+    for name, info in CompletionRequest.model_fields.items():
+        if info.default is not None and name != "max_tokens":
+            keys.update(info.validation_alias.choices if info.validation_alias else [name])
+    return frozenset(keys)
+
+
+_NULL_IS_DEFAULT = _keys_where_null_is_default()
