@@ -8,7 +8,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from quart import Blueprint, current_app, request
@@ -74,7 +74,14 @@ async def create_completion():
 
 def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
     """Tokenize, fit the context, and expand prompts x best_of into GenerationRequests."""
-    pieces = _or_400(lambda: split_prompts(body.prompt), "prompt")
+    try:
+        return _make_plan(body, loaded, settings)
+    except PromptError as error:
+        raise InvalidRequest(str(error), param="prompt", code=error.code) from error
+
+
+def _make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
+    pieces = split_prompts(body.prompt)
     per_prompt = body.best_of or body.n
     if len(pieces) * per_prompt > settings.max_sequences_per_request:
         raise InvalidRequest(
@@ -92,7 +99,6 @@ def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
         top_k=max(body.top_k, 0),
         top_p=body.top_p,
         min_p=body.min_p,
-        seed=body.seed,
         logit_bias=bias,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
@@ -115,19 +121,15 @@ def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
     )
     prompts, sequences = [], []
     for piece in pieces:
-        prompt = _or_400(
-            lambda p=piece: tokenize(p, loaded.tokenizer, vocab, document_start), "prompt"
+        prompt = tokenize(piece, loaded.tokenizer, vocab, document_start)
+        budget = fit_context(
+            prompt.ids,
+            body.max_tokens,
+            loaded.context_length,
+            body.truncate,
+            body.truncate_prompt_tokens,
         )
-        budget = _or_400(
-            lambda p=prompt: fit_context(
-                p.ids,
-                body.max_tokens,
-                loaded.context_length,
-                body.truncate,
-                body.truncate_prompt_tokens,
-            ),
-            "prompt",
-        )
+        prompt_stop = replace(stop, min_tokens=min(stop.min_tokens, budget.max_tokens))
         prompts.append(Prompt(budget.ids, prompt.text))
         for choice in range(per_prompt):
             sequences.append(
@@ -137,13 +139,7 @@ def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
                     sampling=sampling,
                     # Choices of one request differ; the same seed repeats the same choices.
                     seed=(base_seed + choice) % 2**64,
-                    stop=StopSpec(
-                        stop.strings,
-                        stop.token_ids,
-                        stop.include_in_output,
-                        min(stop.min_tokens, budget.max_tokens),
-                        stop.ignore_eos,
-                    ),
+                    stop=prompt_stop,
                     logprobs=logprobs,
                     prompt_logprobs=body.echo and body.logprobs is not None,
                     skip_special_tokens=body.skip_special_tokens,
@@ -271,13 +267,6 @@ def _sse(payload: dict[str, Any]) -> str:
 def _raise_on_error(event: GenerationEvent) -> None:
     if event.error:
         raise ServerError(event.error, code="generation_failed")
-
-
-def _or_400(make, param: str):
-    try:
-        return make()
-    except PromptError as error:
-        raise InvalidRequest(str(error), param=param, code=error.code) from error
 
 
 def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:

@@ -15,7 +15,6 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
