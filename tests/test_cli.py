@@ -75,14 +75,7 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(url)
         response = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] <= 3
@@ -92,3 +85,36 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert "127.0.0.1" in stderr
+
+
+def wait_healthy(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never became healthy")
+
+
+def test_without_a_model_it_builds_and_serves_the_tiny_default(tmp_path):
+    port = free_port()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlxserve", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}")
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert models[0]["id"].startswith("tiny-llama")
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert "tiny test model" in stderr
+    assert (tmp_path / "mlxserve" / "models").is_dir()
