@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ CONTEXT_KEYS = (
     "n_ctx",
 )
 FALLBACK_CONTEXT = 4096
+log = logging.getLogger("mlxserve.engine")
 
 
 class ModelLoadError(Exception):
@@ -62,6 +64,7 @@ def load_model(path_or_repo: str) -> LoadedModel:
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
+    upcast_on_cpu(model)
     vocab_size = _vocab_size(config, tokenizer)
     eos = tuple(sorted(tokenizer.eos_token_ids))
     return LoadedModel(
@@ -74,6 +77,23 @@ def load_model(path_or_repo: str) -> LoadedModel:
         eos_token_ids=eos,
         bos_token_id=tokenizer.bos_token_id,
     )
+
+
+def upcast_on_cpu(model: nn.Module) -> bool:
+    """On MLX's CPU backend half-precision matmuls are several times slower than float32
+    (measured: 73-98 vs 280 tok/s on the demo model), so half-precision weights and quantization
+    scales are widened there. Metal keeps the model as stored."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if mx.default_device() != mx.cpu:
+        return False
+    half = {mx.float16, mx.bfloat16}
+    if not any(v.dtype in half for _, v in tree_flatten(model.parameters())):
+        return False
+    model.set_dtype(mx.float32, predicate=lambda dtype: dtype in half)
+    log.info("CPU backend: half-precision weights widened to float32 for speed")
+    return True
 
 
 def _context_length(config: dict[str, Any], path: Path) -> int:

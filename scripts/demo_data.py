@@ -1,0 +1,62 @@
+"""Data for the demo code model: the interpreter's own standard library, split by file.
+
+Shared by train_demo_model.py and eval_demo_model.py so both see the same split and tokens.
+The Python standard library is PSF-licensed text present on every machine with Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FILE_SEP = (
+    "<fim_prefix>",
+    "<fim_suffix>",
+    "<fim_middle>",
+    "<file_sep>",
+)
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FILE_SEP]
+MAX_FILE_BYTES = 200_000  # skips generated tables (pydoc topics, unicode data)
+HELD_OUT_EVERY = 10  # one file in ten, chosen by a hash of its path
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str  # path relative to the stdlib root
+    text: str
+
+    @property
+    def held_out(self) -> bool:
+        digest = hashlib.sha1(self.name.encode()).digest()
+        return digest[0] % HELD_OUT_EVERY == 0
+
+
+def stdlib_files() -> list[SourceFile]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or path.stat().st_size > MAX_FILE_BYTES:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            files.append(SourceFile(str(path.relative_to(root)), text))
+    return files
+
+
+def split_files() -> tuple[list[SourceFile], list[SourceFile]]:
+    files = stdlib_files()
+    return [f for f in files if not f.held_out], [f for f in files if f.held_out]
+
+
+def token_stream(files: list[SourceFile], encode, file_sep: int) -> np.ndarray:
+    """All files' tokens, each file preceded by <file_sep>, as one int32 array."""
+    pieces = []
+    for f in files:
+        pieces.append([file_sep])
+        pieces.append(encode(f.text))
+    return np.fromiter((t for piece in pieces for t in piece), dtype=np.int32)

@@ -1,0 +1,397 @@
+"""Train mlxserve's embedded demo model: a small Llama for Python with fill-in-the-middle.
+
+Deterministic (seeded: batch k is drawn from an RNG seeded by (seed, k)), resumable (checkpoints in
+--out/checkpoint; rerunning continues from the last one), with a progress bar and a JSONL loss log.
+
+1. A SentencePiece BPE tokenizer (byte fallback, 4096 pieces, StarCoder-style FIM tokens) trained on
+   the training split of the Python standard library; tokenizer.json is written for transformers.
+2. A Llama in mlx-lm's format trained with MLX on the CPU: half the samples in fill-in-the-middle
+   order (<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>), half left to right.
+3. The result exported in fp16 to --out/model (config, weights, tokenizer, loss log).
+
+On Linux, MLX's CPU wheel links a reference BLAS; this script re-executes itself with Debian's
+OpenBLAS preloaded when it is installed (apt-get install libopenblas0-pthread): about 10x faster.
+
+    python scripts/train_demo_model.py --out build/demo-model [--steps 1200] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_data import EOS, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SPECIAL_TOKENS, split_files
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+VOCAB_SIZE = 4096
+CONTEXT = 512
+MODEL_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "intermediate_size": 768,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": CONTEXT,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float16",
+}
+FIM_RATE = 0.5
+LINE_SPAN_RATE = 0.5  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
+CHARS_PER_SAMPLE = 1800  # about CONTEXT tokens of Python
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("build/demo-model"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=200)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    return parser.parse_args()
+
+
+def with_openblas() -> None:
+    """Re-exec under OpenBLAS when it exists and is not loaded yet (see module docstring)."""
+    if (
+        sys.platform == "linux"
+        and os.path.exists(OPENBLAS)
+        and "openblas" not in os.environ.get("LD_PRELOAD", "")
+    ):
+        env = {**os.environ, "LD_PRELOAD": OPENBLAS}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------
+
+
+def train_tokenizer(out: Path, train_files, seed: int) -> None:
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "tokenizer.json").exists():
+        return
+    corpus = out / "corpus.txt"
+    corpus.write_text(
+        "\n".join(line for f in train_files for line in f.text.splitlines() if line.strip()),
+        encoding="utf-8",
+    )
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(out / "tokenizer"),
+        model_type="bpe",
+        vocab_size=VOCAB_SIZE,
+        byte_fallback=True,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        split_by_whitespace=False,
+        allow_whitespace_only_pieces=True,
+        split_digits=True,
+        max_sentencepiece_length=16,
+        user_defined_symbols=SPECIAL_TOKENS,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        eos_piece=EOS,
+        pad_id=-1,
+        num_threads=2,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        seed_sentencepiece_size=1_000_000,
+        minloglevel=2,
+    )
+    corpus.unlink()
+    (out / "tokenizer.vocab").unlink(missing_ok=True)
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": EOS,
+                "unk_token": "<unk>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "add_prefix_space": False,
+                "legacy": False,
+                "additional_special_tokens": SPECIAL_TOKENS,
+                "model_max_length": CONTEXT,
+            },
+            indent=2,
+        )
+    )
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def load_tokenizer(out: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    tokenizer.model_max_length = 10**9  # whole files are tokenized here, not model inputs
+    return tokenizer
+
+
+def check_tokenizer(tokenizer, samples: list[str]) -> None:
+    """The exported tokenizer must round-trip code exactly and keep FIM tokens whole."""
+    for text in samples:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text, "tokenizer does not round-trip"
+    ids = tokenizer.encode(FIM_PREFIX + "x" + FIM_SUFFIX, add_special_tokens=False)
+    assert ids[0] == tokenizer.convert_tokens_to_ids(FIM_PREFIX), ids
+
+
+# ---- samples -----------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Draws training sequences of CONTEXT + 1 tokens: left to right, or fill-in-the-middle."""
+
+    def __init__(self, tokenizer, files, stream: np.ndarray):
+        self.encode = partial(tokenizer.encode, add_special_tokens=False)
+        self.files = files
+        self.weights = np.array([len(f.text) for f in files], dtype=np.float64)
+        self.weights /= self.weights.sum()
+        self.stream = stream
+        ids = tokenizer.convert_tokens_to_ids
+        self.prefix, self.suffix, self.middle = ids(FIM_PREFIX), ids(FIM_SUFFIX), ids(FIM_MIDDLE)
+        self.eos = tokenizer.convert_tokens_to_ids(EOS)
+
+    def batch(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.stack([self.sample(rng) for _ in range(size)])
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        if rng.random() < FIM_RATE:
+            return self.fim(rng)
+        return self.left_to_right(rng)
+
+    def left_to_right(self, rng: np.random.Generator) -> np.ndarray:
+        start = rng.integers(0, len(self.stream) - CONTEXT - 1)
+        return self.stream[start : start + CONTEXT + 1]
+
+    def fim(self, rng: np.random.Generator) -> np.ndarray:
+        text = self.files[rng.choice(len(self.files), p=self.weights)].text
+        start = rng.integers(0, max(1, len(text) - CHARS_PER_SAMPLE))
+        window = text[start : start + CHARS_PER_SAMPLE]
+        lo, hi = self.middle_span(rng, window)
+        pre, mid, suf = (
+            self.encode(window[:lo]),
+            self.encode(window[lo:hi]),
+            self.encode(window[hi:]),
+        )
+        budget = CONTEXT + 1 - 4 - len(mid)
+        if budget < 0:
+            mid, budget = mid[: CONTEXT + 1 - 4], 0
+        keep_suffix = min(len(suf), budget // 2) if len(pre) > budget // 2 else budget - len(pre)
+        keep_suffix = min(len(suf), max(keep_suffix, 0))
+        keep_prefix = min(len(pre), budget - keep_suffix)
+        tokens = (
+            [self.prefix]
+            + pre[len(pre) - keep_prefix :]
+            + [self.suffix]
+            + suf[:keep_suffix]
+            + [self.middle]
+            + mid
+            + [self.eos]
+        )
+        if len(tokens) < CONTEXT + 1:  # pack the rest with left-to-right text
+            tokens += list(self.left_to_right(rng)[: CONTEXT + 1 - len(tokens)])
+        return np.array(tokens[: CONTEXT + 1], dtype=np.int32)
+
+    @staticmethod
+    def middle_span(rng: np.random.Generator, window: str) -> tuple[int, int]:
+        if rng.random() < LINE_SPAN_RATE:
+            starts = [0] + [i + 1 for i, c in enumerate(window) if c == "\n"]
+            first = rng.integers(0, len(starts))
+            last = min(len(starts), first + rng.integers(1, 4))
+            lo = starts[first]
+            hi = starts[last] if last < len(starts) else len(window)
+            return lo, hi
+        lo, hi = sorted(rng.integers(0, len(window) + 1, size=2))
+        return int(lo), int(hi)
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+def evaluate(model, stream: np.ndarray, windows: int = 64) -> float:
+    """Mean next-token loss (nats/token) over fixed held-out windows."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    starts = np.linspace(0, len(stream) - CONTEXT - 2, windows).astype(int)
+    total = 0.0
+    for chunk in np.array_split(starts, max(1, windows // 8)):
+        batch = mx.array(np.stack([stream[s : s + CONTEXT + 1] for s in chunk]))
+        logits = model(batch[:, :-1])
+        loss = nn.losses.cross_entropy(logits, batch[:, 1:], reduction="mean")
+        total += loss.item() * len(chunk)
+    return total / windows
+
+
+def train(args: argparse.Namespace) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.models import llama
+    from tqdm import tqdm
+
+    out: Path = args.out
+    tok_dir, ckpt = out / "tokenizer", out / "checkpoint"
+    started = time.monotonic()
+    train_files, held_out = split_files()
+    print(f"{len(train_files)} training files, {len(held_out)} held out", flush=True)
+    train_tokenizer(tok_dir, train_files, args.seed)
+    tokenizer = load_tokenizer(tok_dir)
+    check_tokenizer(tokenizer, [f.text for f in held_out[:20]])
+    encode = partial(tokenizer.encode, add_special_tokens=False)
+    file_sep = tokenizer.convert_tokens_to_ids(FILE_SEP)
+    from demo_data import token_stream
+
+    cache = out / "streams.npz"
+    if cache.exists():
+        saved = np.load(cache)
+        train_stream, held_stream = saved["train"], saved["held"]
+    else:
+        train_stream = token_stream(train_files, encode, file_sep)
+        held_stream = token_stream(held_out, encode, file_sep)
+        np.savez(cache, train=train_stream, held=held_stream)
+    print(
+        f"{len(train_stream):,} training tokens, {len(held_stream):,} held-out tokens", flush=True
+    )
+    sampler = Sampler(tokenizer, train_files, train_stream)
+
+    mx.random.seed(args.seed)
+    model = llama.Model(llama.ModelArgs.from_dict(MODEL_CONFIG))
+    schedule = optim.join_schedules(
+        [
+            optim.linear_schedule(1e-6, args.lr, args.warmup),
+            optim.cosine_decay(args.lr, args.steps - args.warmup, args.lr * 0.1),
+        ],
+        [args.warmup],
+    )
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.1)
+    step = 0
+    log_path = out / "loss_log.jsonl"
+    if (ckpt / "state.json").exists():
+        step = json.loads((ckpt / "state.json").read_text())["step"]
+        model.load_weights(str(ckpt / "weights.safetensors"))
+        optimizer.init(model.trainable_parameters())
+        optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
+        print(f"resuming at step {step}", flush=True)
+    elif log_path.exists():
+        log_path.unlink()
+
+    def loss_fn(model, x, y):
+        return nn.losses.cross_entropy(model(x), y, reduction="mean")
+
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def train_step(x, y):
+        loss, grads = value_and_grad(model, x, y)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(model, grads)
+        return loss
+
+    def save_checkpoint() -> None:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(
+            str(ckpt / "weights.safetensors"), dict(tree_flatten(model.parameters()))
+        )
+        mx.save_safetensors(
+            str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state))
+        )
+        (ckpt / "state.json").write_text(json.dumps({"step": step}))
+
+    tokens_per_step = args.batch * CONTEXT
+    progress = tqdm(total=args.steps, initial=step, unit="step", dynamic_ncols=True)
+    tic, running = time.monotonic(), None
+    with log_path.open("a") as log:
+        while step < args.steps:
+            rng = np.random.default_rng([args.seed, step])
+            batch = mx.array(sampler.batch(rng, args.batch))
+            loss = train_step(batch[:, :-1], batch[:, 1:])
+            mx.eval(state, loss)
+            step += 1
+            loss_value = loss.item()
+            running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
+            record = {
+                "step": step,
+                "loss": round(loss_value, 4),
+                "lr": float(schedule(step)),
+                "elapsed_s": round(time.monotonic() - started, 1),
+            }
+            if step % args.eval_every == 0 or step == args.steps:
+                record["val_loss"] = round(evaluate(model, held_stream), 4)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            rate = tokens_per_step / (time.monotonic() - tic)
+            tic = time.monotonic()
+            progress.set_postfix(
+                loss=f"{running:.3f}",
+                tok_s=f"{rate:.0f}",
+                **({"val": record["val_loss"]} if "val_loss" in record else {}),
+            )
+            progress.update(1)
+            if step % args.checkpoint_every == 0:
+                save_checkpoint()
+    progress.close()
+    save_checkpoint()
+    export(out / "model", model, tok_dir, log_path, time.monotonic() - started)
+
+
+def export(target: Path, model, tok_dir: Path, log_path: Path, seconds: float) -> None:
+    """fp16 weights + config + tokenizer in mlx-lm's layout."""
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    target.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    (target / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=2))
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+    ):
+        if (tok_dir / name).exists():
+            shutil.copy(tok_dir / name, target / name)
+    (target / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": [2]}, indent=2)
+    )
+    shutil.copy(log_path, target / "loss_log.jsonl")
+    print(f"exported to {target} after {seconds / 60:.1f} min", flush=True)
+
+
+def main() -> None:
+    with_openblas()
+    train(parse_args())
+
+
+if __name__ == "__main__":
+    main()
