@@ -1,7 +1,8 @@
 """Build a tiny random-weight Llama with a locally trained SentencePiece tokenizer.
 
-Tests and the first-run default need a model without any download: the tokenizer is trained on
-the Python standard library's own sources (present on every machine), the weights are seeded noise.
+Tests need a model that builds in seconds without any download: the tokenizer is trained on the
+Python standard library's own sources (present on every machine), the weights are seeded noise.
+scripts/make_tiny_model.py is its command line; tests build it through a session fixture.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
 
 import platformdirs
@@ -35,7 +37,7 @@ FORMAT_VERSION = 1
 
 
 def default_tiny_model_dir(seed: int = 0) -> Path:
-    """Where the first-run default model lives: the user's cache, one folder per seed and format."""
+    """Where scripts/make_tiny_model.py puts it by default: the user cache, a folder per seed."""
     cache = Path(platformdirs.user_cache_dir("mlxserve"))
     return cache / "models" / f"tiny-llama-v{FORMAT_VERSION}-seed{seed}"
 
@@ -53,51 +55,62 @@ def _stdlib_text(limit: int) -> str:
     return "".join(chunks)[:limit]
 
 
-def _train_tokenizer(out: Path, vocab_size: int) -> None:
+def train_sentencepiece(
+    out: Path, lines: Iterable[str], tokenizer_config: dict, **options: object
+) -> None:
+    """Train a SentencePiece BPE tokenizer (byte fallback) on `lines` into `out`, then write what
+    transformers needs to load it: tokenizer_config.json and tokenizer.json (REFERENCE §6).
+
+    `options` are SentencePiece trainer options on top of the shared ones (vocab_size, ...).
+    """
     import sentencepiece as spm
 
     corpus = out / "corpus.txt"
-    lines = [line for line in _stdlib_text(TRAINING_TEXT_BYTES).splitlines() if line.strip()]
     corpus.write_text("\n".join(lines), encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(corpus),
         model_prefix=str(out / "tokenizer"),
         model_type="bpe",
-        vocab_size=vocab_size,
         byte_fallback=True,
-        character_coverage=1.0,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
-        split_digits=True,
         unk_id=0,
         bos_id=1,
         eos_id=2,
         pad_id=-1,
-        num_threads=1,
         shuffle_input_sentence=False,
         input_sentence_size=0,
         minloglevel=2,
+        **options,
     )
     corpus.unlink()
     (out / "tokenizer.vocab").unlink(missing_ok=True)
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "LlamaTokenizer",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-                "add_bos_token": True,
-                "add_eos_token": False,
-                "model_max_length": TINY_CONFIG["max_position_embeddings"],
-            },
-            indent=2,
-        )
-    )
-    # transformers 5 needs tokenizer.json to load without sentencepiece/protobuf (REFERENCE §6).
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     from transformers import AutoTokenizer
 
     AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
+
+
+def _train_tokenizer(out: Path, vocab_size: int) -> None:
+    lines = [line for line in _stdlib_text(TRAINING_TEXT_BYTES).splitlines() if line.strip()]
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": TINY_CONFIG["max_position_embeddings"],
+    }
+    train_sentencepiece(
+        out,
+        lines,
+        config,
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        split_digits=True,
+        num_threads=1,
+    )
 
 
 def _write_weights(out: Path, seed: int) -> None:
@@ -123,7 +136,3 @@ def build_tiny_model(out: Path, seed: int = 0, force: bool = False) -> Path:
     _write_weights(out, seed)
     done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
     return out
-
-
-def ensure_default_tiny_model(seed: int = 0) -> Path:
-    return build_tiny_model(default_tiny_model_dir(seed), seed=seed)

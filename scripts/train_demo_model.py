@@ -82,65 +82,41 @@ def with_openblas() -> None:
 # ---- tokenizer ---------------------------------------------------------------------------------
 
 
-def train_tokenizer(out: Path, train_files, seed: int) -> None:
-    import sentencepiece as spm
+def train_tokenizer(out: Path, train_files) -> None:
+    from mlxserve.tiny_model import train_sentencepiece
 
     out.mkdir(parents=True, exist_ok=True)
     if (out / "tokenizer.json").exists():
         return
-    corpus = out / "corpus.txt"
-    corpus.write_text(
-        "\n".join(line for f in train_files for line in f.text.splitlines() if line.strip()),
-        encoding="utf-8",
-    )
-    spm.SentencePieceTrainer.train(
-        input=str(corpus),
-        model_prefix=str(out / "tokenizer"),
-        model_type="bpe",
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": EOS,
+        "unk_token": "<unk>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "legacy": False,
+        "additional_special_tokens": SPECIAL_TOKENS,
+        "model_max_length": CONTEXT,
+    }
+    lines = (line for f in train_files for line in f.text.splitlines() if line.strip())
+    train_sentencepiece(
+        out,
+        lines,
+        config,
         vocab_size=VOCAB_SIZE,
-        byte_fallback=True,
         character_coverage=0.9995,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
-        split_by_whitespace=False,
+        add_dummy_prefix=False,  # code: no space before the first token
+        split_by_whitespace=False,  # lets pieces cover indentation runs
         allow_whitespace_only_pieces=True,
         split_digits=True,
         max_sentencepiece_length=16,
         user_defined_symbols=SPECIAL_TOKENS,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
         eos_piece=EOS,
-        pad_id=-1,
         num_threads=2,
-        shuffle_input_sentence=False,
-        input_sentence_size=0,
         seed_sentencepiece_size=1_000_000,
-        minloglevel=2,
     )
-    corpus.unlink()
-    (out / "tokenizer.vocab").unlink(missing_ok=True)
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "LlamaTokenizer",
-                "bos_token": "<s>",
-                "eos_token": EOS,
-                "unk_token": "<unk>",
-                "add_bos_token": False,
-                "add_eos_token": False,
-                "add_prefix_space": False,
-                "legacy": False,
-                "additional_special_tokens": SPECIAL_TOKENS,
-                "model_max_length": CONTEXT,
-            },
-            indent=2,
-        )
-    )
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
 
 
 def load_tokenizer(out: Path):
@@ -261,7 +237,7 @@ def train(args: argparse.Namespace) -> None:
     started = time.monotonic()
     train_files, held_out = split_files()
     print(f"{len(train_files)} training files, {len(held_out)} held out", flush=True)
-    train_tokenizer(tok_dir, train_files, args.seed)
+    train_tokenizer(tok_dir, train_files)
     tokenizer = load_tokenizer(tok_dir)
     check_tokenizer(tokenizer, [f.text for f in held_out[:20]])
     encode = partial(tokenizer.encode, add_special_tokens=False)
@@ -373,12 +349,9 @@ def export(target: Path, model, tok_dir: Path, log_path: Path, seconds: float) -
     weights = {k: v.astype(mx.float16) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(target / "model.safetensors"), weights)
     (target / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=2))
-    for name in (
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "tokenizer.model",
-    ):
+    # tokenizer.model stays out: transformers loads tokenizer.json, and SentencePiece writes the
+    # build's paths into its .model file.
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tok_dir / name).exists():
             shutil.copy(tok_dir / name, target / name)
     (target / "generation_config.json").write_text(
