@@ -274,6 +274,13 @@ def train(args: argparse.Namespace) -> None:
         model.load_weights(str(ckpt / "weights.safetensors"))
         optimizer.init(model.trainable_parameters())
         optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
+        if log_path.exists():  # steps after the checkpoint will run again: log them once
+            kept = [
+                line
+                for line in log_path.read_text().splitlines()
+                if json.loads(line)["step"] <= step
+            ]
+            log_path.write_text("".join(line + "\n" for line in kept))
         print(f"resuming at step {step}", flush=True)
     elif log_path.exists():
         log_path.unlink()
