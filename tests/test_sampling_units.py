@@ -8,6 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxserve.sampling.breakers import Breakers
+from mlxserve.sampling.dry import DryParams, DryPenalty
 from mlxserve.sampling.mirostat import Mirostat
 from mlxserve.sampling.truncation import (
     apply_top_n_sigma,
@@ -177,3 +179,124 @@ def test_mirostat_k_and_mu_follow_the_reference_for_50_steps(version):
         p_kept = p[token] / p[order[:k]].sum()
         mu = mu - eta * (-math.log2(p_kept) - tau)
         assert miro.mu.item() == pytest.approx(mu, abs=1e-3)
+
+
+# ---- DRY ----------------------------------------------------------------------------------------
+
+
+NO_BREAKERS = Breakers(frozenset(), ())
+
+
+def dry_probs(p, history, breakers=NO_BREAKERS, **params):
+    params.setdefault("penalty_last_n", 64)
+    dry = DryPenalty(DryParams(**params), breakers, len(p), context=4096)
+    logits = mx.log(mx.array([p], dtype=mx.float32))
+    out = dry(mx.array(history, dtype=mx.int32), logits)
+    return np.array(mx.softmax(out, axis=-1)[0])
+
+
+def test_dry_vectors_from_llamacpp():
+    """REFERENCE §1 (llama.cpp tests/test-sampling.cpp)."""
+    q, f = [0.25] * 4, [0.2] * 5
+    h = [0, 1, 2, 0, 1]
+    got = dry_probs(q, h, multiplier=1, base=1.1, allowed_length=2, penalty_last_n=5)
+    assert got == pytest.approx([0.296923, 0.296923, 0.109232, 0.296923], abs=1e-5)
+    got = dry_probs(f, h, multiplier=2, base=1.1, allowed_length=2, penalty_last_n=5)
+    assert got == pytest.approx([0.241818, 0.241818, 0.032727, 0.241818, 0.241818], abs=1e-5)
+    breaker_3 = Breakers(frozenset({3}), ())
+    got = dry_probs(
+        f, [0, 1, 3, 4, 0, 1], breaker_3, multiplier=2, base=1.1, allowed_length=2, penalty_last_n=6
+    )
+    assert got == pytest.approx(f, abs=1e-6)
+    got = dry_probs(
+        f, [0, 1, 2, 3, 4, 0, 1], multiplier=2, base=1.1, allowed_length=4, penalty_last_n=7
+    )
+    assert got == pytest.approx(f, abs=1e-6)
+    got = dry_probs(q, [0, 1], multiplier=2, base=1.1, allowed_length=2, penalty_last_n=4)
+    assert got == pytest.approx(q, abs=1e-6)
+
+
+def test_dry_penalty_vector_token_9():
+    """history [5,6,7,8,9,1,5,6,7,8], m=0.8, b=1.75, A=2 -> token 9 loses 0.8 * 1.75**2 = 2.45."""
+    dry = DryPenalty(DryParams(multiplier=0.8, base=1.75, allowed_length=2), NO_BREAKERS, 12, 4096)
+    penalty = np.array(dry.penalties(mx.array([5, 6, 7, 8, 9, 1, 5, 6, 7, 8], dtype=mx.int32)))
+    assert penalty[9] == pytest.approx(2.45, abs=1e-5)
+    assert np.count_nonzero(penalty) == 1
+
+
+def dry_reference(history, vocab, params: DryParams, single=(), multi=()):
+    """llama.cpp's DRY written as plain loops (O(N^2) match scan instead of its Z-algorithm)."""
+    h = list(history)[-params.penalty_last_n :] if params.penalty_last_n > 0 else list(history)
+    length, allowed = len(h), params.allowed_length
+    out = np.zeros(vocab)
+    if length <= allowed:
+        return out
+    rep_limit = length
+    for i in range(length):
+        pos, longest = length - 1 - i, -1
+        if h[pos] in single:
+            longest = 0
+        for tail, heads in multi:
+            span = len(tail)
+            if (
+                h[pos] in heads
+                and longest < span <= i
+                and h[pos + 1 : pos + 1 + span] == list(tail)
+            ):
+                longest = span
+        if longest >= 0:
+            rep_limit = i - longest
+            break
+    if rep_limit < allowed:
+        return out
+    best: dict[int, int] = {}
+    for j in range(length - 1):
+        n = 0
+        while n < rep_limit and j - n >= 0 and h[j - n] == h[length - 1 - n]:
+            n += 1
+        if n >= allowed:
+            best[h[j + 1]] = max(best.get(h[j + 1], 0), n)
+    for token, n in best.items():
+        if token not in single:
+            out[token] = params.multiplier * params.base ** (n - allowed)
+    return out
+
+
+def test_dry_matches_the_reference_on_random_repetitive_histories():
+    rng = np.random.default_rng(3)
+    vocab = 8
+    for trial in range(200):
+        history = rng.integers(0, vocab, size=rng.integers(2, 40)).tolist()
+        single = frozenset(rng.choice(vocab, size=rng.integers(0, 2), replace=False).tolist())
+        multi = ()
+        if trial % 2:
+            tail = tuple(rng.integers(0, vocab, size=rng.integers(1, 3)).tolist())
+            multi = ((tail, frozenset({int(rng.integers(0, vocab))})),)
+        params = DryParams(
+            multiplier=0.8,
+            base=1.5,
+            allowed_length=int(rng.integers(1, 4)),
+            penalty_last_n=int(rng.integers(3, 50)),
+        )
+        dry = DryPenalty(params, Breakers(single, multi), vocab, 4096)
+        got = np.array(dry.penalties(mx.array(history[-params.penalty_last_n :], dtype=mx.int32)))
+        want = dry_reference(history, vocab, params, single, multi)
+        assert got == pytest.approx(want, rel=1e-5), (history, single, multi, params)
+
+
+def test_breakers_resolve_single_and_multi_token(tiny_model):
+    from transformers import AutoTokenizer
+
+    from mlxserve.sampling.breakers import resolve_breakers, token_texts
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    texts = token_texts(tokenizer)
+    resolved = resolve_breakers(tokenizer, ["\n", "return"])
+    newline = [i for i, t in enumerate(texts) if "\n" in t]
+    assert newline and set(newline) <= resolved.single
+    assert all("return" in texts[i] or "\n" in texts[i] for i in resolved.single)
+    # Tokens ending in a proper prefix of "return" ("re", "ret", ...) start a multi-token breaker.
+    heads = {h for _, hs in resolved.multi for h in hs}
+    assert heads and all(
+        any("return".startswith(texts[h][k:]) for k in range(len(texts[h]))) for h in heads
+    )
