@@ -45,6 +45,24 @@ LONG_PROMPT_IDS = [1] + [300] * 1999  # 2000 tokens of a 2048-token context
         ("prompt", 5),
         ("prompt", [{"a": 1}]),
         ("echo", "sometimes"),
+        ("mirostat", 3),
+        ("mirostat_tau", 0),
+        ("mirostat_target", -1),
+        ("mirostat_eta", 2),
+        ("mirostat_lr", 0),
+        ("typical_p", 0),
+        ("top_n_sigma", -3),
+        ("xtc_probability", 1.5),
+        ("xtc_threshold", -0.1),
+        ("dynatemp_range", -1),
+        ("dynatemp_exponent", 0),
+        ("dry_multiplier", -1),
+        ("dry_allowed_length", -1),
+        ("dry_penalty_last_n", -2),
+        ("dry_sequence_breakers", "\n"),
+        ("dry_sequence_breakers", ["x"] * 33),
+        ("samplers", ["top_k", "nucleus"]),
+        ("samplers", "kz"),
     ],
 )
 def test_bad_values_are_400_naming_the_field(http, field, value):
@@ -58,17 +76,13 @@ def test_bad_values_are_400_naming_the_field(http, field, value):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("mirostat", 2),
-        ("dry_multiplier", 0.8),
         ("grammar", 'root ::= "a"'),
         ("json_schema", {"type": "object"}),
         ("response_format", {"type": "json_object"}),
         ("guided_regex", "a+"),
         ("suffix", "\n    return x"),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("typical_p", 0.5),
-        ("xtc_probability", 0.5),
-        ("samplers", ["top_k"]),
+        ("samplers", ["top_k", "infill"]),
     ],
 )
 def test_fields_not_built_yet_are_refused_by_name_not_ignored(http, field, value):
@@ -77,7 +91,8 @@ def test_fields_not_built_yet_are_refused_by_name_not_ignored(http, field, value
 
 
 @pytest.mark.parametrize(
-    ("field", "off"), [("mirostat", 0), ("dry_multiplier", 0), ("suffix", ""), ("typical_p", 1.0)]
+    ("field", "off"),
+    [("suffix", ""), ("grammar", ""), ("tools", []), ("response_format", {"type": "text"})],
 )
 def test_their_off_values_are_accepted(http, field, off):
     complete(http, prompt="x", max_tokens=1, **{field: off})
@@ -89,6 +104,7 @@ def test_their_off_values_are_accepted(http, field, off):
         ({"prompt": "x", "n": 3, "best_of": 2}, "best_of"),
         ({"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
         ({"prompt": "x", "max_tokens": 3, "min_tokens": 5}, "min_tokens"),
+        ({"prompt": "x", "dry_multiplier": 0.8, "dry_base": 0.5}, "dry_base"),
         ({"prompt": [5, 99999]}, "prompt"),
         ({"prompt": "x", "stop_token_ids": [99999]}, "stop_token_ids"),
         ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from mlxserve.sampling.breakers import Breakers
-from mlxserve.sampling.dry import DryParams, DryPenalty
+from mlxserve.sampling.dry import DryPenalty
 from mlxserve.sampling.mirostat import Mirostat
+from mlxserve.sampling.params import DryParams
 from mlxserve.sampling.truncation import (
     apply_top_n_sigma,
     apply_typical_p,

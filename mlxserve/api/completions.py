@@ -16,11 +16,12 @@ from quart_schema import document_request
 
 from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
 from ..prompt import Prompt, PromptError, fit_context, split_prompts, tokenize
-from ..sampling.params import SamplingParams
+from ..sampling.breakers import resolve_breakers
+from ..sampling.params import DryParams, SamplingParams
 from ..settings import Settings
 from .errors import InvalidRequest, ServerError, ServiceUnavailable
 from .models import check_model_name, served_model_id
-from .parsing import parse_completion_request, parse_json_object
+from .parsing import parse_completion_request, parse_json_object, sampler_names
 from .schemas import CompletionRequest
 
 blueprint = Blueprint("completions", __name__)
@@ -94,11 +95,32 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
     _check_token_ids(body.allowed_token_ids or [], vocab, "allowed_token_ids")
     bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
     _check_token_ids(list(bias), vocab, "logit_bias")
+    dry = None
+    if body.dry_multiplier > 0 and body.dry_penalty_last_n != 0:
+        dry = DryParams(
+            multiplier=body.dry_multiplier,
+            base=body.dry_base,
+            allowed_length=body.dry_allowed_length,
+            penalty_last_n=body.dry_penalty_last_n,
+            breakers=tuple(body.dry_sequence_breakers),
+        )
     sampling = SamplingParams(
         temperature=body.temperature,
         top_k=max(body.top_k, 0),
         top_p=body.top_p,
         min_p=body.min_p,
+        typical_p=body.typical_p,
+        top_n_sigma=body.top_n_sigma,
+        xtc_probability=body.xtc_probability,
+        xtc_threshold=body.xtc_threshold,
+        dynatemp_range=body.dynatemp_range,
+        dynatemp_exponent=body.dynatemp_exponent,
+        mirostat=body.mirostat,
+        mirostat_tau=body.mirostat_tau,
+        mirostat_eta=body.mirostat_eta,
+        dry=dry,
+        dry_breakers=resolve_breakers(loaded.tokenizer, dry.breakers) if dry else None,
+        samplers=sampler_names(body.samplers),
         logit_bias=bias,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,

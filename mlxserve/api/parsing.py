@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS
 from .errors import InvalidRequest
 from .schemas import NOT_YET_SUPPORTED, CompletionRequest
 
@@ -64,7 +65,37 @@ def parse_completion_request(data: dict[str, Any]) -> CompletionRequest:
             f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({request.max_tokens}).",
             param="min_tokens",
         )
+    if request.dry_multiplier > 0 and request.dry_base < 1:
+        raise InvalidRequest(
+            f"dry_base must be at least 1 when DRY is on (dry_multiplier > 0), got "
+            f"{request.dry_base}.",
+            param="dry_base",
+        )
+    sampler_names(request.samplers)  # raises on unknown names
     return request
+
+
+def sampler_names(samplers: list[str] | str | None) -> tuple[str, ...]:
+    """llama.cpp's `samplers`: a list of names, or a string of one-letter codes."""
+    if samplers is None:
+        return DEFAULT_SAMPLERS
+    names = [SAMPLER_LETTERS.get(c, c) for c in samplers] if isinstance(samplers, str) else samplers
+    names = [SAMPLER_ALIASES.get(n, n) for n in names]
+    known = set(DEFAULT_SAMPLERS)
+    for name in names:
+        if name == "infill":
+            raise InvalidRequest(
+                "The 'infill' sampler is not supported by this server yet.",
+                param="samplers",
+                code="unsupported_parameter",
+            )
+        if name not in known:
+            raise InvalidRequest(
+                f"Unknown sampler {name!r} in 'samplers'; known: {', '.join(DEFAULT_SAMPLERS)} "
+                f"(or llama.cpp's letters {''.join(SAMPLER_LETTERS)}).",
+                param="samplers",
+            )
+    return tuple(names)
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..sampling.breakers import DEFAULT_BREAKERS
+
 DEFAULT_MAX_TOKENS = 16
 MAX_N = 128
 MAX_LOGPROBS = 5
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 100.0
+MAX_BREAKERS = 32
 
 PromptPart = str | int
 PromptInput = str | list[PromptPart | list[PromptPart]]
@@ -33,13 +36,6 @@ class StreamOptions(BaseModel):
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
-    "mirostat": (None, 0),
-    "dry_multiplier": (None, 0, 0.0),
-    "typical_p": (None, 1, 1.0),
-    "xtc_probability": (None, 0, 0.0),
-    "top_n_sigma": (None, -1, -1.0, 0, 0.0),
-    "dynatemp_range": (None, 0, 0.0),
-    "samplers": (None,),
     "grammar": (None, ""),
     "json_schema": (None,),
     "response_format": (None, {"type": "text"}),
@@ -83,6 +79,29 @@ class CompletionRequest(BaseModel):
     include_stop_str_in_output: bool = False
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    typical_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = off")
+    top_n_sigma: float = Field(-1.0, ge=-1.0, le=100.0, description="<= 0 = off")
+    xtc_probability: float = Field(0.0, ge=0.0, le=1.0)
+    xtc_threshold: float = Field(0.1, ge=0.0, le=1.0)
+    dynatemp_range: float = Field(0.0, ge=0.0, le=10.0)
+    dynatemp_exponent: float = Field(1.0, gt=0.0, le=100.0)
+    mirostat: int = Field(0, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0")
+    mirostat_tau: float = Field(
+        5.0, gt=0.0, le=100.0, validation_alias=alias("mirostat_tau", "mirostat_target")
+    )
+    mirostat_eta: float = Field(
+        0.1, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
+    )
+    dry_multiplier: float = Field(0.0, ge=0.0, le=100.0, description="0 = off")
+    dry_base: float = Field(1.75, ge=0.0, le=100.0)
+    dry_allowed_length: int = Field(2, ge=0, le=10_000)
+    dry_penalty_last_n: int = Field(64, ge=-1, description="-1 = whole context, 0 = off")
+    dry_sequence_breakers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_BREAKERS), max_length=MAX_BREAKERS
+    )
+    samplers: list[str] | str | None = Field(
+        None, description="llama.cpp's sampler order: names or one letter each"
+    )
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)

@@ -1,8 +1,11 @@
-"""The sampler chain for one sequence, built from mlx-lm's pieces plus a per-sequence RNG key.
+"""The sampler chain for one sequence: llama.cpp's order, mlx-lm's pieces, a per-sequence RNG key.
 
-Order follows llama.cpp (REFERENCE §1): logit_bias -> penalties -> top_k -> top_p -> min_p ->
-temperature -> draw. Bias and penalties are logits processors (mlx-lm runs them before it
-normalises to logprobs); the truncations and the draw are the sampler.
+Logits processors run first (mlx-lm calls them before it normalises to logprobs): allowed ids,
+logit_bias, penalties, DRY, and the bans for EOS / stop ids. Then the sampler: the truncation
+samplers and temperature in `params.samplers` order (llama.cpp's names; a sampler left out of a
+client's list does not run), and the draw. Mirostat replaces truncation and draw: logit_bias ->
+penalties -> DRY -> temperature -> mirostat, with top_k / top_p / min_p / typical / XTC /
+top_n_sigma ignored, as in llama.cpp.
 """
 
 from __future__ import annotations
@@ -10,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+)
 
+from .dry import DryPenalty
+from .mirostat import Mirostat
 from .params import SamplingParams
+from .truncation import apply_top_n_sigma, apply_typical_p, apply_xtc, dynamic_temperature
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+Step = Callable[[mx.array], mx.array]
 
 BANNED = -float("inf")
 
@@ -28,20 +40,54 @@ class SequenceSampler:
     def __init__(self, params: SamplingParams, vocab_size: int, seed: int):
         self.params = params
         self.key = mx.random.key(seed % 2**64)
-        self.top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+        sampling = not params.greedy
+        self.mirostat = (
+            Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta, vocab_size)
+            if params.mirostat and sampling
+            else None
+        )
+        self.steps = self._steps(params, vocab_size) if sampling and not self.mirostat else []
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         p = self.params
         if p.greedy:
             return mx.argmax(logprobs, axis=-1)
-        if self.top_k:
-            logprobs = apply_top_k(logprobs, self.top_k)
-        if 0.0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if p.min_p > 0.0:
-            logprobs = apply_min_p(logprobs, p.min_p)
-        self.key, draw_key = mx.random.split(self.key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=draw_key)
+        self.key, key = mx.random.split(self.key)
+        if self.mirostat is not None:
+            return self.mirostat.sample(logprobs * (1.0 / p.temperature), key)
+        draw_key, step_key = mx.random.split(key)
+        for step in self.steps:
+            logprobs = step(logprobs, step_key)
+        return mx.random.categorical(logprobs, key=draw_key)
+
+    @staticmethod
+    def _steps(
+        p: SamplingParams, vocab_size: int
+    ) -> list[Callable[[mx.array, mx.array], mx.array]]:
+        """The configured truncation steps, in order; each takes (logits, key)."""
+        top_k = p.top_k if 0 < p.top_k < vocab_size else 0
+        available = {
+            "top_n_sigma": (p.top_n_sigma > 0, lambda x, _: apply_top_n_sigma(x, p.top_n_sigma)),
+            "top_k": (bool(top_k), lambda x, _: apply_top_k(x, top_k)),
+            "typ_p": (p.typical_p < 1.0, lambda x, _: apply_typical_p(x, p.typical_p)),
+            "top_p": (0.0 < p.top_p < 1.0, lambda x, _: apply_top_p(x, p.top_p)),
+            "min_p": (p.min_p > 0.0, lambda x, _: apply_min_p(x, p.min_p)),
+            "xtc": (
+                p.xtc_probability > 0.0,
+                lambda x, k: apply_xtc(x, p.xtc_probability, p.xtc_threshold, k),
+            ),
+            "temperature": (True, _temperature_step(p)),
+        }
+        return [available[name][1] for name in p.samplers if available.get(name, (False,))[0]]
+
+
+def _temperature_step(p: SamplingParams) -> Callable[[mx.array, mx.array], mx.array]:
+    if p.dynatemp_range > 0:
+        return lambda x, _: dynamic_temperature(
+            x, p.temperature, p.dynatemp_range, p.dynatemp_exponent
+        )
+    scale = 1.0 / p.temperature
+    return lambda x, _: x * scale
 
 
 def make_processors(
@@ -61,7 +107,7 @@ def make_processors(
     if params.allowed_token_ids is not None:
         processors.append(_allow_only(params.allowed_token_ids, vocab_size))
     window = context_length if params.repeat_last_n < 0 else params.repeat_last_n
-    penalties = window > 0
+    penalties = window > 0 and "penalties" in params.samplers
     processors += make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty
@@ -73,6 +119,14 @@ def make_processors(
         frequency_penalty=params.frequency_penalty if penalties else None,
         frequency_context_size=window,
     )
+    dry = params.dry
+    if (
+        dry is not None
+        and dry.multiplier > 0
+        and dry.penalty_last_n != 0
+        and "dry" in params.samplers
+    ):
+        processors.append(DryPenalty(dry, params.dry_breakers, vocab_size, context_length))
     if always_banned:
         processors.append(_ban(list(always_banned)))
     if banned_until is not None:

@@ -10,25 +10,16 @@ Cost per step: O(N x K) element-wise ops, K = min(N, MAX_MATCH), no host round t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import mlx.core as mx
 
 from .breakers import Breakers
+from .params import DryParams
 
 # Match lengths are computed up to this many tokens. Longer runs are penalised as this long:
 # with base >= 1.1 that is already over 1e5 in logits, i.e. a ban.
 MAX_MATCH = 128
 FLOAT_MAX_LOG = 88.7228391  # llama.cpp clamps the exponent so base ** exponent stays finite
-
-
-@dataclass(frozen=True)
-class DryParams:
-    multiplier: float
-    base: float = 1.75
-    allowed_length: int = 2
-    penalty_last_n: int = 64  # -1 = whole context
-    breakers: tuple[str, ...] = ("\n", ":", '"', "*")
 
 
 class DryPenalty:
