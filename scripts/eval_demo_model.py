@@ -26,7 +26,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_data import FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, split_files, token_stream
+from demo_data import (
+    FILE_SEP,
+    FIM_MIDDLE,
+    FIM_PREFIX,
+    FIM_SUFFIX,
+    split_files,
+    token_stream,
+    with_openblas,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "mlxserve" / "models" / "mlxserve-demo-coder"
@@ -175,8 +183,10 @@ class BigramInfiller:
 def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
     exact = parsed = 0
     start = time.monotonic()
-    for task in tasks:
+    for n, task in enumerate(tasks, 1):
         line = infiller.complete(task)
+        if n % 50 == 0:
+            print(f"{name}: {n}/{len(tasks)} tasks", file=sys.stderr, flush=True)
         exact += line.rstrip() == task.line.rstrip()
         parsed += parses(task, line)
     return {
@@ -188,6 +198,7 @@ def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
 
 
 def main() -> None:
+    with_openblas()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--tasks", type=int, default=200)
@@ -214,7 +225,7 @@ def main() -> None:
     train_stream = token_stream(train_files, infiller.encode, file_sep)
     vocab = infiller.config["vocab_size"]
     results["bigram_infill"] = score("bigram", BigramInfiller(train_stream, vocab, infiller), tasks)
-    print(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from functools import partial
@@ -28,9 +27,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_data import EOS, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SPECIAL_TOKENS, split_files
+from demo_data import (
+    EOS,
+    FILE_SEP,
+    FIM_MIDDLE,
+    FIM_PREFIX,
+    FIM_SUFFIX,
+    SPECIAL_TOKENS,
+    split_files,
+    with_openblas,
+)
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 VOCAB_SIZE = 4096
 CONTEXT = 512
 MODEL_CONFIG = {
@@ -51,7 +58,10 @@ MODEL_CONFIG = {
     "torch_dtype": "float16",
 }
 FIM_RATE = 0.5
-LINE_SPAN_RATE = 0.5  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
+LINE_SPAN_RATE = 0.7  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
+# Of those, the share whose middle leaves its last newline to the suffix: an editor's cursor on an
+# emptied line has the newline after it, so the suffix starts with "\n".
+NEWLINE_IN_SUFFIX_RATE = 0.5
 CHARS_PER_SAMPLE = 1800  # about CONTEXT tokens of Python
 
 
@@ -66,17 +76,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     return parser.parse_args()
-
-
-def with_openblas() -> None:
-    """Re-exec under OpenBLAS when it exists and is not loaded yet (see module docstring)."""
-    if (
-        sys.platform == "linux"
-        and os.path.exists(OPENBLAS)
-        and "openblas" not in os.environ.get("LD_PRELOAD", "")
-    ):
-        env = {**os.environ, "LD_PRELOAD": OPENBLAS}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------
@@ -201,6 +200,8 @@ class Sampler:
             last = min(len(starts), first + rng.integers(1, 4))
             lo = starts[first]
             hi = starts[last] if last < len(starts) else len(window)
+            if hi > lo and window[hi - 1] == "\n" and rng.random() < NEWLINE_IN_SUFFIX_RATE:
+                hi -= 1
             return lo, hi
         lo, hi = sorted(rng.integers(0, len(window) + 1, size=2))
         return int(lo), int(hi)
