@@ -47,6 +47,8 @@ class SequenceSampler:
             else None
         )
         self.steps = self._steps(params, vocab_size) if sampling and not self.mirostat else []
+        # Only XTC draws randomness inside the chain; everyone else keeps one split per token.
+        self.chain_needs_key = sampling and params.xtc_probability > 0 and "xtc" in params.samplers
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         p = self.params
@@ -55,7 +57,7 @@ class SequenceSampler:
         self.key, key = mx.random.split(self.key)
         if self.mirostat is not None:
             return self.mirostat.sample(logprobs * (1.0 / p.temperature), key)
-        draw_key, step_key = mx.random.split(key)
+        draw_key, step_key = mx.random.split(key) if self.chain_needs_key else (key, None)
         for step in self.steps:
             logprobs = step(logprobs, step_key)
         return mx.random.categorical(logprobs, key=draw_key)
