@@ -12,6 +12,9 @@ Only the decode rate counts, prompt processing and the first token are left out:
 interleaved (bare, http, bare, http, ...) so machine noise hits both alike, and the medians are
 compared. The server is idle while the bare loop runs, and holds its own copy of the model.
 
+A second table compares decode tok/s through HTTP with penalties + DRY + mirostat on against
+plain seeded sampling (target >= 0.90).
+
 Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
 should be small next to one forward pass of a real model). This script only prints; it asserts
 nothing.
@@ -59,6 +62,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
+    parser.add_argument(
+        "--skip-samplers", action="store_true", help="leave out the sampler-chain row"
+    )
     return parser.parse_args()
 
 
@@ -156,8 +162,21 @@ def stop_server(server: subprocess.Popen) -> None:
             server.wait()
 
 
+# Issue 5's row: the whole custom chain against plain seeded sampling, both through HTTP.
+PLAIN_SAMPLING = {"temperature": 0.8, "seed": 1}
+FULL_CHAIN = {
+    **PLAIN_SAMPLING,
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.3,
+    "frequency_penalty": 0.3,
+    "dry_multiplier": 0.8,
+    "mirostat": 2,
+    "mirostat_tau": 5.0,
+}
+
+
 def http_decode_rate(
-    client: httpx.Client, base_url: str, prompt: str, max_tokens: int
+    client: httpx.Client, base_url: str, prompt: str, max_tokens: int, sampling: dict | None = None
 ) -> tuple[float, int]:
     """Decode tokens/s seen by a streaming client: first text chunk to last, usage's token count."""
     body = {
@@ -167,6 +186,7 @@ def http_decode_rate(
         "stream": True,
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
+        **(sampling or {}),
     }
     first = last = None
     completion_tokens = None
@@ -206,6 +226,10 @@ def print_table(rows: list[tuple[str, str]]) -> None:
         print(f"{label:<{width}}  {value}")
 
 
+def _runs(rates: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in rates)
+
+
 def main() -> int:
     args = parse_args()
     model_path = args.model or default_model()
@@ -222,6 +246,8 @@ def main() -> int:
     server = start_server(model_path, port, log_path)
     bare: list[float] = []
     http: list[float] = []
+    plain: list[float] = []
+    chain: list[float] = []
     try:
         wait_healthy(server, base_url, log_path)
         with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
@@ -235,6 +261,17 @@ def main() -> int:
                 rate, n = http_decode_rate(client, base_url, args.prompt, args.max_tokens)
                 http.append(rate)
                 print(f"run {run} http: {rate:.2f} tok/s ({n} tokens)", file=sys.stderr)
+                if args.skip_samplers:
+                    continue
+                for label, sampling, rates in (
+                    ("plain sampling", PLAIN_SAMPLING, plain),
+                    ("full chain", FULL_CHAIN, chain),
+                ):
+                    rate, n = http_decode_rate(
+                        client, base_url, args.prompt, args.max_tokens, sampling
+                    )
+                    rates.append(rate)
+                    print(f"run {run} {label}: {rate:.2f} tok/s ({n} tokens)", file=sys.stderr)
     finally:
         stop_server(server)
 
@@ -249,6 +286,15 @@ def main() -> int:
             ("ratio HTTP/bare", f"{http_median / bare_median:.3f}  (target >= 0.95)"),
         ]
     )
+    if chain:
+        plain_median, chain_median = statistics.median(plain), statistics.median(chain)
+        print_table(
+            [
+                ("plain sampling tok/s", f"{plain_median:.2f}  runs: {_runs(plain)}"),
+                ("penalties+DRY+mirostat", f"{chain_median:.2f}  runs: {_runs(chain)}"),
+                ("ratio chain/plain", f"{chain_median / plain_median:.3f}  (target >= 0.90)"),
+            ]
+        )
     return 0
 
 
