@@ -26,24 +26,32 @@ class Mirostat:
 
     def sample(self, logits: mx.array, key: mx.array) -> mx.array:
         """Draw a token from `[1, V]` logits (temperature already applied); update mu."""
+        if self.version == 2:
+            # No sort needed: in descending order surprise only grows, so "cut at the first token
+            # whose surprise exceeds mu" keeps exactly the tokens at or under mu (at least one).
+            keep = self._truncate_v2(mx.softmax(logits.astype(mx.float32), axis=-1))
+            return self._draw(logits, keep, key)
         order = mx.argsort(-logits, axis=-1)
         sorted_logits = mx.take_along_axis(logits, order, axis=-1)
         sorted_p = mx.softmax(sorted_logits.astype(mx.float32), axis=-1)
-        keep = self._truncate_v1(sorted_p) if self.version == 1 else self._truncate_v2(sorted_p)
-        kept_logits = mx.where(keep, sorted_logits, NEG_INF)
+        choice = self._draw(sorted_logits, self._truncate_v1(sorted_p), key)
+        return mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+
+    def _draw(self, logits: mx.array, keep: mx.array, key: mx.array) -> mx.array:
+        """Sample among the kept tokens, then move mu by the observed surprise's error."""
+        kept_logits = mx.where(keep, logits, NEG_INF)
         choice = mx.random.categorical(kept_logits, key=key)
         kept_p = mx.softmax(kept_logits.astype(mx.float32), axis=-1)
         p_choice = mx.take_along_axis(kept_p, choice[:, None], axis=-1)[0, 0]
         surprise = -mx.log2(p_choice)
         self.mu = self.mu - self.eta * (surprise - self.tau)
-        return mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+        return choice
 
-    def _truncate_v2(self, sorted_p: mx.array) -> mx.array:
-        """Keep the tokens before the first whose surprise -log2(p) exceeds mu (at least one)."""
-        too_surprising = -mx.log2(sorted_p) > self.mu
-        rank = mx.arange(sorted_p.shape[-1])
-        first = mx.where(mx.any(too_surprising), mx.argmax(too_surprising, axis=-1), rank.size)
-        return rank < mx.maximum(first, 1)
+    def _truncate_v2(self, p: mx.array) -> mx.array:
+        """Keep tokens whose surprise -log2(p) is at most mu, and always the most likely one."""
+        keep = -mx.log2(p) <= self.mu
+        top = mx.arange(p.shape[-1]) == mx.argmax(p, axis=-1, keepdims=True)
+        return keep | top
 
     def _truncate_v1(self, sorted_p: mx.array) -> mx.array:
         """Keep the top k, k from a Zipf fit of the m most likely tokens and the target mu."""
