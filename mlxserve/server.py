@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import signal
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
@@ -64,6 +66,11 @@ def serve_forever(settings: Settings) -> int:
             failed.append(message)
             loop.call_soon_threadsafe(shutdown.set)
 
+        # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
+        # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, shutdown.set)
         engine = Engine(settings.model, on_fatal=on_fatal)
         log.info(
             "serving on http://%s:%d (model %s loading)",

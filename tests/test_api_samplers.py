@@ -127,7 +127,9 @@ def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
 
 @pytest.mark.slow
 def test_mirostat_v2_holds_the_surprise_near_tau_on_a_real_model(smollm2):
-    tau = 4.0
+    # tau below the model's own surprise on this text (2.7 bits with mu unbounded), so that the
+    # truncation is what holds it there.
+    tau = 2.5
     body = dict(
         prompt="Once upon a time,",
         max_tokens=200,

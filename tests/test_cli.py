@@ -56,6 +56,7 @@ def test_unloadable_model_exits_nonzero_without_traceback(tmp_path):
 
 
 def test_serve_answers_then_stops_on_sigint(tiny_model):
+    """Also when SIGINT was ignored at start, as for a background job of a script."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -72,6 +73,7 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
         stderr=subprocess.PIPE,
         text=True,
         env=os.environ,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         url = f"http://127.0.0.1:{port}"
