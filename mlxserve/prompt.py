@@ -48,6 +48,10 @@ def split_prompts(prompt: Any) -> list[Any]:
     raise PromptError("prompt lists must not mix nested lists with strings or token ids")
 
 
+def first_out_of_vocabulary(ids: list[int], vocab_size: int) -> int | None:
+    return next((t for t in ids if not 0 <= t < vocab_size), None)
+
+
 def tokenize(piece: Any, tokenizer: Any, vocab_size: int, document_start: int) -> Prompt:
     """Token ids for one prompt. Strings get the tokenizer's special tokens (BOS) once, up front."""
     if isinstance(piece, str):
@@ -60,9 +64,9 @@ def tokenize(piece: Any, tokenizer: Any, vocab_size: int, document_start: int) -
                 ids += tokenizer.encode(part, add_special_tokens=(i == 0))
             else:
                 ids.append(part)
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise PromptError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        bad = first_out_of_vocabulary(ids, vocab_size)
+        if bad is not None:
+            raise PromptError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
         text = piece if isinstance(piece, str) else _decode(tokenizer, piece)
     if not ids:
         # An empty prompt starts a new document, as "" does for OpenAI's models.

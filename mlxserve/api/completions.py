@@ -15,7 +15,14 @@ from quart import Blueprint, current_app, request
 from quart_schema import document_request
 
 from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
-from ..prompt import Prompt, PromptError, fit_context, split_prompts, tokenize
+from ..prompt import (
+    Prompt,
+    PromptError,
+    first_out_of_vocabulary,
+    fit_context,
+    split_prompts,
+    tokenize,
+)
 from ..sampling.breakers import resolve_breakers
 from ..sampling.params import DryParams, SamplingParams
 from ..settings import Settings
@@ -292,9 +299,9 @@ def _raise_on_error(event: GenerationEvent) -> None:
 
 
 def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
+    bad = first_out_of_vocabulary(ids, vocab_size)
+    if bad is not None:
         raise InvalidRequest(
-            f"token id {bad[0]} in '{param}' is outside the vocabulary [0, {vocab_size}).",
+            f"token id {bad} in '{param}' is outside the vocabulary [0, {vocab_size}).",
             param=param,
         )
