@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 import time
 from functools import partial
@@ -39,15 +41,15 @@ from demo_data import (
 )
 
 VOCAB_SIZE = 4096
-CONTEXT = 512
+CONTEXT = 256  # line infill needs local context; short windows give more FIM samples per hour
 MODEL_CONFIG = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 256,
+    "hidden_size": 384,
     "num_hidden_layers": 4,
-    "intermediate_size": 768,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
+    "intermediate_size": 1024,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 6,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": CONTEXT,
     "rms_norm_eps": 1e-5,
@@ -58,11 +60,12 @@ MODEL_CONFIG = {
     "torch_dtype": "float16",
 }
 FIM_RATE = 0.5
-LINE_SPAN_RATE = 0.7  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
+LINE_SPAN_RATE = 0.8  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
+LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.6, 0.25, 0.15]
 # Of those, the share whose middle leaves its last newline to the suffix: an editor's cursor on an
 # emptied line has the newline after it, so the suffix starts with "\n".
 NEWLINE_IN_SUFFIX_RATE = 0.5
-CHARS_PER_SAMPLE = 1800  # about CONTEXT tokens of Python
+CHARS_PER_SAMPLE = 900  # about CONTEXT tokens of Python
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("build/demo-model"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1200)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=200)
@@ -197,7 +200,7 @@ class Sampler:
         if rng.random() < LINE_SPAN_RATE:
             starts = [0] + [i + 1 for i, c in enumerate(window) if c == "\n"]
             first = rng.integers(0, len(starts))
-            last = min(len(starts), first + rng.integers(1, 4))
+            last = min(len(starts), first + rng.choice(LINE_COUNTS, p=LINE_COUNT_P))
             lo = starts[first]
             hi = starts[last] if last < len(starts) else len(window)
             if hi > lo and window[hi - 1] == "\n" and rng.random() < NEWLINE_IN_SUFFIX_RATE:
@@ -271,7 +274,9 @@ def train(args: argparse.Namespace) -> None:
     step = 0
     log_path = out / "loss_log.jsonl"
     if (ckpt / "state.json").exists():
-        step = json.loads((ckpt / "state.json").read_text())["step"]
+        saved_state = json.loads((ckpt / "state.json").read_text())
+        step = saved_state["step"]
+        started -= saved_state.get("elapsed_s", 0.0)  # wall time counts across resumptions
         model.load_weights(str(ckpt / "weights.safetensors"))
         optimizer.init(model.trainable_parameters())
         optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
@@ -307,17 +312,24 @@ def train(args: argparse.Namespace) -> None:
         mx.save_safetensors(
             str(ckpt / "optimizer.safetensors"), dict(tree_flatten(optimizer.state))
         )
-        (ckpt / "state.json").write_text(json.dumps({"step": step}))
+        elapsed = time.monotonic() - started
+        (ckpt / "state.json").write_text(json.dumps({"step": step, "elapsed_s": elapsed}))
 
     tokens_per_step = args.batch * CONTEXT
     progress = tqdm(total=args.steps, initial=step, unit="step", dynamic_ncols=True)
     tic, running = time.monotonic(), None
     with log_path.open("a") as log:
+
+        def draw(step: int) -> np.ndarray:
+            return sampler.batch(np.random.default_rng([args.seed, step]), args.batch)
+
+        upcoming = draw(step)
         while step < args.steps:
-            rng = np.random.default_rng([args.seed, step])
-            batch = mx.array(sampler.batch(rng, args.batch))
+            batch = mx.array(upcoming)
             loss = train_step(batch[:, :-1], batch[:, 1:])
-            mx.eval(state, loss)
+            mx.async_eval(state, loss)
+            if step + 1 < args.steps:  # tokenize the next batch while this step computes
+                upcoming = draw(step + 1)
             step += 1
             loss_value = loss.item()
             running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
@@ -343,10 +355,33 @@ def train(args: argparse.Namespace) -> None:
                 save_checkpoint()
     progress.close()
     save_checkpoint()
-    export(out / "model", model, tok_dir, log_path, time.monotonic() - started)
+    summary = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch": args.batch,
+        "context": CONTEXT,
+        "tokens_seen": args.steps * tokens_per_step,
+        "learning_rate": args.lr,
+        "warmup_steps": args.warmup,
+        "schedule": "linear warm-up, then cosine decay to 10%; AdamW, weight decay 0.1, clip 1.0",
+        "fim_rate": FIM_RATE,
+        "line_span_rate": LINE_SPAN_RATE,
+        "line_counts": dict(zip(LINE_COUNTS, LINE_COUNT_P)),
+        "newline_in_suffix_rate": NEWLINE_IN_SUFFIX_RATE,
+        "train_files": len(train_files),
+        "held_out_files": len(held_out),
+        "train_tokens": int(len(train_stream)),
+        "held_out_tokens": int(len(held_stream)),
+        "final_val_loss": json.loads(log_path.read_text().splitlines()[-1]).get("val_loss"),
+        "minutes": round((time.monotonic() - started) / 60, 1),
+    }
+    export(out / "model", model, tok_dir, log_path, summary)
 
 
-def export(target: Path, model, tok_dir: Path, log_path: Path, seconds: float) -> None:
+def export(target: Path, model, tok_dir: Path, log_path: Path, summary: dict) -> None:
     """fp16 weights + config + tokenizer in mlx-lm's layout."""
     import shutil
 
@@ -366,7 +401,8 @@ def export(target: Path, model, tok_dir: Path, log_path: Path, seconds: float) -
         json.dumps({"bos_token_id": 1, "eos_token_id": [2]}, indent=2)
     )
     shutil.copy(log_path, target / "loss_log.jsonl")
-    print(f"exported to {target} after {seconds / 60:.1f} min", flush=True)
+    (target / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"exported to {target} after {summary['minutes']} min", flush=True)
 
 
 def main() -> None:
