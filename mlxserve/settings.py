@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+# The embedded default: a small Python code model with fill-in-the-middle, trained by
+# scripts/train_demo_model.py, shipped in the wheel: the first `mlxserve serve` downloads nothing.
+DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "mlxserve-demo-coder"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -13,7 +13,8 @@ interleaved (bare, http, bare, http, ...) so machine noise hits both alike, and 
 compared. The server is idle while the bare loop runs, and holds its own copy of the model.
 
 A second table compares decode tok/s through HTTP with penalties + DRY + mirostat on against
-plain seeded sampling (target >= 0.90).
+plain seeded sampling (target >= 0.90), and with a JSON-schema grammar mask (llguidance) against
+the same plain sampling (target >= 0.85).
 
 Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
 should be small next to one forward pass of a real model). This script only prints; it asserts
@@ -45,12 +46,12 @@ HEALTH_TIMEOUT_S = 300.0
 
 
 def default_model() -> str:
-    """The shared SmolLM2 if present (a real >= 100M model), else the tiny test model."""
+    """The shared SmolLM2 if present (a real >= 100M model), else the embedded demo model."""
     if SHARED_MODEL.is_dir():
         return str(SHARED_MODEL)
-    from mlxserve.tiny_model import ensure_default_tiny_model
+    from mlxserve.settings import DEFAULT_MODEL
 
-    return str(ensure_default_tiny_model())
+    return str(DEFAULT_MODEL)
 
 
 def parse_args() -> argparse.Namespace:
@@ -174,6 +175,23 @@ FULL_CHAIN = {
     "mirostat_tau": 5.0,
 }
 
+# Issue 6's row: a JSON-schema grammar (an array of at least 40 records) against plain sampling.
+JSON_SCHEMA = {
+    "type": "array",
+    "minItems": 40,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": False,
+    },
+}
+GRAMMAR = {**PLAIN_SAMPLING, "json_schema": JSON_SCHEMA}
+
 
 def http_decode_rate(
     client: httpx.Client, base_url: str, prompt: str, max_tokens: int, sampling: dict | None = None
@@ -248,6 +266,7 @@ def main() -> int:
     http: list[float] = []
     plain: list[float] = []
     chain: list[float] = []
+    grammar: list[float] = []
     try:
         wait_healthy(server, base_url, log_path)
         with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
@@ -266,6 +285,7 @@ def main() -> int:
                 for label, sampling, rates in (
                     ("plain sampling", PLAIN_SAMPLING, plain),
                     ("full chain", FULL_CHAIN, chain),
+                    ("json schema", GRAMMAR, grammar),
                 ):
                     rate, n = http_decode_rate(
                         client, base_url, args.prompt, args.max_tokens, sampling
@@ -293,6 +313,13 @@ def main() -> int:
                 ("plain sampling tok/s", f"{plain_median:.2f}  runs: {_runs(plain)}"),
                 ("penalties+DRY+mirostat", f"{chain_median:.2f}  runs: {_runs(chain)}"),
                 ("ratio chain/plain", f"{chain_median / plain_median:.3f}  (target >= 0.90)"),
+            ]
+        )
+        grammar_median = statistics.median(grammar)
+        print_table(
+            [
+                ("json-schema grammar tok/s", f"{grammar_median:.2f}  runs: {_runs(grammar)}"),
+                ("ratio grammar/plain", f"{grammar_median / plain_median:.3f}  (target >= 0.85)"),
             ]
         )
     return 0

@@ -63,6 +63,11 @@ LONG_PROMPT_IDS = [1] + [300] * 1999  # 2000 tokens of a 2048-token context
         ("dry_sequence_breakers", ["x"] * 33),
         ("samplers", ["top_k", "nucleus"]),
         ("samplers", "kz"),
+        ("response_format", {"type": "xml"}),
+        ("grammar", {"type": "yaml", "value": "x"}),
+        ("guided_choice", []),
+        ("tool_choice", "sometimes"),
+        ("tools", [{"type": "function", "function": {"name": ""}}]),
     ],
 )
 def test_bad_values_are_400_naming_the_field(http, field, value):
@@ -76,12 +81,9 @@ def test_bad_values_are_400_naming_the_field(http, field, value):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("grammar", 'root ::= "a"'),
-        ("json_schema", {"type": "object"}),
-        ("response_format", {"type": "json_object"}),
-        ("guided_regex", "a+"),
         ("suffix", "\n    return x"),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("prompt_logprobs", 1),
+        ("use_beam_search", True),
         ("samplers", ["top_k", "infill"]),
     ],
 )

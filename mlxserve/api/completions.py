@@ -24,8 +24,10 @@ from ..prompt import (
     tokenize,
 )
 from ..sampling.breakers import resolve_breakers
+from ..sampling.grammars import Constraint, GrammarError
 from ..sampling.params import DryParams, SamplingParams
 from ..settings import Settings
+from .constraints import constraint_of
 from .errors import InvalidRequest, ServerError, ServiceUnavailable
 from .models import check_model_name, served_model_id
 from .parsing import parse_completion_request, parse_json_object, sampler_names
@@ -33,6 +35,7 @@ from .schemas import CompletionRequest
 
 blueprint = Blueprint("completions", __name__)
 FINGERPRINT = "mlxserve-0.1"
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -67,7 +70,9 @@ async def create_completion():
         raise ServiceUnavailable(
             str(error), code="model_loading", headers={"Retry-After": "1"}
         ) from error
-    plan = await asyncio.to_thread(make_plan, body, loaded, current_app.config["SETTINGS"])
+    constraint = constraint_of(body)
+    grammar = await compile_constraint(loaded, constraint) if constraint else None
+    plan = await asyncio.to_thread(make_plan, body, loaded, current_app.config["SETTINGS"], grammar)
     meta = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -80,15 +85,36 @@ async def create_completion():
     return await collect_completion(engine, plan, meta)
 
 
-def make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
+async def compile_constraint(loaded, constraint: Constraint) -> str:
+    """The constraint's llguidance grammar, compiled off the event loop and bounded in time."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.to_thread(loaded.grammars.compile, constraint), GRAMMAR_COMPILE_TIMEOUT_S
+        )
+    except GrammarError as error:
+        raise InvalidRequest(
+            f"Invalid {constraint.field}: {error}", param=constraint.field, code="invalid_grammar"
+        ) from error
+    except asyncio.TimeoutError as error:
+        raise InvalidRequest(
+            f"{constraint.field} took more than {GRAMMAR_COMPILE_TIMEOUT_S:g} s to compile; "
+            "simplify it.",
+            param=constraint.field,
+            code="invalid_grammar",
+        ) from error
+
+
+def make_plan(
+    body: CompletionRequest, loaded, settings: Settings, grammar: str | None = None
+) -> Plan:
     """Tokenize, fit the context, and expand prompts x best_of into GenerationRequests."""
     try:
-        return _make_plan(body, loaded, settings)
+        return _make_plan(body, loaded, settings, grammar)
     except PromptError as error:
         raise InvalidRequest(str(error), param="prompt", code=error.code) from error
 
 
-def _make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
+def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str | None) -> Plan:
     pieces = split_prompts(body.prompt)
     per_prompt = body.best_of or body.n
     if len(pieces) * per_prompt > settings.max_sequences_per_request:
@@ -134,6 +160,7 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings) -> Plan:
         repetition_penalty=body.repetition_penalty,
         repeat_last_n=body.repeat_last_n,
         allowed_token_ids=tuple(body.allowed_token_ids) if body.allowed_token_ids else None,
+        grammar=grammar,
     )
     stop = StopSpec(
         strings=tuple(body.stop_strings),

@@ -36,17 +36,52 @@ class StreamOptions(BaseModel):
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
-    "grammar": (None, ""),
-    "json_schema": (None,),
-    "response_format": (None, {"type": "text"}),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
-    "tools": (None, []),
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
 }
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's, Fireworks' and llama.cpp's response_format."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # Fireworks, llama.cpp
+    json_schema: dict[str, Any] | None = None  # OpenAI: {"name", "schema", "strict"}
+
+
+class TypedGrammar(BaseModel):
+    """mistral.rs's grammar: {"type": ..., "value": ...}."""
+
+    type: Literal["regex", "json_schema", "lark", "llguidance"]
+    value: str | dict[str, Any]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs (the newer spelling of its guided_* fields)."""
+
+    model_config = ConfigDict(extra="allow")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
 
 
 class CompletionRequest(BaseModel):
@@ -119,6 +154,19 @@ class CompletionRequest(BaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     cache_prompt: bool = True
     user: str | None = None
+    # Output constraints (api/constraints.py maps them onto one grammar; at most one per request).
+    grammar: str | TypedGrammar | None = Field(
+        None, description="llama.cpp: a GBNF string; mistral.rs: {type, value}"
+    )
+    json_schema: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -22,6 +22,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..sampling.chain import SequenceSampler, make_processors
+from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
@@ -172,6 +173,7 @@ class Engine:
             except Exception as error:  # a broken step must not take the server down
                 log.exception("engine step failed")
                 self._fail_all(f"generation failed: {error}")
+        mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.state = "stopped"
 
     def _fail(self, message: str) -> None:
@@ -255,14 +257,26 @@ class Engine:
             post(GenerationEvent(index=index, finish_reason="length"))
             return seq
         stop = request.stop
-        eos = [] if stop.ignore_eos else list(loaded.eos_token_ids)
+        grammar = request.sampling.grammar
+        # With a grammar, the grammar says where the text ends: EOS always stops, and neither
+        # ignore_eos nor min_tokens may ban it (the grammar may allow nothing else).
+        ignore_eos = stop.ignore_eos and grammar is None
+        eos = [] if ignore_eos else list(loaded.eos_token_ids)
         stop_ids = eos + [t for t in stop.token_ids if t not in eos]
         processors = make_processors(
             request.sampling,
             loaded.vocab_size,
             loaded.context_length,
-            banned_until=(stop_ids, len(prompt), stop.min_tokens),
-            always_banned=loaded.eos_token_ids if stop.ignore_eos else (),
+            banned_until=(stop_ids if grammar is None else (), len(prompt), stop.min_tokens),
+            always_banned=loaded.eos_token_ids if ignore_eos else (),
+            grammar_mask=GrammarMask(
+                loaded.grammars.matcher(grammar),
+                len(prompt),
+                loaded.vocab_size,
+                list(loaded.eos_token_ids),
+            )
+            if grammar is not None
+            else None,
         )
         (seq.uid,) = self._generator.insert(
             [prompt[-1:] if cache is not None else prompt],

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
+
+from ..sampling.grammars import GrammarCompiler
 
 # Config keys architectures use for their context window, most specific first.
 CONTEXT_KEYS = (
@@ -36,6 +39,18 @@ class LoadedModel:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    _grammars: GrammarCompiler | None = field(default=None, repr=False)
+    _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this tokenizer, built on first use (about a second)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.tokenizer._tokenizer, self.vocab_size, list(self.eos_token_ids)
+                )
+            return self._grammars
 
 
 def model_id_for(path_or_repo: str) -> str:

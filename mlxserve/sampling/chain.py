@@ -98,8 +98,12 @@ def make_processors(
     context_length: int,
     banned_until: tuple[Sequence[int], int, int] | None = None,
     always_banned: Sequence[int] = (),
+    grammar_mask: LogitsProcessor | None = None,
 ) -> list[LogitsProcessor]:
     """Logits processors for one sequence.
+
+    The grammar mask (sampling/grammar_mask.py) comes after bias, penalties and DRY, so what they
+    do can never let a token the grammar forbids back in.
 
     `banned_until = (ids, prompt_len, min_tokens)` bans `ids` until `min_tokens` tokens were
     generated (EOS and stop ids under min_tokens); `always_banned` bans ids for good (EOS
@@ -129,6 +133,8 @@ def make_processors(
         and "dry" in params.samplers
     ):
         processors.append(DryPenalty(dry, params.dry_breakers, vocab_size, context_length))
+    if grammar_mask is not None:
+        processors.append(grammar_mask)
     if always_banned:
         processors.append(_ban(list(always_banned)))
     if banned_until is not None:

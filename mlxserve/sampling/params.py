@@ -73,6 +73,7 @@ class SamplingParams:
     dry_breakers: Breakers | None = None  # resolved against the vocabulary when dry is on
     allowed_token_ids: tuple[int, ...] | None = None
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    grammar: str | None = None  # a compiled llguidance grammar (sampling/grammars.py); None = free
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,131 @@
+"""Every dialect's way of constraining output, mapped onto one Constraint (or none).
+
+llama.cpp: `grammar` (GBNF), `json_schema`. mistral.rs: `grammar: {type, value}`, `tools` +
+`tool_choice`. OpenAI / Fireworks / llama.cpp: `response_format`. vLLM: `guided_json`,
+`guided_regex`, `guided_choice`, `guided_grammar` and `structured_outputs`. One per request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..sampling.grammars import Constraint
+from .errors import InvalidRequest
+from .schemas import CompletionRequest, NamedToolChoice, Tool
+
+MISTRAL_KINDS = {"regex": "regex", "json_schema": "json_schema", "lark": "lark"}
+
+
+def constraint_of(request: CompletionRequest) -> Constraint | None:
+    """The request's one constraint; two at once is a 400 naming both fields."""
+    found = [c for c in _candidates(request) if c is not None]
+    if len(found) > 1:
+        first, second = found[0].field, found[1].field
+        raise InvalidRequest(
+            f"Only one output constraint per request: got both '{first}' and '{second}'.",
+            param=second,
+            code="conflicting_parameters",
+        )
+    return found[0] if found else None
+
+
+def _candidates(r: CompletionRequest) -> list[Constraint | None]:
+    return [
+        _grammar(r.grammar),
+        _schema("json_schema", r.json_schema) if r.json_schema is not None else None,
+        _response_format(r),
+        _schema("guided_json", r.guided_json) if r.guided_json is not None else None,
+        Constraint("guided_regex", "regex", r.guided_regex) if r.guided_regex else None,
+        _choice("guided_choice", r.guided_choice) if r.guided_choice else None,
+        Constraint("guided_grammar", "grammar", r.guided_grammar) if r.guided_grammar else None,
+        *_structured_outputs(r),
+        _tools(r.tools, r.tool_choice),
+    ]
+
+
+def _grammar(grammar) -> Constraint | None:
+    if grammar is None or grammar == "":
+        return None
+    if isinstance(grammar, str):
+        return Constraint("grammar", "grammar", grammar)
+    if grammar.type == "llguidance":
+        value = grammar.value if isinstance(grammar.value, str) else json.dumps(grammar.value)
+        return Constraint("grammar", "llguidance", value)
+    if grammar.type == "json_schema":
+        return _schema("grammar", grammar.value)
+    if not isinstance(grammar.value, str):
+        raise InvalidRequest(
+            f"grammar.value must be a string for type '{grammar.type}'.", param="grammar.value"
+        )
+    return Constraint("grammar", MISTRAL_KINDS[grammar.type], grammar.value)
+
+
+def _schema(field: str, schema: dict[str, Any] | str) -> Constraint:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as error:
+            raise InvalidRequest(f"{field} is not valid JSON: {error}", param=field) from error
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequest(f"{field} must be a JSON schema object.", param=field)
+    return Constraint(field, "json_schema", json.dumps(schema, sort_keys=True))
+
+
+def _choice(field: str, choices: list[str]) -> Constraint:
+    return Constraint(field, "choice", json.dumps(choices))
+
+
+def _response_format(r: CompletionRequest) -> Constraint | None:
+    fmt = r.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return _schema("response_format", fmt.schema_ or {"type": "object"})
+    schema = (fmt.json_schema or {}).get("schema", fmt.schema_)
+    if schema is None:
+        raise InvalidRequest(
+            "response_format of type 'json_schema' needs json_schema.schema.",
+            param="response_format.json_schema",
+        )
+    return _schema("response_format", schema)
+
+
+def _structured_outputs(r: CompletionRequest) -> list[Constraint | None]:
+    so = r.structured_outputs
+    if so is None:
+        return []
+    return [
+        _schema("structured_outputs.json", so.json_) if so.json_ is not None else None,
+        Constraint("structured_outputs.regex", "regex", so.regex) if so.regex else None,
+        _choice("structured_outputs.choice", so.choice) if so.choice else None,
+        Constraint("structured_outputs.grammar", "grammar", so.grammar) if so.grammar else None,
+    ]
+
+
+def _tools(tools: list[Tool] | None, choice) -> Constraint | None:
+    """A forced (or `required`) tool call: `{"name": ..., "arguments": {...}}` as JSON."""
+    if not tools or choice in (None, "none", "auto"):
+        return None
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.get("name")
+        tools = [t for t in tools if t.function.name == name]
+        if not tools:
+            raise InvalidRequest(
+                f"tool_choice names '{name}', which is not among the tools.",
+                param="tool_choice",
+            )
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t.function.name},
+                "arguments": t.function.parameters,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return _schema("tools", schema)
