@@ -56,6 +56,7 @@ class SequenceResult:
     finish_reason: str | None = None
     completion_tokens: int = 0
     cumulative_logprob: float = 0.0
+    cached_tokens: int = 0
 
 
 @blueprint.post("/v1/completions")
@@ -199,6 +200,7 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
                     logprobs=logprobs,
                     prompt_logprobs=body.echo and body.logprobs is not None,
                     skip_special_tokens=body.skip_special_tokens,
+                    cache_prompt=body.cache_prompt,
                 )
             )
     return Plan(body, prompts, sequences, per_prompt)
@@ -217,6 +219,7 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
             result.finish_reason = event.finish_reason
             result.completion_tokens = event.completion_tokens
             result.cumulative_logprob = event.cumulative_logprob
+            result.cached_tokens = event.cached_tokens
     body, choices = plan.body, []
     for p, prompt in enumerate(plan.prompts):
         candidates = results[p * plan.per_prompt : (p + 1) * plan.per_prompt]
@@ -240,7 +243,11 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
         **meta,
         "object": "text_completion",
         "choices": choices,
-        "usage": usage(plan, sum(r.completion_tokens for r in results)),
+        "usage": usage(
+            plan,
+            sum(r.completion_tokens for r in results),
+            {i: r.cached_tokens for i, r in enumerate(results)},
+        ),
     }
 
 
@@ -249,6 +256,7 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
     started: set[int] = set()
     offsets = [0] * len(plan.sequences)
     completion_tokens = 0
+    cached: dict[int, int] = {}
     try:
         async for event in engine.submit(plan.sequences):
             if event.error:
@@ -267,6 +275,7 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
                 offsets[index] += sum(len(t.text) for t in tokens)
             if event.finish_reason:
                 completion_tokens += event.completion_tokens
+                cached[index] = event.cached_tokens
             choice = {
                 "index": index,
                 "text": text,
@@ -280,7 +289,7 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
                     **meta,
                     "object": "text_completion",
                     "choices": [],
-                    "usage": usage(plan, completion_tokens),
+                    "usage": usage(plan, completion_tokens, cached),
                 }
             )
         yield "data: [DONE]\n\n"
@@ -302,13 +311,18 @@ def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, 
     }
 
 
-def usage(plan: Plan, completion_tokens: int) -> dict[str, Any]:
+def usage(plan: Plan, completion_tokens: int, cached: dict[int, int]) -> dict[str, Any]:
+    """Prompt tokens count once per prompt; so do cached ones (the best of its sequences)."""
     prompt_tokens = sum(len(p.ids) for p in plan.prompts)
+    per_prompt = [0] * len(plan.prompts)
+    for index, count in cached.items():
+        prompt = index // plan.per_prompt
+        per_prompt[prompt] = max(per_prompt[prompt], count)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": sum(per_prompt)},
     }
 
 

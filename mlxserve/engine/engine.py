@@ -26,6 +26,7 @@ from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
+from .prefix_cache import PrefixCache, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, TokenLogprob
 
 log = logging.getLogger("mlxserve.engine")
@@ -55,6 +56,10 @@ class EngineStats:
     active_sequences: int = 0
     peak_batch: int = 0
     waiting_groups: int = 0
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    prefix_reused_tokens: int = 0
+    prefix_cache_bytes: int = 0
 
 
 @dataclass
@@ -70,6 +75,7 @@ class _Sequence:
     uid: int | None = None
     generated: int = 0
     cumulative_logprob: float = 0.0
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -83,8 +89,17 @@ class _Group:
 class Engine:
     """One model, one thread, one batch."""
 
-    def __init__(self, model_source: str, on_fatal: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model_source: str,
+        on_fatal: Callable[[str], None] | None = None,
+        prefix_cache_bytes: int | None = None,
+    ):
+        """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
+        0: no prefix cache)."""
         self.model_source = model_source
+        budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
+        self._prefix = PrefixCache(budget) if budget > 0 else None
         self.state: EngineState = "starting"
         self.error: str | None = None
         self.loaded: LoadedModel | None = None
@@ -253,6 +268,11 @@ class Engine:
             cache, prompt_tokens = self._score_prompt(prompt, reader)
             cached_tokens = prompt[:-1]
             post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
+        elif request.cache_prompt and self._prefix is not None:
+            cache, reused = self._prefix.fetch(prompt)
+            cached_tokens = prompt[:reused]
+            seq.cached_tokens = reused
+            self._count_prefix()
         if request.max_tokens == 0:
             post(GenerationEvent(index=index, finish_reason="length"))
             return seq
@@ -279,7 +299,7 @@ class Engine:
             else None,
         )
         (seq.uid,) = self._generator.insert(
-            [prompt[-1:] if cache is not None else prompt],
+            [prompt[len(cached_tokens) :]],
             max_tokens=[request.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[cached_tokens],
@@ -320,6 +340,9 @@ class Engine:
         if self.stats.decode_steps % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
         live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]
+        for r, seq in live:
+            if r.finish_reason is not None and seq.request.cache_prompt:
+                self._keep_prefix(r.all_tokens, r.prompt_cache)
         scored = [(r, s) for r, s in live if s.logprob_reader is not None]
         logprob_rows = {}
         if scored:
@@ -361,6 +384,8 @@ class Engine:
                 event.tokens.append(_describe(seq.logprob_reader, seq.detokenizer.ids, row, delta))
         event.cumulative_logprob = seq.cumulative_logprob
         event.finish_reason = finish
+        if finish is not None:
+            event.cached_tokens = seq.cached_tokens
         seq.post(event)
         return finish is not None
 
@@ -371,7 +396,11 @@ class Engine:
         """
         uids = [s.uid for s in sequences if s.uid is not None]
         if uids:
-            self._generator.remove(uids)
+            keep = {s.uid for s in sequences if s.request.cache_prompt}
+            caches = self._generator.remove(uids, return_prompt_caches=self._prefix is not None)
+            for uid, (cache, tokens) in caches.items():
+                if uid in keep:
+                    self._keep_prefix(tokens, cache)
         for seq in sequences:
             if seq.uid is None or seq.uid not in self._by_uid:
                 continue
@@ -382,6 +411,18 @@ class Engine:
             if not members:
                 self._groups.pop(group_id, None)
             self.stats.finished_sequences += 1
+
+    def _keep_prefix(self, tokens, cache) -> None:
+        if self._prefix is not None and tokens:
+            self._prefix.store(list(tokens), cache)
+            self._count_prefix()
+
+    def _count_prefix(self) -> None:
+        prefix = self._prefix
+        self.stats.prefix_lookups = prefix.lookups
+        self.stats.prefix_hits = prefix.hits
+        self.stats.prefix_reused_tokens = prefix.reused_tokens
+        self.stats.prefix_cache_bytes = prefix.nbytes
 
     def _cancel(self, group_id: int) -> None:
         members = list(self._groups.get(group_id, []))

@@ -31,6 +31,7 @@ class GenerationRequest:
     logprobs: int | None = None  # top-k alternatives per token; 0 = only the chosen token's
     prompt_logprobs: bool = False  # echo with logprobs: score the prompt too
     skip_special_tokens: bool = True
+    cache_prompt: bool = True  # reuse and keep KV in the prefix cache
 
 
 @dataclass
@@ -52,6 +53,7 @@ class GenerationEvent:
     cumulative_logprob: float = 0.0
     finish_reason: FinishReason | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
     error: str | None = None
 
     @property
