@@ -71,7 +71,9 @@ def serve_forever(settings: Settings) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, shutdown.set)
-        engine = Engine(settings.model, on_fatal=on_fatal)
+        engine = Engine(
+            settings.model, on_fatal=on_fatal, prefix_cache_bytes=settings.prefix_cache_bytes
+        )
         log.info(
             "serving on http://%s:%d (model %s loading)",
             settings.host,

@@ -27,6 +27,7 @@ from ..sampling.breakers import resolve_breakers
 from ..sampling.grammars import Constraint, GrammarError
 from ..sampling.params import DryParams, SamplingParams
 from ..settings import Settings
+from .admission import admit
 from .constraints import constraint_of
 from .errors import InvalidRequest, ServerError, ServiceUnavailable
 from .models import check_model_name, served_model_id
@@ -74,6 +75,7 @@ async def create_completion():
     constraint = constraint_of(body)
     grammar = await compile_constraint(loaded, constraint) if constraint else None
     plan = await asyncio.to_thread(make_plan, body, loaded, current_app.config["SETTINGS"], grammar)
+    admit(engine, loaded, plan.sequences, current_app.config["SETTINGS"])
     meta = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),

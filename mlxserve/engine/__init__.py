@@ -1,9 +1,10 @@
 """The engine: one thread that owns every MLX call and decodes all sequences in one batch."""
 
-from .engine import Engine, EngineError
+from .engine import MAX_BATCH, Engine, EngineError
 from .requests import FinishReason, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
 
 __all__ = [
+    "MAX_BATCH",
     "Engine",
     "EngineError",
     "FinishReason",

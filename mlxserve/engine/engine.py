@@ -110,6 +110,9 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self._ready = threading.Event()
         self._groups: dict[int, list[_Sequence]] = {}
+        # Submitted and not finished, counted on the event loop's thread (admission control).
+        self.pending_sequences = 0
+        self.pending_kv_tokens = 0
         self._by_uid: dict[int, tuple[int, _Sequence]] = {}
 
     # ---- called from any thread -------------------------------------------------------------
@@ -144,6 +147,9 @@ class Engine:
         self.check_ready()
         loop = asyncio.get_running_loop()
         group = _Group(next(self._ids), list(requests), loop, asyncio.Queue())
+        kv_tokens = sum(len(r.prompt_ids) + r.max_tokens for r in requests)
+        self.pending_sequences += len(requests)
+        self.pending_kv_tokens += kv_tokens
         self._inbox.put(("add", group))
         remaining = len(group.requests)
         try:
@@ -153,6 +159,8 @@ class Engine:
                     remaining -= 1
                 yield event
         finally:
+            self.pending_sequences -= len(requests)
+            self.pending_kv_tokens -= kv_tokens
             if remaining:
                 self._inbox.put(("cancel", group.group_id))
 

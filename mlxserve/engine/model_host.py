@@ -39,6 +39,7 @@ class LoadedModel:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -91,7 +92,28 @@ def load_model(path_or_repo: str) -> LoadedModel:
         vocab_size=vocab_size,
         eos_token_ids=eos,
         bos_token_id=tokenizer.bos_token_id,
+        kv_bytes_per_token=kv_bytes_per_token(model),
     )
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Measured, not derived from config: one token through a fresh cache, bytes per position.
+
+    Caches of constant size (state-space layers) add nothing per token.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    total = 0
+    for layer in cache:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None:
+            continue
+        mx.eval(keys, values)
+        total += (keys.nbytes + values.nbytes) // keys.shape[-2]
+    return total
 
 
 def upcast_on_cpu(model: nn.Module) -> bool:

@@ -7,10 +7,11 @@ trie search, the trimming and the byte-budgeted LRU eviction; this wraps it for 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from ..settings import machine_memory_bytes
 
 MODEL_KEY = "active"  # one model per engine: the cache is dropped with it
 MAX_ENTRIES = 256
@@ -20,11 +21,7 @@ MAX_DEFAULT_BYTES = 8 << 30
 
 def default_budget_bytes() -> int:
     """A sane default from the machine's memory (unified on Apple Silicon)."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 16 << 30
-    return min(memory // DEFAULT_SHARE_OF_MEMORY, MAX_DEFAULT_BYTES)
+    return min(machine_memory_bytes() // DEFAULT_SHARE_OF_MEMORY, MAX_DEFAULT_BYTES)
 
 
 class PrefixCache:
