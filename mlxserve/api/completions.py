@@ -14,7 +14,14 @@ from typing import Any
 from quart import Blueprint, current_app, request
 from quart_schema import document_request
 
-from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
+from ..engine import (
+    EngineError,
+    GenerationEvent,
+    GenerationRequest,
+    StopSpec,
+    Timings,
+    TokenLogprob,
+)
 from ..prompt import (
     Prompt,
     PromptError,
@@ -58,6 +65,7 @@ class SequenceResult:
     completion_tokens: int = 0
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
+    timings: Timings | None = None
 
 
 @blueprint.post("/v1/completions")
@@ -222,6 +230,7 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
             result.completion_tokens = event.completion_tokens
             result.cumulative_logprob = event.cumulative_logprob
             result.cached_tokens = event.cached_tokens
+            result.timings = event.timings
     body, choices = plan.body, []
     for p, prompt in enumerate(plan.prompts):
         candidates = results[p * plan.per_prompt : (p + 1) * plan.per_prompt]
@@ -241,7 +250,7 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
                     "finish_reason": result.finish_reason,
                 }
             )
-    return {
+    response = {
         **meta,
         "object": "text_completion",
         "choices": choices,
@@ -251,6 +260,9 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
             {i: r.cached_tokens for i, r in enumerate(results)},
         ),
     }
+    if body.timings_per_token:
+        response["timings"] = llama_timings([r.timings for r in results if r.timings])
+    return response
 
 
 async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIterator[str]:
@@ -284,7 +296,10 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
                 "logprobs": logprobs,
                 "finish_reason": event.finish_reason,
             }
-            yield _sse({**meta, "object": "text_completion", "choices": [choice]})
+            chunk = {**meta, "object": "text_completion", "choices": [choice]}
+            if body.timings_per_token and event.timings is not None:
+                chunk["timings"] = llama_timings([event.timings])
+            yield _sse(chunk)
         if body.stream_options and body.stream_options.include_usage:
             yield _sse(
                 {
@@ -325,6 +340,27 @@ def usage(plan: Plan, completion_tokens: int, cached: dict[int, int]) -> dict[st
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": sum(per_prompt)},
+    }
+
+
+def llama_timings(timings: list[Timings]) -> dict[str, Any]:
+    """llama.cpp's `timings` over a request's sequences (they prefill and decode side by side)."""
+    prompt_n = sum(t.prompt_tokens for t in timings)
+    prompt_ms = max((t.prompt_ms for t in timings), default=0.0)
+    predicted_n = sum(t.generated_tokens for t in timings)
+    predicted_ms = max((t.decode_ms for t in timings), default=0.0)
+    return {
+        "cache_n": sum(t.cached_tokens for t in timings),
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / max(prompt_n, 1), 3),
+        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / max(predicted_n, 1), 3),
+        "predicted_per_second": round(predicted_n / predicted_ms * 1000, 3)
+        if predicted_ms
+        else 0.0,
     }
 
 

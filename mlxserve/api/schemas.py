@@ -153,6 +153,9 @@ class CompletionRequest(BaseModel):
     truncate_sequence: bool = False
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     cache_prompt: bool = True
+    timings_per_token: bool = Field(
+        False, description="llama.cpp: add prompt/decode `timings` to the response"
+    )
     user: str | None = None
     # Output constraints (api/constraints.py maps them onto one grammar; at most one per request).
     grammar: str | TypedGrammar | None = Field(

@@ -1,7 +1,14 @@
 """The engine: one thread that owns every MLX call and decodes all sequences in one batch."""
 
 from .engine import MAX_BATCH, Engine, EngineError
-from .requests import FinishReason, GenerationEvent, GenerationRequest, StopSpec, TokenLogprob
+from .requests import (
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    StopSpec,
+    Timings,
+    TokenLogprob,
+)
 
 __all__ = [
     "MAX_BATCH",
@@ -11,5 +18,6 @@ __all__ = [
     "GenerationEvent",
     "GenerationRequest",
     "StopSpec",
+    "Timings",
     "TokenLogprob",
 ]

@@ -8,13 +8,14 @@ loop. Leaving the iterator early (a client that disconnects) cancels the group a
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import mlx.core as mx
@@ -27,7 +28,7 @@ from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
 from .prefix_cache import PrefixCache, default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, TokenLogprob
+from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -36,6 +37,7 @@ PREFILL_STEP = 512
 MAX_BATCH = 32
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
 CLEAR_CACHE_EVERY = 256
+RATE_WINDOW_S = 5.0
 
 
 class EngineError(Exception):
@@ -60,6 +62,7 @@ class EngineStats:
     prefix_hits: int = 0
     prefix_reused_tokens: int = 0
     prefix_cache_bytes: int = 0
+    tokens_per_second: float = 0.0  # generated, over the last RATE_WINDOW_S seconds
 
 
 @dataclass
@@ -76,6 +79,19 @@ class _Sequence:
     generated: int = 0
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    def timings(self) -> Timings:
+        now = time.monotonic()
+        first = self.first_token_at if self.first_token_at is not None else now
+        return Timings(
+            prompt_tokens=len(self.request.prompt_ids) - self.cached_tokens,
+            cached_tokens=self.cached_tokens,
+            prompt_ms=(first - self.started) * 1000,
+            generated_tokens=self.generated,
+            decode_ms=(now - first) * 1000,
+        )
 
 
 @dataclass
@@ -114,6 +130,7 @@ class Engine:
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
         self._by_uid: dict[int, tuple[int, _Sequence]] = {}
+        self._rate_samples: collections.deque[tuple[float, int]] = collections.deque()
 
     # ---- called from any thread -------------------------------------------------------------
 
@@ -366,11 +383,29 @@ class Engine:
                 finished.append(seq)
         self._remove(finished)
         self.stats.active_sequences = len(self._by_uid)
+        self._update_rate()
+
+    def current_tokens_per_second(self) -> float:
+        """The recent generation rate; 0 once nothing was generated for RATE_WINDOW_S."""
+        samples = self._rate_samples
+        if not samples or time.monotonic() - samples[-1][0] > RATE_WINDOW_S:
+            return 0.0
+        return self.stats.tokens_per_second
+
+    def _update_rate(self) -> None:
+        now, samples = time.monotonic(), self._rate_samples
+        samples.append((now, self.stats.generated_tokens))
+        while len(samples) > 2 and now - samples[0][0] > RATE_WINDOW_S:
+            samples.popleft()
+        (start, first), (end, last) = samples[0], samples[-1]
+        self.stats.tokens_per_second = (last - first) / (end - start) if end > start else 0.0
 
     def _advance(self, seq: _Sequence, response, row) -> bool:
         """Feed one generated token to its sequence; post an event. True when the sequence ends."""
         request = seq.request
         seq.generated += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = time.monotonic()
         self.stats.generated_tokens += 1
         finish = response.finish_reason
         event = GenerationEvent(index=seq.index, completion_tokens=seq.generated)
@@ -394,6 +429,7 @@ class Engine:
         event.finish_reason = finish
         if finish is not None:
             event.cached_tokens = seq.cached_tokens
+            event.timings = seq.timings()
         seq.post(event)
         return finish is not None
 

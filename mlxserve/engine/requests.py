@@ -42,6 +42,17 @@ class TokenLogprob:
     top: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Timings:
+    """One sequence's time: prompt processing up to its first token, then decoding."""
+
+    prompt_tokens: int  # computed, not taken from the prefix cache
+    cached_tokens: int
+    prompt_ms: float
+    generated_tokens: int
+    decode_ms: float
+
+
 @dataclass
 class GenerationEvent:
     """Progress of one sequence (`index` = its place in the submitted group)."""
@@ -54,6 +65,7 @@ class GenerationEvent:
     finish_reason: FinishReason | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
+    timings: Timings | None = None  # on the last event
     error: str | None = None
 
     @property
