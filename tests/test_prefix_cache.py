@@ -60,3 +60,16 @@ def test_engine_counts_hits(server, http):
     complete(http, **body)
     assert server.engine.stats.prefix_hits > before
     assert server.engine.stats.prefix_cache_bytes > 0
+
+
+def test_choices_of_one_prompt_share_its_prefill(server, http):
+    prompt = "".join(f"shared_prefill_{i} = {i} * {i}\n" for i in range(60))  # seen nowhere else
+    body = {"prompt": prompt, "max_tokens": 8, "seed": 5, "n": 4}
+    reused = server.engine.stats.prefix_reused_tokens
+    shared = complete(http, **body)
+    alone = complete(http, **body, cache_prompt=False)
+    prompt_tokens = shared["usage"]["prompt_tokens"]
+    assert cached(shared) == prompt_tokens - 1
+    # Choices 2-4 started from choice 1's KV: all but the last prompt token each.
+    assert server.engine.stats.prefix_reused_tokens - reused >= 3 * (prompt_tokens - 1)
+    assert texts(shared) == texts(alone)

@@ -102,6 +102,16 @@ class _Group:
     events: asyncio.Queue
 
 
+@dataclass
+class _Follower:
+    """A choice whose prompt another choice of its group is prefilling."""
+
+    group: _Group
+    index: int
+    request: GenerationRequest
+    post: Callable[[GenerationEvent], None]
+
+
 class Engine:
     """One model, one thread, one batch."""
 
@@ -130,6 +140,8 @@ class Engine:
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
         self._by_uid: dict[int, tuple[int, _Sequence]] = {}
+        # Choices waiting for their leader's prefill (same prompt), by the leader's uid.
+        self._followers: dict[int, list[_Follower]] = {}
         self._rate_samples: collections.deque[tuple[float, int]] = collections.deque()
 
     # ---- called from any thread -------------------------------------------------------------
@@ -253,20 +265,60 @@ class Engine:
             group.loop.call_soon_threadsafe(group.events.put_nowait, event)
 
         sequences = []
+        leaders: dict[tuple[int, ...], _Sequence] = {}
         try:
             for index, request in enumerate(group.requests):
-                sequences.append(self._start_sequence(index, request, poster))
+                leader = leaders.get(request.prompt_ids)
+                if leader is not None and leader.uid is not None:
+                    # Same prompt as an earlier choice (n, best_of): start from its prefill.
+                    follower = _Follower(group, index, request, poster)
+                    self._followers.setdefault(leader.uid, []).append(follower)
+                    continue
+                seq = self._start_sequence(index, request, poster)
+                sequences.append(seq)
+                if self._shares_prefill(request):
+                    leaders[request.prompt_ids] = seq
         except Exception as error:
             log.exception("could not start a sequence")
+            self._drop_followers(group.group_id)
             self._remove([s for s in sequences if s.uid is not None])
             for index in range(len(group.requests)):
                 poster(GenerationEvent(index=index, error=f"could not start generation: {error}"))
             return
-        live = [s for s in sequences if s.uid is not None]
-        if live:
-            self._groups[group.group_id] = live
-            for seq in live:
-                self._by_uid[seq.uid] = (group.group_id, seq)
+        for seq in sequences:
+            self._register(group.group_id, seq)
+        self.stats.active_sequences = len(self._by_uid)
+
+    def _register(self, group_id: int, seq: _Sequence) -> None:
+        if seq.uid is not None:
+            self._groups.setdefault(group_id, []).append(seq)
+            self._by_uid[seq.uid] = (group_id, seq)
+
+    def _shares_prefill(self, request: GenerationRequest) -> bool:
+        """Whether later choices of the same prompt should wait for this one's prefill."""
+        return (
+            self._prefix is not None
+            and request.cache_prompt
+            and not request.prompt_logprobs
+            and request.max_tokens > 0
+            and len(request.prompt_ids) > 1
+        )
+
+    def _release_followers(self, leader_uid: int) -> None:
+        """The leader's prompt is in its KV now: keep it, then start the choices that waited."""
+        followers = self._followers.pop(leader_uid, [])
+        if not followers:
+            return
+        for cache, tokens in self._generator.extract_cache([leader_uid]).values():
+            self._keep_prefix(tokens, cache)
+        for f in followers:
+            try:
+                seq = self._start_sequence(f.index, f.request, f.post)
+            except Exception as error:
+                log.exception("could not start a sequence")
+                f.post(GenerationEvent(index=f.index, error=f"could not start generation: {error}"))
+                continue
+            self._register(f.group.group_id, seq)
         self.stats.active_sequences = len(self._by_uid)
 
     def _start_sequence(self, index: int, request: GenerationRequest, post) -> _Sequence:
@@ -357,7 +409,10 @@ class Engine:
         return cache, scored
 
     def _step(self) -> None:
-        _, responses = self._generator.next()
+        prompt_responses, responses = self._generator.next()
+        for r in prompt_responses:
+            if r.end_of_prompt and r.uid in self._followers:
+                self._release_followers(r.uid)
         if not responses:
             return
         self.stats.decode_steps += 1
@@ -468,7 +523,19 @@ class Engine:
         self.stats.prefix_reused_tokens = prefix.reused_tokens
         self.stats.prefix_cache_bytes = prefix.nbytes
 
+    def _drop_followers(self, group_id: int) -> int:
+        dropped = 0
+        for leader, followers in list(self._followers.items()):
+            kept = [f for f in followers if f.group.group_id != group_id]
+            dropped += len(followers) - len(kept)
+            if kept:
+                self._followers[leader] = kept
+            else:
+                del self._followers[leader]
+        return dropped
+
     def _cancel(self, group_id: int) -> None:
+        self.stats.cancelled_sequences += self._drop_followers(group_id)
         members = list(self._groups.get(group_id, []))
         if members:
             self._remove(members)
@@ -479,6 +546,10 @@ class Engine:
         for members in list(self._groups.values()):
             for seq in members:
                 seq.post(GenerationEvent(index=seq.index, error=message))
+        for followers in self._followers.values():
+            for f in followers:
+                f.post(GenerationEvent(index=f.index, error=message))
+        self._followers.clear()
         self._groups.clear()
         self._by_uid.clear()
         self._generator = self._new_generator()
