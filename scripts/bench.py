@@ -16,11 +16,16 @@ A second table compares decode tok/s through HTTP with penalties + DRY + mirosta
 plain seeded sampling (target >= 0.90), and with a JSON-schema grammar mask (llguidance) against
 the same plain sampling (target >= 0.85).
 
+Then (scripts/bench_engine.py) mlxserve beside mlx_lm.server on the same model: aggregate
+tokens/s and time to first token at concurrency 1, 4 and 16, a repeated ~2k-token prompt cold
+and warm, and a running stream's inter-token gaps while another request prefills ~7.5k tokens.
+
 Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
 should be small next to one forward pass of a real model). This script only prints; it asserts
 nothing.
 
     python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
+                            [--skip-engine | --engine-only] [--prefill-tokens 7500]
 """
 
 from __future__ import annotations
@@ -65,6 +70,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
     parser.add_argument(
         "--skip-samplers", action="store_true", help="leave out the sampler-chain row"
+    )
+    parser.add_argument(
+        "--skip-engine", action="store_true", help="leave out the mlx_lm.server comparison"
+    )
+    parser.add_argument(
+        "--engine-only", action="store_true", help="only the mlx_lm.server comparison"
+    )
+    parser.add_argument("--engine-max-tokens", type=int, default=64, help="tokens per request")
+    parser.add_argument("--prefix-tokens", type=int, default=2000, help="repeated prompt length")
+    parser.add_argument(
+        "--prefill-tokens", type=int, default=7500, help="prompt prefilled beside a stream"
     )
     return parser.parse_args()
 
@@ -251,6 +267,22 @@ def _runs(rates: list[float]) -> str:
 def main() -> int:
     args = parse_args()
     model_path = args.model or default_model()
+    if not args.engine_only:
+        decode_and_sampler_rows(args, model_path)
+    if not args.skip_engine:
+        import bench_engine
+
+        bench_engine.run(
+            model_path,
+            args.engine_max_tokens,
+            args.prefix_tokens,
+            args.prefill_tokens,
+            lambda port, log_path: start_server(model_path, port, log_path),
+        )
+    return 0
+
+
+def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
 
     from mlx_lm import load
 
@@ -322,7 +354,6 @@ def main() -> int:
                 ("ratio grammar/plain", f"{grammar_median / plain_median:.3f}  (target >= 0.85)"),
             ]
         )
-    return 0
 
 
 if __name__ == "__main__":

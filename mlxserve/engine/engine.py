@@ -210,10 +210,11 @@ class Engine:
         self.state = "ready"
         self._ready.set()
         log.info(
-            "model %s ready in %.1f s (context %d tokens)",
+            "model %s ready in %.1f s (context %d tokens, prefill chunks of %d tokens)",
             self.loaded.model_id,
             time.monotonic() - started,
             self.loaded.context_length,
+            self.loaded.prefill_chunk,
         )
         while True:
             if not self._drain_inbox(block=not self._by_uid):
@@ -241,7 +242,7 @@ class Engine:
             self.loaded.model,
             completion_batch_size=MAX_BATCH,
             prefill_batch_size=8,
-            prefill_step_size=PREFILL_STEP,
+            prefill_step_size=self.loaded.prefill_chunk,
         )
 
     def _drain_inbox(self, block: bool) -> bool:

@@ -1,0 +1,197 @@
+"""The engine benchmark: mlxserve beside mlx_lm.server, same model, same machine, one run.
+
+- aggregate output tokens/s and p50/p95 time to first token at concurrency 1, 4 and 16
+  (distinct prompts, greedy, `max_tokens` each, streamed; a token is a streamed text chunk);
+- time to first token of a ~2k-token prompt, cold and then repeated (the prefix cache);
+- the largest inter-token gap of a running stream while another request prefills a long prompt,
+  over that stream's median gap.
+
+Used by scripts/bench.py (`--skip-engine` leaves it out); prints a table, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+CONCURRENCY = (1, 4, 16)
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+
+
+@dataclass
+class StreamResult:
+    ttft: float
+    tokens: int
+    stamps: list[float] = field(default_factory=list)
+
+
+def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_ready(server: subprocess.Popen, base_url: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"{base_url} exited with {server.returncode}")
+        try:
+            if httpx.get(f"{base_url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{base_url} not ready after {timeout:.0f} s")
+
+
+def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> StreamResult:
+    """One streamed greedy completion: time to first text chunk, chunk count, chunk times.
+
+    `on_token(count)` may return True to stop reading (the client leaves).
+    """
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body["ignore_eos"] = True  # mlxserve: every run decodes max_tokens (mlx_lm.server ignores it)
+    sent = time.perf_counter()
+    stamps: list[float] = []
+    with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
+        with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if '"text": ""' in line or '"text":""' in line:
+                    continue
+                stamps.append(time.perf_counter())
+                if on_token is not None and on_token(len(stamps)):
+                    break
+    if not stamps:
+        raise RuntimeError(f"{base_url} streamed no text")
+    return StreamResult(stamps[0] - sent, len(stamps), stamps)
+
+
+def long_prompt(tokens: int, tag: str) -> str:
+    """About `tokens` tokens of varied text (roughly 1.3 tokens a word for these words)."""
+    words = [f"{WORDS[(i * 7 + len(tag)) % len(WORDS)]}{i % 97}" for i in range(int(tokens / 2))]
+    return f"{tag}: " + " ".join(words) + "\n"
+
+
+def concurrency_row(base_url: str, c: int, max_tokens: int) -> tuple[float, float, float]:
+    prompts = [f"Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        results = list(pool.map(lambda p: stream(base_url, p, max_tokens), prompts))
+    wall = time.perf_counter() - start
+    ttfts = sorted(r.ttft for r in results)
+    p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
+    return sum(r.tokens for r in results) / wall, statistics.median(ttfts), p95
+
+
+def prefix_row(base_url: str, tokens: int) -> tuple[float, float]:
+    prompt = long_prompt(tokens, f"prefix-{time.time_ns()}")  # unique: cold on either server
+    cold = stream(base_url, prompt, 4).ttft
+    warm = stream(base_url, prompt, 4).ttft
+    return cold, warm
+
+
+def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float]:
+    """Max inter-token gap of a stream while a long prompt is prefilled beside it, and the
+    stream's median gap before that."""
+    started, finished = threading.Event(), threading.Event()
+    window: list[float] = []
+    after_finish = [0]
+
+    def on_token(n: int) -> bool:
+        if n == 16:
+            started.set()
+        if finished.is_set():
+            after_finish[0] += 1
+        return after_finish[0] >= 8
+
+    def other() -> None:
+        started.wait()
+        window.append(time.perf_counter())
+        stream(base_url, long_prompt(prefill_tokens, f"gap-{time.time_ns()}"), 1)
+        window.append(time.perf_counter())
+        finished.set()
+
+    helper = threading.Thread(target=other)
+    helper.start()
+    result = stream(base_url, "Count slowly: one, two, three,", 1024, on_token)
+    helper.join()
+    pairs = list(zip(result.stamps, result.stamps[1:]))
+    before = [b - a for a, b in pairs if b < window[0]]
+    during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
+    return max(during), statistics.median(before)
+
+
+def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ours) -> None:
+    """Measure both servers, one after the other, and print the comparison.
+
+    `ours(port, log_path)` starts mlxserve; `stop(server)` of bench.py ends either.
+    """
+    from bench import free_port, print_table, stop_server
+
+    rows: dict[str, dict[str, float]] = {}
+    for name, start in (("mlxserve", ours), ("mlx_lm.server", start_mlx_lm_server)):
+        port = free_port()
+        log_path = Path("/tmp") / f"bench-engine-{name}-{port}.log"
+        server = start(model, port, log_path) if name == "mlx_lm.server" else start(port, log_path)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(server, base_url)
+            stream(base_url, "warm up", 4)
+            row = rows.setdefault(name, {})
+            for c in CONCURRENCY:
+                tps, p50, p95 = concurrency_row(base_url, c, max_tokens)
+                row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
+                print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
+            row["prefix cold ttft"], row["prefix warm ttft"] = prefix_row(base_url, prefix_tokens)
+            row["gap max"], row["gap median"] = gap_row(base_url, prefill_tokens)
+            print(f"{name}: {row}", file=sys.stderr)
+        finally:
+            stop_server(server)
+    ours_row, theirs = rows["mlxserve"], rows["mlx_lm.server"]
+    table = [("model", model), ("max tokens per request", str(max_tokens))]
+    for c in CONCURRENCY:
+        a, b = ours_row[f"c{c} tok/s"], theirs[f"c{c} tok/s"]
+        table.append(
+            (
+                f"concurrency {c}: tok/s (ours / mlx_lm.server)",
+                f"{a:.1f} / {b:.1f} = {a / b:.2f}x" + ("  (target >= 1.5x)" if c == 16 else ""),
+            )
+        )
+        table.append(
+            (
+                f"concurrency {c}: ttft p50, p95 (ours | theirs)",
+                f"{ours_row[f'c{c} ttft p50']:.3f}, {ours_row[f'c{c} ttft p95']:.3f} s | "
+                f"{theirs[f'c{c} ttft p50']:.3f}, {theirs[f'c{c} ttft p95']:.3f} s",
+            )
+        )
+    for name, row in rows.items():
+        cold, warm = row["prefix cold ttft"], row["prefix warm ttft"]
+        table.append(
+            (
+                f"{name}: ~{prefix_tokens}-token prompt ttft cold / repeated",
+                f"{cold:.3f} / {warm:.3f} s = {cold / warm:.1f}x faster"
+                + ("  (target >= 10x)" if name == "mlxserve" else ""),
+            )
+        )
+        table.append(
+            (
+                f"{name}: max gap while ~{prefill_tokens} tokens prefill / median gap",
+                f"{row['gap max']:.3f} / {row['gap median']:.3f} s = "
+                f"{row['gap max'] / row['gap median']:.1f}x"
+                + ("  (target <= 3x)" if name == "mlxserve" else ""),
+            )
+        )
+    print_table(table)
