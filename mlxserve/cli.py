@@ -7,7 +7,13 @@ import logging
 import os
 import sys
 
-from .settings import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, Settings
+from .settings import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MODEL,
+    DEFAULT_PORT,
+    Settings,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--model",
-        default=None,
-        help="an mlx-lm model folder or Hugging Face repo id; without it, a tiny random-weight "
-        "test model is built into the user cache on first use (it prints noise)",
+        default=str(DEFAULT_MODEL),
+        help="an mlx-lm model folder or Hugging Face repo id; the default is mlxserve-demo-coder, "
+        "a small Python code model with fill-in-the-middle that ships with mlxserve",
     )
     serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
@@ -61,14 +67,6 @@ def serve(args: argparse.Namespace) -> int:
     from .engine.model_host import ModelLoadError, check_model_source
 
     model = args.model
-    if model is None:
-        from .tiny_model import default_tiny_model_dir, ensure_default_tiny_model
-
-        print(
-            f"no --model given: using the tiny test model in {default_tiny_model_dir()}",
-            file=sys.stderr,
-        )
-        model = str(ensure_default_tiny_model())
     try:
         check_model_source(model)
     except ModelLoadError as error:

@@ -136,7 +136,3 @@ def build_tiny_model(out: Path, seed: int = 0, force: bool = False) -> Path:
     _write_weights(out, seed)
     done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
     return out
-
-
-def ensure_default_tiny_model(seed: int = 0) -> Path:
-    return build_tiny_model(default_tiny_model_dir(seed), seed=seed)
