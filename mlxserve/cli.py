@@ -10,6 +10,7 @@ import sys
 from .settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUED_SEQUENCES,
     DEFAULT_MODEL,
     DEFAULT_PORT,
     Settings,
@@ -49,6 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body accepted (larger gets 413)",
     )
+    serve.add_argument(
+        "--kv-budget-mb",
+        type=int,
+        default=None,
+        help="KV cache for requests in flight; one that can never fit gets a 400, one that "
+        "cannot fit now a 503 (default: a quarter of this machine's memory)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_SEQUENCES,
+        help="sequences that may wait beyond the running batch before new requests get 503",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=None,
+        help="KV kept for reuse by later prompts sharing a prefix; 0 turns it off "
+        "(default: an eighth of this machine's memory, at most 8 GiB)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -74,12 +95,19 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from .server import serve_forever
 
+    limits = {}
+    if args.kv_budget_mb is not None:
+        limits["kv_budget_bytes"] = args.kv_budget_mb << 20
+    if args.prefix_cache_mb is not None:
+        limits["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     settings = Settings(
         model=model,
         host=args.host,
         port=args.port,
         api_key=args.api_key or None,
         max_body_bytes=args.max_body_bytes,
+        max_queued_sequences=args.max_queue,
+        **limits,
     )
     return serve_forever(settings)
 

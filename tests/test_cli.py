@@ -26,7 +26,17 @@ def mlxserve(*args: str, **kwargs) -> subprocess.CompletedProcess:
 def test_help_documents_every_flag():
     result = mlxserve("serve", "--help")
     assert result.returncode == 0
-    for flag in ("--model", "--host", "--port", "--api-key", "--max-body-bytes", "--log-level"):
+    for flag in (
+        "--model",
+        "--host",
+        "--port",
+        "--api-key",
+        "--max-body-bytes",
+        "--kv-budget-mb",
+        "--max-queue",
+        "--prefix-cache-mb",
+        "--log-level",
+    ):
         assert flag in result.stdout
     assert "127.0.0.1" in result.stdout
 
