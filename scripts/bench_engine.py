@@ -46,7 +46,7 @@ def wait_ready(server: subprocess.Popen, base_url: str, timeout: float = 300) ->
         if server.poll() is not None:
             raise RuntimeError(f"{base_url} exited with {server.returncode}")
         try:
-            if httpx.get(f"{base_url}/v1/models", timeout=2).status_code == 200:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -65,7 +65,8 @@ def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Stream
     stamps: list[float] = []
     with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
         with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
-            response.raise_for_status()
+            if response.status_code != 200:
+                raise RuntimeError(f"{base_url}: HTTP {response.status_code}: {response.read()}")
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -79,10 +80,15 @@ def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Stream
     return StreamResult(stamps[0] - sent, len(stamps), stamps)
 
 
+TOKENIZER = None  # the model's, set by run(): prompts are cut to an exact token count
+
+
 def long_prompt(tokens: int, tag: str) -> str:
-    """About `tokens` tokens of varied text (roughly 1.3 tokens a word for these words)."""
-    words = [f"{WORDS[(i * 7 + len(tag)) % len(WORDS)]}{i % 97}" for i in range(int(tokens / 2))]
-    return f"{tag}: " + " ".join(words) + "\n"
+    """Varied text of about `tokens` tokens of the served model's tokenizer, starting with `tag`."""
+    words = [f"{WORDS[(i * 7 + len(tag)) % len(WORDS)]}{i % 97}" for i in range(tokens)]
+    text = f"{tag}: " + " ".join(words)
+    ids = TOKENIZER.encode(text, add_special_tokens=False)[: tokens - 8]
+    return TOKENIZER.decode(ids) + "\n"
 
 
 def concurrency_row(base_url: str, c: int, max_tokens: int) -> tuple[float, float, float]:
@@ -140,7 +146,11 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
     `ours(port, log_path)` starts mlxserve; `stop(server)` of bench.py ends either.
     """
     from bench import free_port, print_table, stop_server
+    from transformers import AutoTokenizer
 
+    global TOKENIZER
+    TOKENIZER = AutoTokenizer.from_pretrained(model)
+    TOKENIZER.model_max_length = 10**9
     rows: dict[str, dict[str, float]] = {}
     for name, start in (("mlxserve", ours), ("mlx_lm.server", start_mlx_lm_server)):
         port = free_port()
