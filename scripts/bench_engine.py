@@ -40,20 +40,6 @@ def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Pop
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_ready(server: subprocess.Popen, base_url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"{base_url} exited with {server.returncode}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"{base_url} not ready after {timeout:.0f} s")
-
-
 def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> StreamResult:
     """One streamed greedy completion: time to first text chunk, chunk count, chunk times.
 
@@ -145,7 +131,7 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
 
     `ours(port, log_path)` starts mlxserve; `stop(server)` of bench.py ends either.
     """
-    from bench import free_port, print_table, stop_server
+    from bench import free_port, print_table, stop_server, wait_healthy
     from transformers import AutoTokenizer
 
     global TOKENIZER
@@ -158,7 +144,7 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
         server = start(model, port, log_path) if name == "mlx_lm.server" else start(port, log_path)
         base_url = f"http://127.0.0.1:{port}"
         try:
-            wait_ready(server, base_url)
+            wait_healthy(server, base_url, log_path)
             stream(base_url, "warm up", 4)
             row = rows.setdefault(name, {})
             for c in CONCURRENCY:

@@ -7,7 +7,7 @@ turn in the queue, or gets a 503 when the queue is full.
 
 from __future__ import annotations
 
-from ..engine import MAX_BATCH
+from ..engine import MAX_BATCH, kv_tokens
 from ..settings import Settings
 from .errors import InvalidRequest, ServiceUnavailable
 
@@ -17,19 +17,19 @@ MIB = 1 << 20
 
 def admit(engine, loaded, sequences, settings: Settings) -> None:
     """Raise unless `sequences` (GenerationRequests) may be submitted now."""
-    kv_tokens = sum(len(s.prompt_ids) + s.max_tokens for s in sequences)
-    need = kv_tokens * loaded.kv_bytes_per_token
+    tokens = kv_tokens(sequences)
+    need = tokens * loaded.kv_bytes_per_token
     budget = settings.kv_budget_bytes
     if need > budget:
         raise InvalidRequest(
-            f"This request needs {need / MIB:,.0f} MiB of KV cache ({kv_tokens:,} tokens of prompt "
+            f"This request needs {need / MIB:,.0f} MiB of KV cache ({tokens:,} tokens of prompt "
             f"plus max_tokens over its {len(sequences)} sequences), over this server's budget of "
             f"{budget / MIB:,.0f} MiB. Lower max_tokens, n or the prompt's length.",
             param="max_tokens",
             code="kv_budget_exceeded",
         )
     waiting = engine.pending_sequences + len(sequences) - MAX_BATCH
-    in_flight_kv = (engine.pending_kv_tokens + kv_tokens) * loaded.kv_bytes_per_token
+    in_flight_kv = (engine.pending_kv_tokens + tokens) * loaded.kv_bytes_per_token
     if waiting > settings.max_queued_sequences or (
         engine.pending_sequences and in_flight_kv > budget
     ):

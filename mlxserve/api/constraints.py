@@ -14,8 +14,6 @@ from ..sampling.grammars import Constraint
 from .errors import InvalidRequest
 from .schemas import CompletionRequest, NamedToolChoice, Tool
 
-MISTRAL_KINDS = {"regex": "regex", "json_schema": "json_schema", "lark": "lark"}
-
 
 def constraint_of(request: CompletionRequest) -> Constraint | None:
     """The request's one constraint; two at once is a 400 naming both fields."""
@@ -58,7 +56,7 @@ def _grammar(grammar) -> Constraint | None:
         raise InvalidRequest(
             f"grammar.value must be a string for type '{grammar.type}'.", param="grammar.value"
         )
-    return Constraint("grammar", MISTRAL_KINDS[grammar.type], grammar.value)
+    return Constraint("grammar", grammar.type, grammar.value)  # "regex" or "lark"
 
 
 def _schema(field: str, schema: dict[str, Any] | str) -> Constraint:

@@ -8,6 +8,7 @@ from .requests import (
     StopSpec,
     Timings,
     TokenLogprob,
+    kv_tokens,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "StopSpec",
     "Timings",
     "TokenLogprob",
+    "kv_tokens",
 ]

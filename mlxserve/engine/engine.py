@@ -28,7 +28,7 @@ from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
 from .prefix_cache import PrefixCache, default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob
+from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -176,9 +176,9 @@ class Engine:
         self.check_ready()
         loop = asyncio.get_running_loop()
         group = _Group(next(self._ids), list(requests), loop, asyncio.Queue())
-        kv_tokens = sum(len(r.prompt_ids) + r.max_tokens for r in requests)
+        group_kv_tokens = kv_tokens(requests)
         self.pending_sequences += len(requests)
-        self.pending_kv_tokens += kv_tokens
+        self.pending_kv_tokens += group_kv_tokens
         self._inbox.put(("add", group))
         remaining = len(group.requests)
         try:
@@ -189,7 +189,7 @@ class Engine:
                 yield event
         finally:
             self.pending_sequences -= len(requests)
-            self.pending_kv_tokens -= kv_tokens
+            self.pending_kv_tokens -= group_kv_tokens
             if remaining:
                 self._inbox.put(("cancel", group.group_id))
 

@@ -34,6 +34,11 @@ class GenerationRequest:
     cache_prompt: bool = True  # reuse and keep KV in the prefix cache
 
 
+def kv_tokens(requests) -> int:
+    """KV positions a group may fill: each sequence's prompt plus its max_tokens."""
+    return sum(len(r.prompt_ids) + r.max_tokens for r in requests)
+
+
 @dataclass
 class TokenLogprob:
     token_id: int
