@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from .helpers import complete, stream_chunks, streamed_texts, texts
 
 # Long enough that reuse matters, unique to this file so other tests' requests cannot warm it.
@@ -73,3 +75,17 @@ def test_choices_of_one_prompt_share_its_prefill(server, http):
     # Choices 2-4 started from choice 1's KV: all but the last prompt token each.
     assert server.engine.stats.prefix_reused_tokens - reused >= 3 * (prompt_tokens - 1)
     assert texts(shared) == texts(alone)
+
+
+def test_a_running_sequences_prompt_is_reused_before_it_ends(server, http):
+    prompt = "".join(f"running_prefix_{i} = {i} + {i}\n" for i in range(50))  # seen nowhere else
+    body = {"prompt": prompt, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as running:
+        assert running.status_code == 200, running.read()
+        events = (
+            json.loads(line[6:]) for line in running.iter_lines() if line.startswith("data: ")
+        )
+        next(events)  # decoding now
+        result = complete(http, prompt=prompt + "tail = 0\n", max_tokens=2, temperature=0)
+        assert next(events)["choices"][0]["finish_reason"] is None  # and still going
+    assert cached(result) >= len(server.engine.loaded.tokenizer.encode(prompt)) - 2

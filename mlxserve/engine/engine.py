@@ -27,6 +27,7 @@ from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
+from .pacing import PrefillPacer
 from .prefix_cache import PrefixCache, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
@@ -207,6 +208,7 @@ class Engine:
             self._fail(f"could not load model {self.model_source}: {error}")
             return
         self._generator = self._new_generator()
+        self._pacer = PrefillPacer(calibrated=self.loaded.prefill_chunk)
         self.state = "ready"
         self._ready.set()
         log.info(
@@ -410,10 +412,20 @@ class Engine:
         return cache, scored
 
     def _step(self) -> None:
-        prompt_responses, responses = self._generator.next()
+        started = time.perf_counter()
+        with self._generator.stats() as work:
+            prompt_responses, responses = self._generator.next()
+        self._generator.prefill_step_size = self._pacer.observe(
+            time.perf_counter() - started,
+            prompt_tokens=work.prompt_tokens,
+            prompts=sum(not r.end_of_prompt for r in prompt_responses),
+            decoded=bool(responses),
+        )
         for r in prompt_responses:
             if r.end_of_prompt and r.uid in self._followers:
                 self._release_followers(r.uid)
+            elif r.end_of_prompt:
+                self._keep_running_prompt(r.uid)
         if not responses:
             return
         self.stats.decode_steps += 1
@@ -512,8 +524,18 @@ class Engine:
                 self._groups.pop(group_id, None)
             self.stats.finished_sequences += 1
 
+    def _keep_running_prompt(self, uid: int) -> None:
+        """A prompt just prefilled is reusable at once, not only when its sequence ends: a
+        request sharing it that arrives meanwhile starts from this copy."""
+        entry = self._by_uid.get(uid)
+        if self._prefix is None or entry is None or not entry[1].request.cache_prompt:
+            return
+        for cache, tokens in self._generator.extract_cache([uid]).values():
+            self._keep_prefix(tokens, cache)
+
     def _keep_prefix(self, tokens, cache) -> None:
         if self._prefix is not None and tokens:
+            mx.async_eval([c.state for c in cache])  # copy out of the batch's KV now
             self._prefix.store(list(tokens), cache)
             self._count_prefix()
 

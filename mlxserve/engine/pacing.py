@@ -1,0 +1,54 @@
+"""Prefill pacing: how many prompt tokens to prefill between two decode steps.
+
+A running stream waits for every prefill chunk run beside it, so a chunk's time bounds that
+stream's worst gap between tokens. A fixed chunk cannot keep that bound: a prompt token costs
+more the deeper into a long prompt it sits (it attends to everything before it), and a decode step
+costs more as the batch grows. So the chunk is sized step by step from what the engine just
+measured, and while nothing is decoding no one waits: prompts are then prefilled in the largest
+chunks.
+
+Each engine step times mlx-lm's `BatchGenerator.next()` as a whole: mlx-lm pipelines a decode
+step's compute into the next call, so its own split of decode and prompt time is not reliable
+while both run. A step that only decodes gives the usual gap; a step that also prefills gives that
+gap plus the chunk's cost, hence the cost of a prompt token at the current depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A chunk may take this many decode steps' time: a running stream's gap stays within
+# (1 + this) x its usual gap while a long prompt is prefilled beside it.
+CHUNK_COST_IN_DECODE_STEPS = 1.5
+MIN_CHUNK, MAX_CHUNK = 32, 2048
+SMOOTHING = 0.2  # weight of the newest decode-only step in the usual gap
+
+
+@dataclass
+class PrefillPacer:
+    calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
+    chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
+    decode_step_s: float | None = None  # the usual decode-only step, smoothed
+    token_cost_s: float | None = None  # one prompt token's cost at the latest depth
+
+    def observe(self, step_s: float, prompt_tokens: int, prompts: int, decoded: bool) -> int:
+        """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
+        decoded. Returns the chunk for the next step."""
+        if decoded and not prompt_tokens:
+            self.decode_step_s = (
+                step_s
+                if self.decode_step_s is None
+                else (1 - SMOOTHING) * self.decode_step_s + SMOOTHING * step_s
+            )
+        elif prompt_tokens:
+            usual = self.decode_step_s if decoded and self.decode_step_s is not None else 0.0
+            self.token_cost_s = max(step_s - usual, 1e-6) / prompt_tokens
+        if not decoded:
+            self.chunk = MAX_CHUNK  # no stream waits on this step
+        elif self.decode_step_s is None or self.token_cost_s is None:
+            self.chunk = self.calibrated
+        else:
+            budget = CHUNK_COST_IN_DECODE_STEPS * self.decode_step_s
+            chunk = int(budget / (self.token_cost_s * max(prompts, 1)))
+            self.chunk = max(MIN_CHUNK, min(MAX_CHUNK, chunk // 32 * 32))
+        return self.chunk

@@ -1,0 +1,38 @@
+"""The prefill pacer's arithmetic: chunks sized so a decode step plus a chunk stays within
+(1 + CHUNK_COST_IN_DECODE_STEPS) decode steps. The gap itself is measured by scripts/bench.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxserve.engine.pacing import CHUNK_COST_IN_DECODE_STEPS, MAX_CHUNK, MIN_CHUNK, PrefillPacer
+
+
+def test_with_nothing_decoding_prompts_go_in_the_largest_chunks():
+    pacer = PrefillPacer(calibrated=128)
+    assert pacer.observe(2.0, prompt_tokens=2048, prompts=1, decoded=False) == MAX_CHUNK
+
+
+def test_a_stream_starts_on_the_calibrated_chunk():
+    pacer = PrefillPacer(calibrated=128)
+    assert pacer.observe(0.1, prompt_tokens=0, prompts=0, decoded=True) == 128
+
+
+@pytest.mark.parametrize("prompts", [1, 2])
+def test_chunks_follow_the_measured_cost_of_a_prompt_token(prompts):
+    pacer = PrefillPacer(calibrated=128)
+    for _ in range(5):
+        pacer.observe(0.100, prompt_tokens=0, prompts=0, decoded=True)
+    # 1024 prompt tokens cost 0.5 s beside the 0.1 s decode step: 0.49 ms a token.
+    chunk = pacer.observe(0.600, prompt_tokens=1024, prompts=prompts, decoded=True)
+    assert chunk == (int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.5 / 1024) / prompts) // 32) * 32
+    # Deeper into the prompt a token costs twice as much: the chunk halves.
+    deeper = pacer.observe(0.100 + 2 * 0.5 * chunk * prompts / 1024, chunk * prompts, prompts, True)
+    assert abs(deeper - chunk / 2) <= 32
+
+
+def test_chunks_stay_within_bounds():
+    pacer = PrefillPacer(calibrated=128)
+    pacer.observe(0.1, prompt_tokens=0, prompts=0, decoded=True)
+    assert pacer.observe(100.0, prompt_tokens=32, prompts=1, decoded=True) == MIN_CHUNK
+    assert pacer.observe(0.1001, prompt_tokens=32, prompts=1, decoded=True) == MAX_CHUNK
