@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from .blas import reexec_with_openblas
 from .settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_BODY_BYTES,
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "serve":
+        if argv is None:  # the real command line, not a caller's list
+            reexec_with_openblas()
         return serve(args)
     return 2
 

@@ -44,6 +44,8 @@ from typing import Any
 
 import httpx
 
+from mlxserve.blas import reexec_with_openblas
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -266,6 +268,7 @@ def _runs(rates: list[float]) -> str:
 
 def main() -> int:
     args = parse_args()
+    reexec_with_openblas()  # the BLAS `mlxserve serve` runs on, for the bare loop too
     model_path = args.model or default_model()
     if not args.engine_only:
         decode_and_sampler_rows(args, model_path)
@@ -286,9 +289,12 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
 
     from mlx_lm import load
 
+    from mlxserve.engine.model_host import fit_to_device
+
     print(f"loading {model_path} ...", file=sys.stderr)
     model, tokenizer = load(model_path)
     params = count_parameters(model)
+    fit_to_device(model)  # the weights the server runs, so only the server's overhead differs
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"

@@ -11,6 +11,8 @@ Used by scripts/bench.py (`--skip-engine` leaves it out); prints a table, assert
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,21 +36,30 @@ class StreamResult:
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
+    """mlx_lm.server as its users run it, on the BLAS mlxserve runs on (`mlxserve.blas`)."""
+    from mlxserve.blas import openblas_library
+
     cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    env = dict(os.environ)
+    if library := openblas_library():
+        env["LD_PRELOAD"] = library
     with open(log_path, "wb") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> StreamResult:
-    """One streamed greedy completion: time to first text chunk, chunk count, chunk times.
+    """One streamed greedy completion: time to first text chunk, tokens (the usage chunk's count,
+    else text chunks), and each text chunk's time.
 
     `on_token(count)` may return True to stop reading (the client leaves).
     """
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     body["ignore_eos"] = True  # mlxserve: every run decodes max_tokens (mlx_lm.server ignores it)
+    body["stream_options"] = {"include_usage": True}
     sent = time.perf_counter()
     stamps: list[float] = []
+    tokens = None
     with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
         with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -56,14 +67,17 @@ def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Stream
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                if '"text": ""' in line or '"text":""' in line:
+                chunk = json.loads(line[len("data: ") :])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if not any(choice.get("text") for choice in chunk.get("choices") or []):
                     continue
                 stamps.append(time.perf_counter())
                 if on_token is not None and on_token(len(stamps)):
                     break
     if not stamps:
         raise RuntimeError(f"{base_url} streamed no text")
-    return StreamResult(stamps[0] - sent, len(stamps), stamps)
+    return StreamResult(stamps[0] - sent, tokens or len(stamps), stamps)
 
 
 TOKENIZER = None  # the model's, set by run(): prompts are cut to an exact token count
@@ -157,7 +171,10 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
         finally:
             stop_server(server)
     ours_row, theirs = rows["mlxserve"], rows["mlx_lm.server"]
-    table = [("model", model), ("max tokens per request", str(max_tokens))]
+    from mlxserve.blas import openblas_library
+
+    blas = "OpenBLAS, both servers" if openblas_library() else "MLX's own"
+    table = [("model", model), ("max tokens per request", str(max_tokens)), ("CPU BLAS", blas)]
     for c in CONCURRENCY:
         a, b = ours_row[f"c{c} tok/s"], theirs[f"c{c} tok/s"]
         table.append(

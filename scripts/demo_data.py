@@ -7,8 +7,6 @@ The Python standard library is PSF-licensed text present on every machine with P
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,23 +23,14 @@ EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FILE_SEP]
 MAX_FILE_BYTES = 200_000  # skips generated tables (pydoc topics, unicode data)
 HELD_OUT_EVERY = 10  # one file in ten, chosen by a hash of its path
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
 def with_openblas() -> None:
-    """Re-exec under Debian's OpenBLAS when installed and not loaded yet.
+    """Re-exec under Debian's OpenBLAS when installed (`apt-get install libopenblas0-pthread`):
+    MLX's Linux CPU wheel links a reference BLAS, 10-25x slower for training (REFERENCE §6)."""
+    from mlxserve.blas import reexec_with_openblas
 
-    MLX's Linux CPU wheel links a reference BLAS; OpenBLAS makes its matmuls 10-25x faster
-    (REFERENCE §6). `apt-get install libopenblas0-pthread` provides it.
-    """
-    if (
-        sys.platform == "linux"
-        and os.path.exists(OPENBLAS)
-        and "openblas" not in os.environ.get("LD_PRELOAD", "")
-    ):
-        os.execve(
-            sys.executable, [sys.executable, *sys.argv], {**os.environ, "LD_PRELOAD": OPENBLAS}
-        )
+    reexec_with_openblas()
 
 
 @dataclass(frozen=True)

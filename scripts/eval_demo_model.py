@@ -104,10 +104,10 @@ class ModelInfiller:
         import mlx_lm
 
         self.mx = mx
-        from mlxserve.engine.model_host import upcast_on_cpu
+        from mlxserve.engine.model_host import fit_to_device
 
         self.model, self.tokenizer = mlx_lm.load(str(path))
-        upcast_on_cpu(self.model)  # the same weights the server runs
+        fit_to_device(self.model)  # the same weights the server runs
         self.tokenizer._tokenizer.model_max_length = 10**9  # whole files are encoded here
         self.config = json.loads((path / "config.json").read_text())
         ids = self.tokenizer.convert_tokens_to_ids

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..sampling.grammars import GrammarCompiler
+from ..settings import machine_memory_bytes
 
 # Config keys architectures use for their context window, most specific first.
 CONTEXT_KEYS = (
@@ -82,7 +84,7 @@ def load_model(path_or_repo: str) -> LoadedModel:
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
-    upcast_on_cpu(model)
+    fit_to_device(model)
     vocab_size = _vocab_size(config, tokenizer)
     eos = tuple(sorted(tokenizer.eos_token_ids))
     return LoadedModel(
@@ -99,20 +101,17 @@ def load_model(path_or_repo: str) -> LoadedModel:
     )
 
 
-# A prefill chunk may take about this many decode steps' time: a running stream's gap between
-# tokens stays within (1 + this) x its usual gap while a long prompt is prefilled beside it.
-CHUNK_COST_IN_DECODE_STEPS = 1.5
-MIN_CHUNK, MAX_CHUNK = 32, 2048
-
-
 def measure_prefill_chunk(model: nn.Module) -> int:
-    """Prompt tokens per prefill chunk, sized on this machine from a decode step's time.
+    """Prompt tokens per prefill chunk, sized on this machine from a decode step's time: the
+    pacer's starting point (`pacing.py` adjusts it step by step from then on).
 
     Measured rather than fixed: on a CPU one prompt token costs a sizeable share of a decode
     step, on a GPU a tiny one, so a fixed chunk either stalls streams or slows prefill.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
+
+    from .pacing import CHUNK_COST_IN_DECODE_STEPS, MAX_CHUNK, MIN_CHUNK
 
     def timed(tokens: int, cache) -> float:
         start = time.perf_counter()
@@ -148,12 +147,57 @@ def kv_bytes_per_token(model: nn.Module) -> int:
     return total
 
 
+def fit_to_device(model: nn.Module) -> None:
+    """The weights the server runs: on MLX's CPU backend, float32 where memory allows."""
+    dequantize_on_cpu(model, machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE)
+    upcast_on_cpu(model)
+
+
+# A quantized model is widened on the CPU only while its float32 weights take at most this share
+# of the machine's memory (1/8: SmolLM2-135M's 0.5 GB, not a 7B model's 28 GB).
+DEQUANTIZE_MEMORY_SHARE = 8
+
+
+def dequantize_on_cpu(model: nn.Module, budget_bytes: int) -> bool:
+    """On MLX's CPU backend a quantized matmul is MLX's own loop, so a batch costs what its
+    sequences cost one by one (SmolLM2-135M 4-bit: one token 140 ms, 16 tokens 1,962 ms), while
+    float32 weights go through BLAS, where that batch of 16 takes 366 ms (with OpenBLAS). Batched
+    decoding only pays off with float weights, so a quantized model that fits `budget_bytes` as
+    float32 is dequantized here. Metal keeps its fast quantized kernels."""
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
+
+    if mx.default_device() != mx.cpu:
+        return False
+    quantized = [m for _, m in model.named_modules() if hasattr(m, "bits") and "scales" in m]
+    if not quantized:
+        return False
+    quantized_elements = sum(m.weight.size * 32 // m.bits for m in quantized)
+    packed = sum(m.weight.size for m in quantized)
+    others = sum(v.size for _, v in tree_flatten(model.parameters())) - packed
+    float_bytes = 4 * (quantized_elements + others)
+    if float_bytes > budget_bytes:
+        log.info(
+            "CPU backend: keeping quantized weights (%.1f GB as float32 is over %.1f GB)",
+            float_bytes / 1e9,
+            budget_bytes / 1e9,
+        )
+        return False
+    dequantize_model(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    log.info(
+        "CPU backend: quantized weights widened to float32 (%.2f GB) for batching",
+        float_bytes / 1e9,
+    )
+    return True
+
+
 def upcast_on_cpu(model: nn.Module) -> bool:
     """On MLX's CPU backend half-precision matmuls are several times slower than float32
     (measured: 73-98 vs 280 tok/s on the demo model), so half-precision weights and quantization
     scales are widened there. Metal keeps the model as stored."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
 
     if mx.default_device() != mx.cpu:
         return False
