@@ -144,12 +144,7 @@ def isolate_indentation(out: Path) -> None:
     spec["pre_tokenizer"] = {
         "type": "Sequence",
         "pretokenizers": [
-            {
-                "type": "Split",
-                "pattern": {"Regex": "^ +|\n"},
-                "behavior": "Isolated",
-                "invert": False,
-            },
+            {"type": "Split", "pattern": {"Regex": "^ +|\n"}, "behavior": "Isolated", "invert": False},
             spec["pre_tokenizer"],
         ],
     }
@@ -174,8 +169,7 @@ def check_tokenizer(tokenizer, samples: list[str]) -> None:
         assert tokenizer.decode(ids) == text, "tokenizer does not round-trip"
     ids = tokenizer.encode(FIM_PREFIX + "x" + FIM_SUFFIX, add_special_tokens=False)
     assert ids[0] == tokenizer.convert_tokens_to_ids(FIM_PREFIX), ids
-    ids = tokenizer.encode("x\n        if y:", add_special_tokens=False)
-    pieces = tokenizer.convert_ids_to_tokens(ids)
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("x\n        if y:", add_special_tokens=False))
     assert "\u2581" * 8 in pieces, f"indentation is not a token of its own: {pieces}"
 
 
