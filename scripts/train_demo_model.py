@@ -102,9 +102,10 @@ def train_tokenizer(out: Path, train_files) -> None:
         "additional_special_tokens": SPECIAL_TOKENS,
         "model_max_length": CONTEXT,
     }
+    lines = (line for f in train_files for line in f.text.splitlines() if line.strip())
     train_sentencepiece(
         out,
-        tokenizer_sentences(train_files),
+        lines,
         config,
         vocab_size=VOCAB_SIZE,
         character_coverage=0.9995,
@@ -118,40 +119,6 @@ def train_tokenizer(out: Path, train_files) -> None:
         num_threads=2,
         seed_sentencepiece_size=1_000_000,
     )
-    isolate_indentation(out)
-
-
-def tokenizer_sentences(train_files):
-    """Each line's code, and its indentation as a sentence of its own: no piece learned then mixes
-    the two, so a line's depth is one token the model predicts before the line's first word."""
-    for f in train_files:
-        for line in f.text.splitlines():
-            code = line.lstrip(" ")
-            if len(code) < len(line):
-                yield line[: len(line) - len(code)]
-            if code.strip():
-                yield code
-
-
-def isolate_indentation(out: Path) -> None:
-    """Make tokenizer.json split text the way the pieces were learned: newlines and leading spaces
-    apart from the code after them.
-
-    transformers' LlamaTokenizer rebuilds its own pre-tokenizer and would drop this one, so the
-    folder names the generic PreTrainedTokenizerFast, which runs tokenizer.json as written.
-    """
-    spec = json.loads((out / "tokenizer.json").read_text())
-    spec["pre_tokenizer"] = {
-        "type": "Sequence",
-        "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "^ +|\n"}, "behavior": "Isolated", "invert": False},
-            spec["pre_tokenizer"],
-        ],
-    }
-    (out / "tokenizer.json").write_text(json.dumps(spec, indent=2, ensure_ascii=False))
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
 def load_tokenizer(out: Path):
@@ -169,8 +136,6 @@ def check_tokenizer(tokenizer, samples: list[str]) -> None:
         assert tokenizer.decode(ids) == text, "tokenizer does not round-trip"
     ids = tokenizer.encode(FIM_PREFIX + "x" + FIM_SUFFIX, add_special_tokens=False)
     assert ids[0] == tokenizer.convert_tokens_to_ids(FIM_PREFIX), ids
-    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("x\n        if y:", add_special_tokens=False))
-    assert "\u2581" * 8 in pieces, f"indentation is not a token of its own: {pieces}"
 
 
 # ---- samples -----------------------------------------------------------------------------------
@@ -232,12 +197,9 @@ class Sampler:
 
     @staticmethod
     def middle_span(rng: np.random.Generator, window: str) -> tuple[int, int]:
-        lines = window.split("\n")
-        code_lines = [k for k, line in enumerate(lines) if line.strip()]
-        if code_lines and rng.random() < LINE_SPAN_RATE:
-            # An editor asks for code where its cursor is: the span starts on a line with code.
-            starts = np.cumsum([0] + [len(line) + 1 for line in lines[:-1]]).tolist()
-            first = code_lines[rng.integers(0, len(code_lines))]
+        if rng.random() < LINE_SPAN_RATE:
+            starts = [0] + [i + 1 for i, c in enumerate(window) if c == "\n"]
+            first = rng.integers(0, len(starts))
             last = min(len(starts), first + rng.choice(LINE_COUNTS, p=LINE_COUNT_P))
             lo = starts[first]
             hi = starts[last] if last < len(starts) else len(window)
