@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from mlxserve.engine.pacing import CHUNK_COST_IN_DECODE_STEPS, MAX_CHUNK, MIN_CHUNK, PrefillPacer
+from mlxserve.engine.pacing import (
+    CHUNK_COST_IN_DECODE_STEPS,
+    GRANULE,
+    MAX_CHUNK,
+    MIN_CHUNK,
+    PrefillPacer,
+)
 
 
 def test_with_nothing_decoding_prompts_go_in_the_largest_chunks():
@@ -25,10 +31,11 @@ def test_chunks_follow_the_measured_cost_of_a_prompt_token(prompts):
         pacer.observe(0.100, prompt_tokens=0, prompts=0, decoded=True)
     # 1024 prompt tokens cost 0.5 s beside the 0.1 s decode step: 0.49 ms a token.
     chunk = pacer.observe(0.600, prompt_tokens=1024, prompts=prompts, decoded=True)
-    assert chunk == (int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.5 / 1024) / prompts) // 32) * 32
+    expected = int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.5 / 1024) / prompts)
+    assert chunk == expected // GRANULE * GRANULE
     # Deeper into the prompt a token costs twice as much: the chunk halves.
     deeper = pacer.observe(0.100 + 2 * 0.5 * chunk * prompts / 1024, chunk * prompts, prompts, True)
-    assert abs(deeper - chunk / 2) <= 32
+    assert abs(deeper - chunk / 2) <= GRANULE
 
 
 def test_chunks_stay_within_bounds():

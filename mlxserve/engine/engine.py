@@ -415,11 +415,20 @@ class Engine:
         started = time.perf_counter()
         with self._generator.stats() as work:
             prompt_responses, responses = self._generator.next()
+        step_s = time.perf_counter() - started
         self._generator.prefill_step_size = self._pacer.observe(
-            time.perf_counter() - started,
+            step_s,
             prompt_tokens=work.prompt_tokens,
             prompts=sum(not r.end_of_prompt for r in prompt_responses),
             decoded=bool(responses),
+        )
+        log.debug(
+            "step %.1f ms: %d prompt tokens, %d decoded, %d prompts ended, next chunk %d",
+            step_s * 1000,
+            work.prompt_tokens,
+            len(responses),
+            sum(r.end_of_prompt for r in prompt_responses),
+            self._generator.prefill_step_size,
         )
         for r in prompt_responses:
             if r.end_of_prompt and r.uid in self._followers:

@@ -111,7 +111,7 @@ def measure_prefill_chunk(model: nn.Module) -> int:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from .pacing import CHUNK_COST_IN_DECODE_STEPS, MAX_CHUNK, MIN_CHUNK
+    from .pacing import CHUNK_COST_IN_DECODE_STEPS, clamp_chunk
 
     def timed(tokens: int, cache) -> float:
         start = time.perf_counter()
@@ -123,8 +123,7 @@ def measure_prefill_chunk(model: nn.Module) -> int:
     timed(64, cache)  # warm up; the decode steps below attend to 64 cached tokens
     decode = min(timed(1, cache) for _ in range(3))
     prefill = min(timed(128, make_prompt_cache(model)) for _ in range(2)) / 128
-    chunk = int(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9))
-    return max(MIN_CHUNK, min(MAX_CHUNK, chunk // 32 * 32))
+    return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9))
 
 
 def kv_bytes_per_token(model: nn.Module) -> int:
