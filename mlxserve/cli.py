@@ -18,6 +18,15 @@ from .settings import (
 )
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except None: those flags' help says what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxserve",
@@ -29,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve one model over HTTP",
         description="Serve one model over an OpenAI-compatible HTTP API "
         "(POST /v1/completions, GET /v1/models, GET /health).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     serve.add_argument(
         "--model",
