@@ -24,13 +24,13 @@ def openblas_library() -> str | None:
     return next((path for path in OPENBLAS_CANDIDATES if os.path.exists(path)), None)
 
 
-def reexec_with_openblas(argv: list[str] | None = None) -> None:
+def reexec_with_openblas() -> None:
     """Replace this process with itself under OpenBLAS, once; a no-op where there is none."""
     library = openblas_library()
     preloaded = os.environ.get("LD_PRELOAD", "")
     if library is None or library in preloaded:
         return
-    argv = argv if argv is not None else [sys.executable, *sys.orig_argv[1:]]
+    argv = [sys.executable, *sys.orig_argv[1:]]
     preload = f"{library}:{preloaded}" if preloaded else library
     sys.stdout.flush()
     sys.stderr.flush()

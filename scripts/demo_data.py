@@ -25,14 +25,6 @@ MAX_FILE_BYTES = 200_000  # skips generated tables (pydoc topics, unicode data)
 HELD_OUT_EVERY = 10  # one file in ten, chosen by a hash of its path
 
 
-def with_openblas() -> None:
-    """Re-exec under Debian's OpenBLAS when installed (`apt-get install libopenblas0-pthread`):
-    MLX's Linux CPU wheel links a reference BLAS, 10-25x slower for training (REFERENCE §6)."""
-    from mlxserve.blas import reexec_with_openblas
-
-    reexec_with_openblas()
-
-
 @dataclass(frozen=True)
 class SourceFile:
     name: str  # path relative to the stdlib root

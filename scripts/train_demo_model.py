@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxserve.blas import reexec_with_openblas
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
     EOS,
@@ -37,7 +39,6 @@ from demo_data import (
     FIM_SUFFIX,
     SPECIAL_TOKENS,
     split_files,
-    with_openblas,
 )
 
 VOCAB_SIZE = 4096
@@ -406,7 +407,7 @@ def export(target: Path, model, tok_dir: Path, log_path: Path, summary: dict) ->
 
 
 def main() -> None:
-    with_openblas()
+    reexec_with_openblas()  # MLX's CPU wheel on OpenBLAS: 10-25x faster here
     train(parse_args())
 
 

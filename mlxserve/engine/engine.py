@@ -308,13 +308,8 @@ class Engine:
         )
 
     def _release_followers(self, leader_uid: int) -> None:
-        """The leader's prompt is in its KV now: keep it, then start the choices that waited."""
-        followers = self._followers.pop(leader_uid, [])
-        if not followers:
-            return
-        for cache, tokens in self._generator.extract_cache([leader_uid]).values():
-            self._keep_prefix(tokens, cache)
-        for f in followers:
+        """Start the choices that waited for the leader's prompt, now in the prefix cache."""
+        for f in self._followers.pop(leader_uid, []):
             try:
                 seq = self._start_sequence(f.index, f.request, f.post)
             except Exception as error:
@@ -431,10 +426,9 @@ class Engine:
             self._generator.prefill_step_size,
         )
         for r in prompt_responses:
-            if r.end_of_prompt and r.uid in self._followers:
-                self._release_followers(r.uid)
-            elif r.end_of_prompt:
+            if r.end_of_prompt:
                 self._keep_running_prompt(r.uid)
+                self._release_followers(r.uid)
         if not responses:
             return
         self.stats.decode_steps += 1
@@ -534,8 +528,8 @@ class Engine:
             self.stats.finished_sequences += 1
 
     def _keep_running_prompt(self, uid: int) -> None:
-        """A prompt just prefilled is reusable at once, not only when its sequence ends: a
-        request sharing it that arrives meanwhile starts from this copy."""
+        """A prompt just prefilled is reusable at once, not only when its sequence ends: its
+        waiting choices (n, best_of) and any request sharing it start from this copy."""
         entry = self._by_uid.get(uid)
         if self._prefix is None or entry is None or not entry[1].request.cache_prompt:
             return
