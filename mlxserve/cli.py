@@ -8,6 +8,7 @@ import os
 import sys
 
 from .blas import reexec_with_openblas
+from .fim import TEMPLATE_NAMES, TEMPLATES
 from .settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_BODY_BYTES,
@@ -80,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV kept for reuse by later prompts sharing a prefix; 0 turns it off "
         "(default: an eighth of this machine's memory, at most 8 GiB)",
     )
+    serve.add_argument(
+        "--fim-template",
+        choices=[*TEMPLATE_NAMES, "none"],
+        default=None,
+        help="fill-in-the-middle format for `suffix` and /infill: "
+        + "; ".join(f"{t.name} ({t.models})" for t in TEMPLATES)
+        + "; none turns infill off (default: detected from the model's special tokens)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -119,6 +128,7 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_body_bytes=args.max_body_bytes,
         max_queued_sequences=args.max_queue,
+        fim_template=args.fim_template,
         **limits,
     )
     return serve_forever(settings)

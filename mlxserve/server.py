@@ -72,7 +72,10 @@ def serve_forever(settings: Settings) -> int:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, shutdown.set)
         engine = Engine(
-            settings.model, on_fatal=on_fatal, prefix_cache_bytes=settings.prefix_cache_bytes
+            settings.model,
+            on_fatal=on_fatal,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
+            fim_template=settings.fim_template,
         )
         log.info(
             "serving on http://%s:%d (model %s loading)",

@@ -41,3 +41,4 @@ class Settings:
     max_queued_sequences: int = DEFAULT_MAX_QUEUED_SEQUENCES
     kv_budget_bytes: int = field(default_factory=default_kv_budget_bytes)
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off
+    fim_template: str | None = None  # None: detected from the model's vocabulary

@@ -62,6 +62,7 @@ class IncrementalDetokenizer:
 class StopResult:
     text: str  # text that can be released now
     stopped: bool  # a stop string matched; nothing after `text` may be emitted
+    matched: str | None = None  # which stop string
 
 
 class StopMatcher:
@@ -85,7 +86,7 @@ class StopMatcher:
                 start, stop = hit
                 end = start + len(stop) if self.include_stop else start
                 out, self.pending = self.pending[:end], ""
-                return StopResult(out, True)
+                return StopResult(out, True, stop)
         keep = self._held_back_length() if active else 0
         cut = len(self.pending) - keep
         out, self.pending = self.pending[:cut], self.pending[cut:]
@@ -111,3 +112,31 @@ class StopMatcher:
             if any(stop.startswith(tail) for stop in self.stops):
                 return n
         return 0
+
+
+class LineRules:
+    """llama.cpp's line-based limits for editor infill, on released text.
+
+    Tracks whether a line break was generated (t_max_predict_ms only stops after one), and with
+    `min_indent` (n_indent) ends the text at the first later line indented less, cut before that
+    line's first other character: the completion stays inside the block being written.
+    """
+
+    def __init__(self, min_indent: int = 0):
+        self.min_indent = min_indent
+        self.seen_newline = False
+        self._indent: int | None = None  # spaces/tabs so far on the current line, None: decided
+
+    def feed(self, text: str) -> StopResult:
+        for i, char in enumerate(text):
+            if char == "\n" and self._indent is None:
+                self.seen_newline = True
+                self._indent = 0
+            elif self._indent is not None:
+                if char in " \t":
+                    self._indent += 1
+                    continue
+                if self._indent < self.min_indent:
+                    return StopResult(text[:i], True)
+                self._indent = 0 if char == "\n" else None
+        return StopResult(text, False)

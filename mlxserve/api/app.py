@@ -10,7 +10,7 @@ from quart_schema import QuartSchema
 from werkzeug.exceptions import HTTPException
 
 from ..settings import Settings
-from . import completions, health, metrics, models
+from . import completions, health, metrics, models, native
 from .auth import check_api_key
 from .errors import APIError, error_body
 
@@ -38,7 +38,7 @@ def create_app(settings: Settings, engine) -> Quart:
     app.config[models.STARTED] = int(time.time())
     QuartSchema(app, openapi_path="/openapi.json", redoc_ui_path=None, swagger_ui_path="/docs")
     app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
-    for module in (completions, health, metrics, models):
+    for module in (completions, health, metrics, models, native):
         app.register_blueprint(module.blueprint)
 
     @app.before_request

@@ -22,6 +22,7 @@ from ..engine import (
     Timings,
     TokenLogprob,
 )
+from ..fim import FimError, InfillParts, build_infill
 from ..prompt import (
     Prompt,
     PromptError,
@@ -54,14 +55,17 @@ class Plan:
     prompts: list[Prompt]
     sequences: list[GenerationRequest]
     per_prompt: int
+    truncated: list[bool] = field(default_factory=list)  # per prompt: something did not fit
 
 
 @dataclass
 class SequenceResult:
     text: str = ""
     tokens: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     prompt_tokens: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    stopping_word: str | None = None
     completion_tokens: int = 0
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
@@ -72,18 +76,7 @@ class SequenceResult:
 @document_request(CompletionRequest)
 async def create_completion():
     body = parse_completion_request(parse_json_object(await request.get_data()))
-    check_model_name(body.model)
-    engine = current_app.config["ENGINE"]
-    try:
-        loaded = engine.check_ready()
-    except EngineError as error:
-        raise ServiceUnavailable(
-            str(error), code="model_loading", headers={"Retry-After": "1"}
-        ) from error
-    constraint = constraint_of(body)
-    grammar = await compile_constraint(loaded, constraint) if constraint else None
-    plan = await asyncio.to_thread(make_plan, body, loaded, current_app.config["SETTINGS"], grammar)
-    admit(engine, loaded, plan.sequences, current_app.config["SETTINGS"])
+    engine, _, plan = await plan_request(body)
     meta = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -94,6 +87,24 @@ async def create_completion():
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         return stream_completion(engine, plan, meta), 200, headers
     return await collect_completion(engine, plan, meta)
+
+
+async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
+    """The checks and planning every completion route shares: (engine, loaded model, plan)."""
+    check_model_name(body.model)
+    engine = current_app.config["ENGINE"]
+    settings = current_app.config["SETTINGS"]
+    try:
+        loaded = engine.check_ready()
+    except EngineError as error:
+        raise ServiceUnavailable(
+            str(error), code="model_loading", headers={"Retry-After": "1"}
+        ) from error
+    constraint = constraint_of(body)
+    grammar = await compile_constraint(loaded, constraint) if constraint else None
+    plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
+    admit(engine, loaded, plan.sequences, settings)
+    return engine, loaded, plan
 
 
 async def compile_constraint(loaded, constraint: Constraint) -> str:
@@ -116,17 +127,43 @@ async def compile_constraint(loaded, constraint: Constraint) -> str:
 
 
 def make_plan(
-    body: CompletionRequest, loaded, settings: Settings, grammar: str | None = None
+    body: CompletionRequest,
+    loaded,
+    settings: Settings,
+    grammar: str | None = None,
+    infill: InfillParts | None = None,
 ) -> Plan:
-    """Tokenize, fit the context, and expand prompts x best_of into GenerationRequests."""
+    """Tokenize (a FIM prompt for `suffix` or /infill's `infill`), fit the context, and expand
+    prompts x best_of into GenerationRequests."""
     try:
-        return _make_plan(body, loaded, settings, grammar)
+        return _make_plan(body, loaded, settings, grammar, infill)
     except PromptError as error:
         raise InvalidRequest(str(error), param="prompt", code=error.code) from error
 
 
-def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str | None) -> Plan:
-    pieces = split_prompts(body.prompt)
+def _make_plan(
+    body: CompletionRequest,
+    loaded,
+    settings: Settings,
+    grammar: str | None,
+    infill: InfillParts | None,
+) -> Plan:
+    filling = infill is not None or bool(body.suffix)
+    if filling and loaded.fim is None:
+        raise InvalidRequest(
+            f"The model {loaded.model_id} has no fill-in-the-middle tokens, so it cannot fill in "
+            "between a prefix and a suffix. Serve a code model with FIM (Qwen2.5-Coder, "
+            "StarCoder2, CodeLlama, ...), or send the text before the cursor alone as the prompt.",
+            param="input_suffix" if infill is not None else "suffix",
+            code="fim_not_supported",
+        )
+    if filling and body.echo and body.logprobs is not None:
+        raise InvalidRequest(
+            "echo with logprobs cannot be combined with suffix: the model's prompt is the "
+            "fill-in-the-middle template, not your text.",
+            param="echo",
+        )
+    pieces = [infill.prompt] if infill is not None else split_prompts(body.prompt)
     per_prompt = body.best_of or body.n
     if len(pieces) * per_prompt > settings.max_sequences_per_request:
         raise InvalidRequest(
@@ -165,6 +202,7 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
         dry=dry,
         dry_breakers=resolve_breakers(loaded.tokenizer, dry.breakers) if dry else None,
         samplers=sampler_names(body.samplers),
+        infill_end_ids=_end_of_infill(loaded) if "infill" in sampler_names(body.samplers) else (),
         logit_bias=bias,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
@@ -179,6 +217,8 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
         include_in_output=body.include_stop_str_in_output,
         min_tokens=body.min_tokens,
         ignore_eos=body.ignore_eos,
+        min_indent=body.n_indent,
+        max_predict_ms=body.t_max_predict_ms or None,
     )
     needs_scores = body.best_of is not None and body.best_of > body.n
     logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
@@ -186,9 +226,12 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
     document_start = (
         loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_ids[0]
     )
-    prompts, sequences = [], []
+    prompts, sequences, truncated = [], [], []
     for piece in pieces:
         prompt = tokenize(piece, loaded.tokenizer, vocab, document_start)
+        cut = False
+        if filling:
+            prompt, cut = _fill_in_the_middle(loaded, body, prompt, piece, infill)
         budget = fit_context(
             prompt.ids,
             body.max_tokens,
@@ -197,7 +240,13 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
             body.truncate_prompt_tokens,
         )
         prompt_stop = replace(stop, min_tokens=min(stop.min_tokens, budget.max_tokens))
+        fim = loaded.fim
+        if fim is not None and (filling or _is_fim_prompt(fim, budget.ids)):
+            # A FIM prompt's middle also ends at the template's own end tokens.
+            ends = tuple(t for t in fim.stop_ids if t not in prompt_stop.token_ids)
+            prompt_stop = replace(prompt_stop, token_ids=prompt_stop.token_ids + ends)
         prompts.append(Prompt(budget.ids, prompt.text))
+        truncated.append(cut or budget.truncated)
         for choice in range(per_prompt):
             sequences.append(
                 GenerationRequest(
@@ -213,16 +262,69 @@ def _make_plan(body: CompletionRequest, loaded, settings: Settings, grammar: str
                     cache_prompt=body.cache_prompt,
                 )
             )
-    return Plan(body, prompts, sequences, per_prompt)
+    return Plan(body, prompts, sequences, per_prompt, truncated)
 
 
-async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
+def _fill_in_the_middle(
+    loaded, body: CompletionRequest, prompt: Prompt, piece, infill: InfillParts | None
+) -> tuple[Prompt, bool]:
+    """The FIM prompt for `suffix` (prompt = the text before the cursor) or /infill. Echo
+    still returns the user's prompt, not the template."""
+    leading = _leading_ids(loaded)
+    if infill is None:
+        ids = list(prompt.ids)
+        if ids[: len(leading)] == leading:
+            ids = ids[len(leading) :]
+        before = piece if isinstance(piece, str) else ids
+        infill = InfillParts(prefix=before, suffix=body.suffix or "")
+    max_tokens = body.max_tokens if body.max_tokens is not None else -1
+    try:
+        built = build_infill(
+            loaded.fim,
+            lambda text: _plain_ids(loaded, text),
+            infill,
+            loaded.context_length,
+            max_tokens,
+            leading,
+        )
+    except FimError as error:
+        raise InvalidRequest(str(error), param="suffix") from error
+    return Prompt(built.ids, prompt.text), built.truncated
+
+
+def _plain_ids(loaded, text: str) -> list[int]:
+    """Token ids of user code: special-token text in it stays text."""
+    return list(loaded.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def _leading_ids(loaded) -> list[int]:
+    """What the tokenizer puts before any text (BOS for Llama-style tokenizers)."""
+    return [t for t in loaded.tokenizer.encode("") if t not in loaded.eos_token_ids]
+
+
+def _is_fim_prompt(fim, ids: tuple[int, ...]) -> bool:
+    """A raw FIM prompt (Continue, Twinny): the template's last token is in it."""
+    marker = fim.middle if fim.middle is not None else fim.prefix
+    return marker in ids
+
+
+def _end_of_infill(loaded) -> tuple[int, ...]:
+    """What the infill sampler treats as the end of the middle: EOS first, then FIM ends."""
+    ends = list(loaded.eos_token_ids)
+    if loaded.fim is not None:
+        ends += [t for t in loaded.fim.stop_ids if t not in ends]
+    return tuple(ends)
+
+
+async def collect_results(engine, plan: Plan) -> list[SequenceResult]:
+    """Every sequence's text, tokens and ending, once all have finished."""
     results = [SequenceResult() for _ in plan.sequences]
     async for event in engine.submit(plan.sequences):
         _raise_on_error(event)
         result = results[event.index]
         result.text += event.text
         result.tokens += event.tokens
+        result.token_ids += event.token_ids
         if event.prompt_tokens is not None:
             result.prompt_tokens = event.prompt_tokens
         if event.finish_reason:
@@ -231,6 +333,12 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
             result.cumulative_logprob = event.cumulative_logprob
             result.cached_tokens = event.cached_tokens
             result.timings = event.timings
+            result.stopping_word = event.stopping_word
+    return results
+
+
+async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
+    results = await collect_results(engine, plan)
     body, choices = plan.body, []
     for p, prompt in enumerate(plan.prompts):
         candidates = results[p * plan.per_prompt : (p + 1) * plan.per_prompt]
@@ -242,14 +350,16 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
             if body.logprobs is not None:
                 tokens = (result.prompt_tokens or []) + result.tokens
                 logprobs = legacy_logprobs(tokens, 0)
-            choices.append(
-                {
-                    "index": p * body.n + c,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": result.finish_reason,
-                }
-            )
+            choice = {
+                "index": p * body.n + c,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": result.finish_reason,
+            }
+            if body.return_token_ids:
+                choice["prompt_token_ids"] = list(prompt.ids)
+                choice["token_ids"] = result.token_ids
+            choices.append(choice)
     response = {
         **meta,
         "object": "text_completion",
@@ -268,6 +378,7 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
 async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIterator[str]:
     body = plan.body
     started: set[int] = set()
+    started_ids: set[int] = set()
     offsets = [0] * len(plan.sequences)
     completion_tokens = 0
     cached: dict[int, int] = {}
@@ -281,7 +392,9 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
             if body.echo and index not in started:  # the prompt goes out with the first chunk
                 started.add(index)
                 text = plan.prompts[index // plan.per_prompt].text + text
-            if not text and not tokens and not event.finish_reason:
+            if not (
+                text or tokens or event.finish_reason or body.return_token_ids and event.token_ids
+            ):
                 continue
             logprobs = None
             if body.logprobs is not None:
@@ -296,6 +409,11 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
                 "logprobs": logprobs,
                 "finish_reason": event.finish_reason,
             }
+            if body.return_token_ids:
+                if index not in started_ids:
+                    started_ids.add(index)
+                    choice["prompt_token_ids"] = list(plan.prompts[index // plan.per_prompt].ids)
+                choice["token_ids"] = event.token_ids
             chunk = {**meta, "object": "text_completion", "choices": [choice]}
             if body.timings_per_token and event.timings is not None:
                 chunk["timings"] = llama_timings([event.timings])

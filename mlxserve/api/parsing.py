@@ -42,7 +42,11 @@ def validate(model: type[Model], data: dict[str, Any]) -> Model:
         ) from error
 
 
-def parse_completion_request(data: dict[str, Any]) -> CompletionRequest:
+def parse_completion_request(
+    data: dict[str, Any], model: type[CompletionRequest] = CompletionRequest
+) -> CompletionRequest:
+    """A completion body of any route (`model`: its request class) after the checks that span
+    several fields."""
     for name, off_values in NOT_YET_SUPPORTED.items():
         if name in data and data[name] not in off_values:
             raise InvalidRequest(
@@ -50,7 +54,7 @@ def parse_completion_request(data: dict[str, Any]) -> CompletionRequest:
                 param=name,
                 code="unsupported_parameter",
             )
-    request = validate(CompletionRequest, data)
+    request = validate(model, data)
     if request.best_of is not None and request.best_of < request.n:
         raise InvalidRequest(
             f"best_of ({request.best_of}) must be at least n ({request.n}).", param="best_of"
@@ -81,14 +85,8 @@ def sampler_names(samplers: list[str] | str | None) -> tuple[str, ...]:
         return DEFAULT_SAMPLERS
     names = [SAMPLER_LETTERS.get(c, c) for c in samplers] if isinstance(samplers, str) else samplers
     names = [SAMPLER_ALIASES.get(n, n) for n in names]
-    known = set(DEFAULT_SAMPLERS)
+    known = {*DEFAULT_SAMPLERS, "infill"}
     for name in names:
-        if name == "infill":
-            raise InvalidRequest(
-                "The 'infill' sampler is not supported by this server yet.",
-                param="samplers",
-                code="unsupported_parameter",
-            )
         if name not in known:
             raise InvalidRequest(
                 f"Unknown sampler {name!r} in 'samplers'; known: {', '.join(DEFAULT_SAMPLERS)} "

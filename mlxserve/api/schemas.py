@@ -19,6 +19,8 @@ MAX_LOGPROBS = 5
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 100.0
 MAX_BREAKERS = 32
+MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
+MAX_EXTRA_CHUNKS = 256
 
 PromptPart = str | int
 PromptInput = str | list[PromptPart | list[PromptPart]]
@@ -35,7 +37,6 @@ class StreamOptions(BaseModel):
 
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
-    "suffix": (None, ""),
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
 }
@@ -91,6 +92,12 @@ class CompletionRequest(BaseModel):
 
     model: str | None = None
     prompt: PromptInput = Field(description="text, token ids, or a list of either")
+    suffix: str | None = Field(
+        None,
+        max_length=MAX_TEXT_CHARS,
+        description="text after the insertion point: the server builds the model's "
+        "fill-in-the-middle prompt (prompt = the text before it)",
+    )
     max_tokens: int | None = Field(
         DEFAULT_MAX_TOKENS,
         ge=-1,
@@ -153,6 +160,18 @@ class CompletionRequest(BaseModel):
     truncate_sequence: bool = False
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     cache_prompt: bool = True
+    n_indent: int = Field(
+        0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"
+    )
+    t_max_predict_ms: int = Field(
+        0, ge=0, description="llama.cpp: once a line break was generated, stop after this time"
+    )
+    t_max_prompt_ms: int = Field(-1, description="llama.cpp: accepted; it does not act on it")
+    id_slot: int = Field(-1, description="llama.cpp: accepted; one batch serves every request")
+    return_token_ids: bool = Field(
+        False,
+        description="vLLM: each choice carries prompt_token_ids (what the model saw) and token_ids",
+    )
     timings_per_token: bool = Field(
         False, description="llama.cpp: add prompt/decode `timings` to the response"
     )
@@ -229,3 +248,44 @@ def _keys_where_null_is_default() -> frozenset[str]:
 
 
 _NULL_IS_DEFAULT = _keys_where_null_is_default()
+
+
+# ---- llama.cpp's native routes: /completion and /infill ----------------------------------------
+
+
+class NativeCompletionRequest(CompletionRequest):
+    """POST /completion: llama.cpp's field names and its defaults (n_predict -1 = until the
+    context is full; temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
+
+    max_tokens: int | None = Field(
+        -1,
+        ge=-1,
+        validation_alias=alias("n_predict", "max_tokens"),
+        description="-1: until the context window is full",
+    )
+    temperature: float = Field(0.8, ge=0.0, le=10.0)
+    top_k: int = Field(40, ge=-1)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    response_fields: list[str] | None = Field(
+        None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
+    )
+
+
+class InfillChunk(BaseModel):
+    """One chunk of another file an editor sends as context."""
+
+    model_config = ConfigDict(extra="allow")
+    filename: str = Field("tmp", max_length=4096)
+    text: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
+class InfillRequest(NativeCompletionRequest):
+    """POST /infill as llama.vim and llama.vscode send it."""
+
+    prompt: str = Field(
+        "", max_length=MAX_TEXT_CHARS, description="the current line up to the cursor"
+    )
+    input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
+    input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
+    input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)

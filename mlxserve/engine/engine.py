@@ -25,7 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
-from ..text import IncrementalDetokenizer, StopMatcher
+from ..text import IncrementalDetokenizer, LineRules, StopMatcher
 from .model_host import LoadedModel, ModelLoadError, load_model
 from .pacing import PrefillPacer
 from .prefix_cache import PrefixCache, default_budget_bytes
@@ -75,7 +75,9 @@ class _Sequence:
     post: Callable[[GenerationEvent], None]
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
+    lines: LineRules
     logprob_reader: LogprobReader | None
+    prefill_only: bool = False  # max_tokens 0: prefilled for the prefix cache, nothing generated
     uid: int | None = None
     generated: int = 0
     cumulative_logprob: float = 0.0
@@ -121,10 +123,12 @@ class Engine:
         model_source: str,
         on_fatal: Callable[[str], None] | None = None,
         prefix_cache_bytes: int | None = None,
+        fim_template: str | None = None,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
-        0: no prefix cache)."""
+        0: no prefix cache). `fim_template`: force a FIM template by name (None: detect)."""
         self.model_source = model_source
+        self.fim_template = fim_template
         budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
         self._prefix = PrefixCache(budget) if budget > 0 else None
         self.state: EngineState = "starting"
@@ -200,7 +204,7 @@ class Engine:
         started = time.monotonic()
         log.info("loading model %s", self.model_source)
         try:
-            self.loaded = load_model(self.model_source)
+            self.loaded = load_model(self.model_source, self.fim_template)
         except ModelLoadError as error:
             self._fail(str(error))
             return
@@ -336,6 +340,7 @@ class Engine:
                 loaded.tokenizer, prompt, skip_special_tokens=request.skip_special_tokens
             ),
             stops=StopMatcher(request.stop.strings, request.stop.include_in_output),
+            lines=LineRules(request.stop.min_indent),
             logprob_reader=reader,
         )
         cache, cached_tokens = None, []
@@ -349,8 +354,12 @@ class Engine:
             seq.cached_tokens = reused
             self._count_prefix()
         if request.max_tokens == 0:
-            post(GenerationEvent(index=index, finish_reason="length"))
-            return seq
+            if not (request.cache_prompt and self._prefix is not None) or request.prompt_logprobs:
+                post(GenerationEvent(index=index, finish_reason="length"))
+                return seq
+            # A warm-up (llama.vim's n_predict 0): prefill for the prefix cache; the one token
+            # generated to get there is dropped.
+            seq.prefill_only = True
         stop = request.stop
         grammar = request.sampling.grammar
         # With a grammar, the grammar says where the text ends: EOS always stops, and neither
@@ -375,7 +384,7 @@ class Engine:
         )
         (seq.uid,) = self._generator.insert(
             [prompt[len(cached_tokens) :]],
-            max_tokens=[request.max_tokens],
+            max_tokens=[max(request.max_tokens, 1)],
             caches=[cache] if cache is not None else None,
             all_tokens=[cached_tokens],
             samplers=[SequenceSampler(request.sampling, loaded.vocab_size, request.seed)],
@@ -479,19 +488,26 @@ class Engine:
             seq.first_token_at = time.monotonic()
         self.stats.generated_tokens += 1
         finish = response.finish_reason
+        if seq.prefill_only:
+            seq.generated = 0
+            finish = "length"
         event = GenerationEvent(index=seq.index, completion_tokens=seq.generated)
         if finish == "stop":
             # A stop token (EOS or stop_token_ids) ends the text without adding to it.
             event.text = seq.stops.flush() + seq.detokenizer.flush()
-        else:
+        elif not seq.prefill_only:
+            event.token_ids.append(response.token)
             delta = seq.detokenizer.add(response.token)
             if finish == "length":
                 delta += seq.detokenizer.flush()
             result = seq.stops.feed(delta, active=seq.generated >= request.stop.min_tokens)
-            event.text = result.text
+            lines = seq.lines.feed(result.text)
+            event.text = lines.text
             if result.stopped:
-                finish = "stop"
-            elif finish == "length":
+                finish, event.stopping_word = "stop", result.matched
+            elif lines.stopped or self._out_of_time(seq):
+                finish = "length"  # llama.cpp's limit stops
+            if finish == "length" and not lines.stopped:
                 event.text += seq.stops.flush()
             if row is not None:
                 seq.cumulative_logprob += row.logprob
@@ -503,6 +519,13 @@ class Engine:
             event.timings = seq.timings()
         seq.post(event)
         return finish is not None
+
+    @staticmethod
+    def _out_of_time(seq: _Sequence) -> bool:
+        limit = seq.request.stop.max_predict_ms
+        if not limit or not seq.lines.seen_newline or seq.first_token_at is None:
+            return False
+        return (time.monotonic() - seq.first_token_at) * 1000 > limit
 
     def _remove(self, sequences: list[_Sequence]) -> None:
         """Forget finished or cancelled sequences and free their batch slots.

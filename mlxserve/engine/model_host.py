@@ -13,6 +13,7 @@ from typing import Any
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..fim import Fim, FimError, detect_fim
 from ..sampling.grammars import GrammarCompiler
 from ..settings import machine_memory_bytes
 
@@ -44,6 +45,7 @@ class LoadedModel:
     bos_token_id: int | None
     kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
+    fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -75,7 +77,9 @@ def check_model_source(path_or_repo: str) -> None:
             raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
 
 
-def load_model(path_or_repo: str) -> LoadedModel:
+def load_model(path_or_repo: str, fim_template: str | None = None) -> LoadedModel:
+    """`fim_template`: a template name forcing that FIM format ("none": no infill); None
+    detects it from the vocabulary."""
     import mlx_lm
 
     check_model_source(path_or_repo)
@@ -84,6 +88,10 @@ def load_model(path_or_repo: str) -> LoadedModel:
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
+    try:
+        fim = detect_fim(tokenizer.get_vocab(), fim_template)
+    except FimError as error:
+        raise ModelLoadError(f"--fim-template for {path_or_repo}: {error}") from error
     fit_to_device(model)
     vocab_size = _vocab_size(config, tokenizer)
     eos = tuple(sorted(tokenizer.eos_token_ids))
@@ -98,6 +106,7 @@ def load_model(path_or_repo: str) -> LoadedModel:
         bos_token_id=tokenizer.bos_token_id,
         kv_bytes_per_token=kv_bytes_per_token(model),
         prefill_chunk=measure_prefill_chunk(model),
+        fim=fim,
     )
 
 

@@ -17,6 +17,10 @@ class StopSpec:
     include_in_output: bool = False
     min_tokens: int = 0
     ignore_eos: bool = False
+    # llama.cpp's n_indent: after a line break, a line indented less than this ends the text.
+    min_indent: int = 0
+    # llama.cpp's t_max_predict_ms: once a line break was generated, time up ends the text.
+    max_predict_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,9 @@ class GenerationRequest:
     logprobs: int | None = None  # top-k alternatives per token; 0 = only the chosen token's
     prompt_logprobs: bool = False  # echo with logprobs: score the prompt too
     skip_special_tokens: bool = True
-    cache_prompt: bool = True  # reuse and keep KV in the prefix cache
+    cache_prompt: bool = True  # reuse and keep KV in the prefix cache; with max_tokens 0 the
+    # prompt is still prefilled into the prefix cache (llama.cpp's warm-up request), unless echo
+    # with logprobs scored it already.
 
 
 def kv_tokens(requests) -> int:
@@ -65,9 +71,11 @@ class GenerationEvent:
     index: int
     text: str = ""
     tokens: list[TokenLogprob] = field(default_factory=list)  # filled when logprobs were asked
+    token_ids: list[int] = field(default_factory=list)  # the generated tokens this event adds
     prompt_tokens: list[TokenLogprob] | None = None  # once, first, when prompt_logprobs
     cumulative_logprob: float = 0.0
     finish_reason: FinishReason | None = None
+    stopping_word: str | None = None  # the stop string that ended the text, if one did
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
     timings: Timings | None = None  # on the last event

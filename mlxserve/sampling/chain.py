@@ -23,7 +23,13 @@ from mlx_lm.sample_utils import (
 from .dry import DryPenalty
 from .mirostat import Mirostat
 from .params import SamplingParams
-from .truncation import apply_top_n_sigma, apply_typical_p, apply_xtc, dynamic_temperature
+from .truncation import (
+    apply_infill,
+    apply_top_n_sigma,
+    apply_typical_p,
+    apply_xtc,
+    dynamic_temperature,
+)
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 Step = Callable[[mx.array], mx.array]
@@ -79,8 +85,17 @@ class SequenceSampler:
                 lambda x, k: apply_xtc(x, p.xtc_probability, p.xtc_threshold, k),
             ),
             "temperature": (True, _temperature_step(p)),
+            "infill": (bool(p.infill_end_ids), _infill_step(p, vocab_size)),
         }
         return [available[name][1] for name in p.samplers if available.get(name, (False,))[0]]
+
+
+def _infill_step(p: SamplingParams, vocab_size: int) -> Callable[[mx.array, mx.array], mx.array]:
+    if not p.infill_end_ids:
+        return lambda x, _: x
+    ends = mx.array(p.infill_end_ids)
+    end_of_text = mx.any(mx.arange(vocab_size)[:, None] == ends[None, :], axis=1)
+    return lambda x, _: apply_infill(x, end_of_text, p.infill_end_ids[0])
 
 
 def _temperature_step(p: SamplingParams) -> Callable[[mx.array, mx.array], mx.array]:

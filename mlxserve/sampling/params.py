@@ -73,6 +73,9 @@ class SamplingParams:
     dry_breakers: Breakers | None = None  # resolved against the vocabulary when dry is on
     allowed_token_ids: tuple[int, ...] | None = None
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    # Tokens that end a fill-in-the-middle (EOS first, then the FIM end tokens): the "infill"
+    # sampler's; empty when it is not in `samplers`.
+    infill_end_ids: tuple[int, ...] = ()
     grammar: str | None = None  # a compiled llguidance grammar (sampling/grammars.py); None = free
 
     @property

@@ -66,3 +66,29 @@ def dynamic_temperature(
     normalized = mx.clip(entropy / max_entropy, 0.0, 1.0)
     dyn_temp = low + (high - low) * normalized**exponent
     return logits / mx.maximum(dyn_temp, 1e-6)
+
+
+def apply_infill(logits: mx.array, end_of_text: mx.array, fallback: int) -> mx.array:
+    """llama.cpp's infill sampler, for editors' fill-in-the-middle: end the middle when ending
+    is comparatively likely, else keep only confident text tokens.
+
+    `end_of_text` is a `[V]` bool mask of the tokens that end a middle (EOS, FIM end tokens).
+    If 3 x P(end) x candidates > P(text), only the end tokens stay. Otherwise text tokens under
+    p 0.2 go, then (renormalised) those under 1 / (text tokens left + 1); with no text token left,
+    only `fallback` (the model's end of text) stays. llama.cpp also merges tokens that are
+    prefixes of each other before the thresholds; that needs token strings and is left out.
+    """
+    p = _probs(logits)
+    finite = logits > NEG_INF
+    candidates = mx.sum(finite, axis=-1, keepdims=True)
+    p_end = mx.sum(mx.where(end_of_text, p, 0.0), axis=-1, keepdims=True)
+    p_text = mx.sum(mx.where(end_of_text, 0.0, p), axis=-1, keepdims=True)
+    only_end = 3 * p_end * candidates > p_text
+    text = finite & ~end_of_text
+    kept = (finite & end_of_text) | (text & (p >= 0.2))
+    kept_text = mx.sum(kept & text, axis=-1, keepdims=True)
+    renormalised = p / mx.maximum(mx.sum(mx.where(kept, p, 0.0), axis=-1, keepdims=True), 1e-30)
+    kept = (finite & end_of_text) | (kept & text & (renormalised >= 1.0 / (kept_text + 1)))
+    end_only = mx.arange(logits.shape[-1]) == fallback
+    keep = mx.where(only_end, finite & end_of_text, mx.where(kept_text == 0, end_only, kept))
+    return mx.where(keep, mx.where(end_only & ~finite, 0.0, logits), NEG_INF)

@@ -1,0 +1,248 @@
+"""Fill-in-the-middle: each code family's template, detected from the tokenizer's vocabulary, and
+the infill prompt built the way llama.cpp's /infill builds it (REFERENCE §3).
+
+The prompt is assembled from token ids, never from rendered text: the user's code is tokenized
+with its special tokens split, so a "<fim_suffix>" typed in a file stays text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# llama.cpp's batch size: the prefix keeps up to 3/4 of it, the suffix up to 1/4.
+INFILL_BATCH_TOKENS = 2048
+REPO_NAME = "project"  # the repo-level header's name (llama.cpp has no input for it either)
+CURRENT_FILE = "filename"  # llama.cpp's placeholder for the file being edited
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    """One family's special tokens, by their text in the vocabulary.
+
+    `requires` must all be present for the family to be detected (it tells apart families that
+    share the FIM tokens); the other optional tokens are used when present.
+    """
+
+    name: str
+    models: str  # for --help and errors
+    prefix: str
+    suffix: str
+    middle: str | None  # None: the prompt ends after the prefix (Codestral)
+    suffix_first: bool = False  # SPM order: suffix, then prefix
+    repo_name: str | None = None
+    file_sep: str | None = None
+    stops: tuple[str, ...] = ()  # besides the FIM tokens themselves: what ends a middle
+    requires: tuple[str, ...] = ()
+
+
+TEMPLATES: tuple[FimTemplate, ...] = (
+    FimTemplate(
+        "codegemma",
+        "CodeGemma",
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|fim_middle|>",
+        stops=("<|file_separator|>",),
+        requires=("<|file_separator|>",),
+    ),
+    FimTemplate(
+        "qwen",
+        "Qwen2.5-Coder, Qwen3-Coder",
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|fim_middle|>",
+        repo_name="<|repo_name|>",
+        file_sep="<|file_sep|>",
+        stops=("<|fim_pad|>", "<|endoftext|>"),
+    ),
+    FimTemplate(
+        "starcoder",
+        "StarCoder, StarCoder2, SmolLM, mlxserve-demo-coder",
+        "<fim_prefix>",
+        "<fim_suffix>",
+        "<fim_middle>",
+        repo_name="<repo_name>",
+        file_sep="<file_sep>",
+        stops=("<fim_pad>", "<|endoftext|>"),
+    ),
+    FimTemplate(
+        "codellama",
+        "CodeLlama",
+        "▁<PRE>",
+        "▁<SUF>",
+        "▁<MID>",
+        stops=("▁<EOT>",),
+    ),
+    FimTemplate(
+        "deepseek",
+        "DeepSeek-Coder",
+        "<｜fim▁begin｜>",
+        "<｜fim▁hole｜>",
+        "<｜fim▁end｜>",
+        stops=("<｜end▁of▁sentence｜>",),
+    ),
+    FimTemplate(
+        "codestral",
+        "Codestral, suffix first",
+        "[PREFIX]",
+        "[SUFFIX]",
+        None,
+        suffix_first=True,
+        requires=("[SUFFIX]", "[PREFIX]"),
+    ),
+)
+TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
+
+
+class FimError(ValueError):
+    """A model without the tokens an infill needs; the message names the model's situation."""
+
+
+@dataclass(frozen=True)
+class Fim:
+    """A template resolved against one vocabulary: token ids ready to assemble prompts from."""
+
+    template: FimTemplate
+    prefix: int
+    suffix: int
+    middle: int | None
+    repo_name: int | None
+    file_sep: int | None
+    stop_ids: tuple[int, ...]  # every FIM token and stop of the template the vocabulary has
+
+    @property
+    def name(self) -> str:
+        return self.template.name
+
+
+def _resolve(template: FimTemplate, vocab: Mapping[str, int]) -> Fim | None:
+    def token(text: str | None) -> int | None:
+        if text is None:
+            return None
+        # Some conversions drop CodeLlama's leading "▁" from its control tokens.
+        return vocab.get(text, vocab.get(text.removeprefix("▁")) if text.startswith("▁") else None)
+
+    core = [token(template.prefix), token(template.suffix)]
+    if template.middle is not None:
+        core.append(token(template.middle))
+    if any(t is None for t in core) or any(token(r) is None for r in template.requires):
+        return None
+    names = (
+        template.prefix,
+        template.suffix,
+        template.middle,
+        template.repo_name,
+        template.file_sep,
+        *template.stops,
+    )
+    stops = tuple(dict.fromkeys(t for t in map(token, names) if t is not None))
+    return Fim(
+        template,
+        prefix=core[0],
+        suffix=core[1],
+        middle=core[2] if template.middle is not None else None,
+        repo_name=token(template.repo_name),
+        file_sep=token(template.file_sep),
+        stop_ids=stops,
+    )
+
+
+def detect_fim(vocab: Mapping[str, int], name: str | None = None) -> Fim | None:
+    """The model's FIM template: the one named (`--fim-template`), else the first family whose
+    tokens the vocabulary has. None when it has none (or "none" was named)."""
+    if name == "none":
+        return None
+    if name is not None:
+        template = next((t for t in TEMPLATES if t.name == name), None)
+        if template is None:
+            raise FimError(f"unknown FIM template {name!r}; known: {', '.join(TEMPLATE_NAMES)}")
+        fim = _resolve(template, vocab)
+        if fim is None:
+            raise FimError(
+                f"the model's vocabulary lacks the {name} FIM tokens "
+                f"({template.prefix}, {template.suffix}"
+                + (f", {template.middle}" if template.middle else "")
+                + ")"
+            )
+        return fim
+    for template in TEMPLATES:
+        fim = _resolve(template, vocab)
+        if fim is not None:
+            return fim
+    return None
+
+
+@dataclass(frozen=True)
+class InfillParts:
+    """What an editor sends: the code before and after the cursor, the current line's start
+    (llama.cpp's `prompt`, appended to the prefix) and chunks of other files."""
+
+    prefix: str | Sequence[int]  # text, or token ids (a token prompt with `suffix`)
+    suffix: str
+    prompt: str = ""
+    extra: Sequence[tuple[str, str]] = field(default_factory=tuple)  # (filename, text)
+
+
+@dataclass(frozen=True)
+class InfillPrompt:
+    ids: tuple[int, ...]
+    truncated: bool  # prefix, suffix or extra context did not fit whole
+
+
+def build_infill(
+    fim: Fim,
+    encode: Callable[[str], list[int]],
+    parts: InfillParts,
+    context_length: int,
+    max_tokens: int,
+    leading: Sequence[int] = (),
+) -> InfillPrompt:
+    """The FIM prompt, within llama.cpp's budgets.
+
+    The prefix keeps its last 3/4 of the batch, the suffix its first 1/4 (less the current
+    line's tokens); other files' chunks take what the context has left after the batch and twice
+    the completion, newest kept. The batch is llama.cpp's 2048 tokens, or what the model's context
+    leaves after the completion (half of it when other files' chunks came too). `encode` must
+    not parse special tokens; `leading` is the tokenizer's BOS, when it adds one.
+    """
+    reserve = max_tokens if max_tokens > 0 else context_length // 4
+    room = context_length - reserve - len(leading) - 4
+    batch = max(8, min(INFILL_BATCH_TOKENS, room // 2 if parts.extra else room))
+    prefix = encode(parts.prefix) if isinstance(parts.prefix, str) else list(parts.prefix)
+    suffix, prompt = encode(parts.suffix), encode(parts.prompt)
+    take_prefix = min(len(prefix), 3 * (batch // 4))
+    take_suffix = min(len(suffix), max(0, batch // 4 - (2 + len(prompt))))
+    extra = _repo_context(fim, encode, parts.extra)
+    take_extra = min(len(extra), max(0, context_length - batch - 2 * max(max_tokens, 0)))
+    head = [fim.prefix, *prefix[len(prefix) - take_prefix :], *prompt]
+    tail = [fim.suffix, *suffix[:take_suffix]]
+    body = tail + head if fim.template.suffix_first else head + tail
+    if fim.middle is not None:
+        body.append(fim.middle)
+    ids = [*leading, *extra[len(extra) - take_extra :], *body]
+    truncated = (take_prefix, take_suffix, take_extra) != (len(prefix), len(suffix), len(extra))
+    return InfillPrompt(tuple(ids), truncated)
+
+
+def _repo_context(
+    fim: Fim, encode: Callable[[str], list[int]], chunks: Sequence[tuple[str, str]]
+) -> list[int]:
+    """Other files' chunks before the prompt: repo-level tokens when the model has them
+    (`<repo_name>project`, then `<file_sep>name` + text per chunk, then the current file's
+    `<file_sep>`), else llama.cpp's plain-text snippet separators. Nothing without chunks: a
+    model trained on single files should not see an empty repo header on every request."""
+    if not chunks:
+        return []
+    ids: list[int] = []
+    if fim.repo_name is not None:
+        ids += [fim.repo_name, *encode(REPO_NAME + "\n")]
+    for filename, text in chunks:
+        if fim.file_sep is not None:
+            ids += [fim.file_sep, *encode(filename + "\n")]
+        else:
+            ids += encode("\n\n--- snippet ---\n\n")
+        ids += encode(text)
+    if fim.file_sep is not None:
+        ids += [fim.file_sep, *encode(CURRENT_FILE + "\n")]
+    return ids
