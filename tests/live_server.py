@@ -27,7 +27,11 @@ def free_port() -> int:
 class LiveServer:
     def __init__(self, model: str, start_engine: bool = True, **settings):
         self.settings = Settings(model=model, host="127.0.0.1", port=free_port(), **settings)
-        self.engine = Engine(model, prefix_cache_bytes=self.settings.prefix_cache_bytes)
+        self.engine = Engine(
+            model,
+            prefix_cache_bytes=self.settings.prefix_cache_bytes,
+            fim_template=self.settings.fim_template,
+        )
         self.start_engine = start_engine
         self.url = f"http://127.0.0.1:{self.settings.port}"
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -81,10 +81,8 @@ def test_bad_values_are_400_naming_the_field(http, field, value):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("suffix", "\n    return x"),
         ("prompt_logprobs", 1),
         ("use_beam_search", True),
-        ("samplers", ["top_k", "infill"]),
     ],
 )
 def test_fields_not_built_yet_are_refused_by_name_not_ignored(http, field, value):

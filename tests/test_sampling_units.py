@@ -13,6 +13,7 @@ from mlxserve.sampling.dry import DryPenalty
 from mlxserve.sampling.mirostat import Mirostat
 from mlxserve.sampling.params import DryParams
 from mlxserve.sampling.truncation import (
+    apply_infill,
     apply_top_n_sigma,
     apply_typical_p,
     apply_xtc,
@@ -37,6 +38,22 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 # ---- numpy references, written the way llama.cpp loops -----------------------------------------
+
+
+def infill_reference(logits: np.ndarray, ends: set[int], fallback: int) -> set[int]:
+    """llama.cpp's llama_sampler_infill_apply, without its merging of prefix tokens."""
+    p = softmax(logits.astype(np.float64))
+    cur = [i for i in range(len(p)) if np.isfinite(logits[i])]
+    p_end = sum(p[i] for i in cur if i in ends)
+    p_text = sum(p[i] for i in cur if i not in ends)
+    if 3 * p_end * len(cur) > p_text:
+        return {i for i in cur if i in ends}
+    kept = [i for i in cur if i in ends or p[i] >= 0.2]
+    n_text = sum(i not in ends for i in kept)
+    if n_text == 0:
+        return {fallback}
+    total = sum(p[i] for i in kept)
+    return {i for i in kept if i in ends or p[i] / total >= 1 / (n_text + 1)}
 
 
 def typical_reference(logits: np.ndarray, typical_p: float) -> set[int]:
@@ -96,6 +113,20 @@ def test_xtc_matches_reference_when_it_fires_and_keeps_all_when_not(threshold):
             logits, threshold
         )
         assert kept(apply_xtc(mx.array(logits)[None], 0.0, threshold, key)) == set(range(50))
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_infill_sampler_matches_reference(case):
+    """Random and peaked distributions, the end tokens likely or not, some tokens cut before."""
+    logits = random_logits(30) * (1 + case % 4)
+    ends = {0, 7}
+    if case % 3 == 0:
+        logits[7] += 6  # ending likely
+    if case % 5 == 0:
+        logits[np.argsort(logits)[:10]] = -np.inf  # an earlier top-k
+    mask = mx.array(np.isin(np.arange(30), list(ends)))
+    result = apply_infill(mx.array(logits)[None], mask, fallback=0)
+    assert kept(result) == infill_reference(logits, ends, 0)
 
 
 def test_dynamic_temperature_matches_llamacpp_formula():
