@@ -89,6 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
         + "; ".join(f"{t.name} ({t.models})" for t in TEMPLATES)
         + "; none turns infill off (default: detected from the model's special tokens)",
     )
+    serve.add_argument(
+        "--models-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of mlx-lm model folders to offer besides the Hugging Face cache and LM "
+        "Studio's (repeatable); GET /v1/models lists them all",
+    )
+    serve.add_argument(
+        "--allow-switch",
+        action="store_true",
+        help="a request's `model` may name another known model, which is then loaded in place "
+        "of the current one (without it, only POST /admin/load switches)",
+    )
+    serve.add_argument(
+        "--idle-unload",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="free the model's memory after this long without requests; the next one reloads it",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -129,6 +150,9 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_queued_sequences=args.max_queue,
         fim_template=args.fim_template,
+        models_dirs=tuple(args.models_dir),
+        allow_switch=args.allow_switch,
+        idle_unload_s=args.idle_unload,
         **limits,
     )
     return serve_forever(settings)

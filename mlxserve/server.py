@@ -76,6 +76,7 @@ def serve_forever(settings: Settings) -> int:
             on_fatal=on_fatal,
             prefix_cache_bytes=settings.prefix_cache_bytes,
             fim_template=settings.fim_template,
+            idle_unload_s=settings.idle_unload_s,
         )
         log.info(
             "serving on http://%s:%d (model %s loading)",

@@ -42,3 +42,6 @@ class Settings:
     kv_budget_bytes: int = field(default_factory=default_kv_budget_bytes)
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off
     fim_template: str | None = None  # None: detected from the model's vocabulary
+    models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio
+    allow_switch: bool = False  # a request's `model` may load another known model
+    idle_unload_s: float | None = None  # free the model after this long without requests

@@ -31,6 +31,7 @@ class LiveServer:
             model,
             prefix_cache_bytes=self.settings.prefix_cache_bytes,
             fim_template=self.settings.fim_template,
+            idle_unload_s=self.settings.idle_unload_s,
         )
         self.start_engine = start_engine
         self.url = f"http://127.0.0.1:{self.settings.port}"

@@ -170,9 +170,11 @@ def test_unknown_harmless_fields_are_accepted(http):
     assert len(result["choices"]) == 1
 
 
-def test_models_lists_the_served_model(client):
-    models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny"]
+def test_models_lists_the_served_model_first_and_marks_it_loaded(client):
+    models = client.models.list().data
+    assert models[0].id == "tiny" and models[0].loaded is True
+    assert [m.loaded for m in models[1:]] == [False] * (len(models) - 1)
+    assert "mlxserve-demo-coder" in [m.id for m in models]  # it ships in the package
 
 
 def test_health_is_ok_when_ready(http):

@@ -57,7 +57,8 @@ def test_fim_tokens_are_single_special_tokens(demo_server):
 
 
 def test_served_under_its_name(demo_client):
-    assert [m.id for m in demo_client.models.list().data] == ["mlxserve-demo-coder"]
+    first = demo_client.models.list().data[0]
+    assert first.id == "mlxserve-demo-coder" and first.loaded and first.fim == "starcoder"
 
 
 def test_a_completion_writes_python_and_stops(demo_client):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from quart import Quart, request
 from quart_schema import QuartSchema
 from werkzeug.exceptions import HTTPException
 
-from ..settings import Settings
-from . import completions, health, metrics, models, native
+from ..registry import Registry
+from ..settings import DEFAULT_MODEL, Settings
+from . import admin, completions, health, metrics, models, native
 from .auth import check_api_key
 from .errors import APIError, error_body
 
@@ -30,6 +32,7 @@ def create_app(settings: Settings, engine) -> Quart:
     app.config.update(
         ENGINE=engine,
         SETTINGS=settings,
+        REGISTRY=registry_for(settings),
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         # Quart's 60 s default silently cuts long streams and slow generations (REFERENCE §6).
         RESPONSE_TIMEOUT=None,
@@ -38,7 +41,7 @@ def create_app(settings: Settings, engine) -> Quart:
     app.config[models.STARTED] = int(time.time())
     QuartSchema(app, openapi_path="/openapi.json", redoc_ui_path=None, swagger_ui_path="/docs")
     app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
-    for module in (completions, health, metrics, models, native):
+    for module in (admin, completions, health, metrics, models, native):
         app.register_blueprint(module.blueprint)
 
     @app.before_request
@@ -72,3 +75,14 @@ def create_app(settings: Settings, engine) -> Quart:
         return error_body("The server had an internal error.", "server_error"), 500
 
     return app
+
+
+def registry_for(settings: Settings) -> Registry:
+    """The default model and the --model folder first, then --models-dir, HF cache, LM Studio."""
+    from ..engine.model_host import model_id_for
+
+    pinned = [(DEFAULT_MODEL, DEFAULT_MODEL.name, "default")]
+    served = Path(settings.model).expanduser()
+    if served.is_dir():
+        pinned.insert(0, (served.resolve(), model_id_for(settings.model), "command line"))
+    return Registry(pinned, models_dirs=[Path(d) for d in settings.models_dirs])

@@ -45,6 +45,7 @@ from .schemas import CompletionRequest
 blueprint = Blueprint("completions", __name__)
 FINGERPRINT = "mlxserve-0.1"
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+LOAD_WAIT_S = 30.0  # a request waits this long for a model being (re)loaded, then gets 503
 
 
 @dataclass
@@ -94,6 +95,7 @@ async def plan_request(body: CompletionRequest, infill: InfillParts | None = Non
     check_model_name(body.model)
     engine = current_app.config["ENGINE"]
     settings = current_app.config["SETTINGS"]
+    await engine.ensure_loaded(timeout=LOAD_WAIT_S)
     try:
         loaded = engine.check_ready()
     except EngineError as error:

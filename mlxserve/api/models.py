@@ -1,52 +1,90 @@
-"""GET /v1/models: the model this server serves."""
+"""GET /v1/models: the models this machine has (the registry), the loaded one marked; and the
+`model` field of requests, which may only name one of them."""
 
 from __future__ import annotations
 
 from quart import Blueprint, current_app
 
-from ..engine.model_host import model_id_for
-from .errors import NotFound
+from ..registry import ModelEntry, Registry
+from .errors import InvalidRequest, NotFound
 
 blueprint = Blueprint("models", __name__)
 STARTED = "created"
 
 
 def served_model_id() -> str:
-    return model_id_for(current_app.config["ENGINE"].model_source)
+    return current_app.config["ENGINE"].model_name
+
+
+def registry() -> Registry:
+    return current_app.config["REGISTRY"]
+
+
+def known_model(name: str) -> ModelEntry:
+    """The registry's entry for `name`; 404 for anything else (a path or repo id is never loaded
+    from a request)."""
+    entry = registry().find(name)
+    if entry is None:
+        raise NotFound(
+            f"The model '{name}' does not exist. Known models: GET /v1/models.",
+            param="model",
+            code="model_not_found",
+        )
+    return entry
 
 
 def check_model_name(name: str | None) -> None:
-    """A request may name the served model (by id or as given on the command line) or none."""
+    """A request may name the served model (by id or as given on the command line), none, or
+    with --allow-switch any known model, which is then loaded in its place."""
     engine = current_app.config["ENGINE"]
     if name in (None, "", served_model_id(), engine.model_source):
         return
-    raise NotFound(
-        f"The model '{name}' does not exist. This server serves '{served_model_id()}'.",
-        param="model",
-        code="model_not_found",
-    )
+    entry = known_model(name)
+    if not current_app.config["SETTINGS"].allow_switch:
+        raise InvalidRequest(
+            f"The model '{name}' is not the one loaded ('{served_model_id()}'); this server "
+            "switches models only when started with --allow-switch.",
+            param="model",
+            code="model_not_loaded",
+        )
+    engine.switch(str(entry.path), entry.name)
 
 
-def model_card() -> dict:
+def model_card(entry: ModelEntry | None = None) -> dict:
     engine = current_app.config["ENGINE"]
+    name = entry.name if entry is not None else served_model_id()
+    loaded = name == served_model_id()
     card = {
-        "id": served_model_id(),
+        "id": name,
         "object": "model",
         "created": current_app.config[STARTED],
         "owned_by": "mlxserve",
-        "status": engine.state,
+        "loaded": loaded,
     }
-    if engine.loaded is not None:
-        card["context_length"] = engine.loaded.context_length
+    if loaded:
+        card["status"] = engine.state
+        if engine.loaded is not None:
+            card["context_length"] = engine.loaded.context_length
+    if entry is not None:
+        card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card
+
+
+def _entries() -> list[ModelEntry | None]:
+    entries = registry().scan()
+    served = served_model_id()
+    if not any(e.name == served for e in entries):  # a repo id served from the hub, say
+        return [None, *entries]
+    return entries
 
 
 @blueprint.get("/v1/models")
 async def list_models():
-    return {"object": "list", "data": [model_card()]}
+    return {"object": "list", "data": [model_card(e) for e in _entries()]}
 
 
 @blueprint.get("/v1/models/<path:name>")
 async def get_model(name: str):
-    check_model_name(name)
-    return model_card()
+    if name in (served_model_id(), current_app.config["ENGINE"].model_source):
+        return model_card(registry().find(served_model_id()))
+    return model_card(known_model(name))

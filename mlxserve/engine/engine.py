@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import itertools
 import logging
 import queue
@@ -26,14 +27,14 @@ from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
-from .model_host import LoadedModel, ModelLoadError, load_model
+from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
 from .pacing import PrefillPacer
 from .prefix_cache import PrefixCache, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
 log = logging.getLogger("mlxserve.engine")
 
-EngineState = Literal["starting", "loading", "ready", "error", "stopped"]
+EngineState = Literal["starting", "loading", "ready", "unloaded", "error", "stopped"]
 PREFILL_STEP = 512
 MAX_BATCH = 32
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
@@ -124,13 +125,25 @@ class Engine:
         on_fatal: Callable[[str], None] | None = None,
         prefix_cache_bytes: int | None = None,
         fim_template: str | None = None,
+        idle_unload_s: float | None = None,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
-        0: no prefix cache). `fim_template`: force a FIM template by name (None: detect)."""
-        self.model_source = model_source
+        0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
+        `idle_unload_s`: free the model after this long without work (None: never)."""
+        self.model_source = model_source  # the model loaded, or being loaded
+        self.model_name = model_id_for(model_source)  # the name clients use for it
+        self.loaded_name = self.model_name  # the name of the model loaded last
         self.fim_template = fim_template
-        budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
-        self._prefix = PrefixCache(budget) if budget > 0 else None
+        self.idle_unload_s = idle_unload_s
+        self._prefix_budget = (
+            default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
+        )
+        self._prefix = PrefixCache(self._prefix_budget) if self._prefix_budget > 0 else None
+        self.loading_since: float | None = None
+        self.load_error: str | None = None  # the last switch that failed (the old model stayed)
+        self.loads = 0  # models loaded so far, the first one included
+        self._pending_model: tuple[str, ...] | None = None  # ("load", source) or ("unload",)
+        self._last_work = time.monotonic()
         self.state: EngineState = "starting"
         self.error: str | None = None
         self.loaded: LoadedModel | None = None
@@ -167,11 +180,43 @@ class Engine:
         self.state = "stopped"
 
     def check_ready(self) -> LoadedModel:
-        if self.state == "ready" and self.loaded is not None:
+        if self.state == "ready" and self.loaded is not None and self._pending_model is None:
             return self.loaded
-        if self.state in ("starting", "loading"):
-            raise EngineError(f"model {self.model_source} is still loading", self.state)
+        if self.state in ("starting", "loading") or self._pending_model is not None:
+            raise EngineError(f"model {self.model_source} is loading", "loading")
         raise EngineError(f"engine is {self.state}: {self.error or 'no model loaded'}", self.state)
+
+    def switch(self, source: str, name: str | None = None) -> None:
+        """Load `source` in place of the current model. Requests in flight finish on the old
+        one first; new ones are refused (503, loading) until the new one is ready. If the new
+        one fails to load, the old one is loaded again and `load_error` says why."""
+        self._request_model(("load", source))
+        self.model_source = source
+        self.model_name = name or model_id_for(source)
+
+    def unload(self) -> None:
+        """Free the model once the requests in flight have finished."""
+        self._request_model(("unload",))
+
+    def _request_model(self, change: tuple[str, ...]) -> None:
+        self._ready.clear()
+        self._pending_model = change
+        self._inbox.put(("model",))
+
+    async def ensure_loaded(self, timeout: float) -> None:
+        """A request's wait for the model: an unloaded one (idle, or unloaded by the admin
+        route) is loaded again; a switch under way is waited for, up to `timeout`. The first
+        load at start-up is not waited for: until then requests get 503 (llama.cpp's contract)."""
+        if self.loads == 0:
+            return
+        if self.state == "unloaded" and self._pending_model is None:
+            self.switch(self.model_source)
+        if not self._ready.is_set():  # cleared by switch / unload until the change is done
+            await asyncio.to_thread(self.wait_ready, timeout)
+
+    def memory_bytes(self) -> int:
+        """Memory MLX holds now: weights, KV caches, buffers."""
+        return int(mx.get_active_memory())
 
     async def submit(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[GenerationEvent]:
         """Generate a group of sequences; events carry the request's index in the group.
@@ -201,30 +246,24 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        started = time.monotonic()
-        log.info("loading model %s", self.model_source)
         try:
-            self.loaded = load_model(self.model_source, self.fim_template)
+            self._load(self.model_source)
         except ModelLoadError as error:
             self._fail(str(error))
             return
-        except Exception as error:  # anything else is still a failed load, reported in one line
-            self._fail(f"could not load model {self.model_source}: {error}")
-            return
-        self._generator = self._new_generator()
-        self._pacer = PrefillPacer(calibrated=self.loaded.prefill_chunk)
-        self.state = "ready"
-        self._ready.set()
-        log.info(
-            "model %s ready in %.1f s (context %d tokens, prefill chunks of %d tokens)",
-            self.loaded.model_id,
-            time.monotonic() - started,
-            self.loaded.context_length,
-            self.loaded.prefill_chunk,
-        )
         while True:
-            if not self._drain_inbox(block=not self._by_uid):
+            idle = not self._busy and self._pending_model is None
+            if not self._drain_inbox(block=idle, timeout=self._idle_wait()):
                 break
+            if self._busy:
+                self._last_work = time.monotonic()
+            elif self._pending_model is not None:
+                self._change_model()
+                continue
+            elif self._idle_for_too_long():
+                log.info("idle for %.0f s: unloading %s", self.idle_unload_s, self.model_source)
+                self._unload()
+                continue
             if not self._by_uid:
                 continue
             try:
@@ -234,6 +273,88 @@ class Engine:
                 self._fail_all(f"generation failed: {error}")
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.state = "stopped"
+
+    @property
+    def _busy(self) -> bool:
+        return bool(self._by_uid or self._followers)
+
+    def _load(self, source: str) -> None:
+        """Load `source` (raises ModelLoadError, whatever went wrong, in one line)."""
+        started = self.loading_since = time.monotonic()
+        self.state = "loading"
+        log.info("loading model %s", source)
+        try:
+            self.loaded = load_model(source, self.fim_template)
+        except ModelLoadError:
+            raise
+        except Exception as error:
+            raise ModelLoadError(f"could not load model {source}: {error}") from error
+        finally:
+            self.loading_since = None
+        self.model_source = source
+        self.loaded_name = self.model_name
+        self._generator = self._new_generator()
+        self._pacer = PrefillPacer(calibrated=self.loaded.prefill_chunk)
+        self._last_work = time.monotonic()
+        self.loads += 1
+        self.state = "ready"
+        if self._pending_model is None:
+            self._ready.set()
+        log.info(
+            "model %s ready in %.1f s (context %d tokens, prefill chunks of %d tokens)",
+            self.loaded.model_id,
+            time.monotonic() - started,
+            self.loaded.context_length,
+            self.loaded.prefill_chunk,
+        )
+
+    def _unload(self) -> None:
+        """Free the model, its batch and its prefix cache (KV of one model is no use to another)."""
+        self.loaded = None
+        self._generator = None
+        self._prefix = PrefixCache(self._prefix_budget) if self._prefix_budget > 0 else None
+        self._count_prefix()
+        gc.collect()
+        mx.clear_cache()
+        self.state = "unloaded"
+
+    def _change_model(self) -> None:
+        """Apply a switch or unload asked for while requests were in flight, now none are."""
+        change, self._pending_model = self._pending_model, None
+        previous = self.loaded.path if self.loaded is not None else None
+        self._unload()
+        if change[0] == "load":
+            try:
+                self._load(change[1])
+                self.load_error = None
+            except ModelLoadError as error:
+                self.load_error = str(error)
+                log.error("%s; going back to %s", error, previous)
+                self.model_source = previous or change[1]
+                self.model_name = self.loaded_name
+                if previous is not None:
+                    try:
+                        self._load(previous)
+                    except ModelLoadError as again:
+                        self.error = str(again)
+                        self.state = "error"
+                else:
+                    self.error = str(error)
+                    self.state = "error"
+        self._ready.set()
+
+    def _idle_wait(self) -> float | None:
+        """How long the inbox may block: until the idle unload is due, or for ever."""
+        if self.idle_unload_s is None or self.loaded is None or self._busy:
+            return None
+        return max(0.0, self._last_work + self.idle_unload_s - time.monotonic())
+
+    def _idle_for_too_long(self) -> bool:
+        return (
+            self.idle_unload_s is not None
+            and self.loaded is not None
+            and time.monotonic() - self._last_work >= self.idle_unload_s
+        )
 
     def _fail(self, message: str) -> None:
         self.state = "error"
@@ -251,17 +372,18 @@ class Engine:
             prefill_step_size=self.loaded.prefill_chunk,
         )
 
-    def _drain_inbox(self, block: bool) -> bool:
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued adds and cancels. Returns False when asked to stop."""
         while True:
             try:
-                message = self._inbox.get(block=block)
+                message = self._inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False
             if message[0] == "stop":
                 return False
             if message[0] == "add":
+                self._last_work = time.monotonic()
                 self._admit(message[1])
             elif message[0] == "cancel":
                 self._cancel(message[1])
@@ -270,6 +392,14 @@ class Engine:
     def _admit(self, group: _Group) -> None:
         def poster(event: GenerationEvent) -> None:
             group.loop.call_soon_threadsafe(group.events.put_nowait, event)
+
+        if self.loaded is None:  # unloaded (idle) while this request was on its way: reload
+            try:
+                self._load(self.model_source)
+            except ModelLoadError as error:
+                for index in range(len(group.requests)):
+                    poster(GenerationEvent(index=index, error=str(error)))
+                return
 
         sequences = []
         leaders: dict[tuple[int, ...], _Sequence] = {}

@@ -1,0 +1,63 @@
+"""Model management for the menubar app and scripts: status, load (switch), unload.
+
+Behind the API key like every route but /health. Models are named from the registry only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from quart import Blueprint, current_app, request
+
+from .errors import InvalidRequest
+from .models import STARTED, known_model, served_model_id
+from .parsing import parse_json_object
+
+blueprint = Blueprint("admin", __name__)
+
+
+def status() -> dict:
+    engine = current_app.config["ENGINE"]
+    loading = engine.loading_since
+    return {
+        "state": engine.state,
+        "model": served_model_id(),
+        "model_path": engine.model_source,
+        "loading_s": round(time.monotonic() - loading, 1) if loading is not None else None,
+        "load_error": engine.load_error,
+        "error": engine.error,
+        "memory_bytes": engine.memory_bytes(),
+        "uptime_s": int(time.time()) - current_app.config[STARTED],
+        "queue": engine.stats.waiting_groups,
+        "pending_sequences": engine.pending_sequences,
+        "active_sequences": engine.stats.active_sequences,
+        "tokens_per_second": round(engine.current_tokens_per_second(), 2),
+        "idle_unload_s": engine.idle_unload_s,
+    }
+
+
+@blueprint.get("/admin/status")
+async def get_status():
+    return status()
+
+
+@blueprint.post("/admin/load")
+async def load():
+    """Switch to a known model: 202 while it loads (requests in flight finish on the old one)."""
+    data = parse_json_object(await request.get_data())
+    name = data.get("model")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("'model' must name a model from GET /v1/models.", param="model")
+    entry = known_model(name)
+    engine = current_app.config["ENGINE"]
+    if entry.name == served_model_id() and engine.state == "ready":
+        return status(), 200
+    engine.switch(str(entry.path), entry.name)
+    return status(), 202
+
+
+@blueprint.post("/admin/unload")
+async def unload():
+    """Free the model's memory; the next request loads it again."""
+    current_app.config["ENGINE"].unload()
+    return status(), 202
