@@ -170,7 +170,9 @@ class CompletionRequest(BaseModel):
     id_slot: int = Field(-1, description="llama.cpp: accepted; one batch serves every request")
     return_token_ids: bool = Field(
         False,
-        description="vLLM: each choice carries prompt_token_ids (what the model saw) and token_ids",
+        validation_alias=alias("return_token_ids", "return_tokens"),
+        description="vLLM: each choice carries prompt_token_ids (what the model saw) and "
+        "token_ids; llama.cpp's return_tokens: `tokens` in /completion and /infill answers",
     )
     timings_per_token: bool = Field(
         False, description="llama.cpp: add prompt/decode `timings` to the response"
