@@ -245,21 +245,32 @@ def test_continue_llama_cpp_provider_on_completion(demo_http):
 
 
 def test_infill_inside_a_function_stops_and_the_file_parses(demo_http):
-    """The default model fills the empty line of a small function as llama.vim asks for it (a
-    blank current line: no `prompt`, the line's newline left in the suffix), single-line."""
-    prefix = (
-        "import os\n\n\ndef list_files(path):\n    result = []\n    for name in os.listdir(path):\n"
-    )
+    """The default model fills a line of a small function as llama.vscode asks for it: the
+    cursor after the line's indentation (`prompt`), single-line, greedy."""
+    prefix = "import os\n\n\ndef list_files(path):\n    result = []\n"
+    prefix += "    for name in os.listdir(path):\n"
     suffix = "\n    return result\n"
-    body = llama_vim_fim(prefix, "", suffix, [], 0) | {
-        "response_fields": None,
+    body = {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": [],
+        "prompt": "        ",
+        "n_predict": 32,
+        "n_indent": 8,
+        "top_k": 40,
+        "top_p": 0.99,
         "temperature": 0,
         "stop": ["\n"],
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 1000,
     }
     answer = demo_http.post("/infill", json=body).json()
     assert answer["content"].strip()
     assert answer["stop_type"] in ("eos", "word")  # it stopped by itself, not at n_predict
-    ast.parse(prefix + answer["content"] + suffix)
+    ast.parse(prefix + "        " + answer["content"] + suffix)
 
 
 @pytest.fixture(scope="module")
