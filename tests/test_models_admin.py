@@ -137,7 +137,9 @@ def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(tiny_model)
             first = greedy(http)
             loaded_memory = http.get("/admin/status").json()["memory_bytes"]
             status = wait_for(http, "unloaded")
-            assert status["memory_bytes"] < loaded_memory / 2
+            # MLX's counter is the process's (other test servers share it): the weights go.
+            weights = (tiny_model / "model.safetensors").stat().st_size
+            assert loaded_memory - status["memory_bytes"] >= 0.9 * weights
             assert live.engine.loaded is None
             again = greedy(http)  # waits for the reload
             assert again["choices"][0]["text"] == first["choices"][0]["text"]
