@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 # llama.cpp's batch size: the prefix keeps up to 3/4 of it, the suffix up to 1/4.
 INFILL_BATCH_TOKENS = 2048
+EXTRA_RESERVE_TOKENS = 128  # llama.vim's n_predict: other files leave room for twice this
 REPO_NAME = "project"  # the repo-level header's name (llama.cpp has no input for it either)
 CURRENT_FILE = "filename"  # llama.cpp's placeholder for the file being edited
 
@@ -200,21 +201,25 @@ def build_infill(
 ) -> InfillPrompt:
     """The FIM prompt, within llama.cpp's budgets.
 
-    The prefix keeps its last 3/4 of the batch, the suffix its first 1/4 (less the current
-    line's tokens); other files' chunks take what the context has left after the batch and twice
-    the completion, newest kept. The batch is llama.cpp's 2048 tokens, or what the model's context
-    leaves after the completion (half of it when other files' chunks came too). `encode` must
-    not parse special tokens; `leading` is the tokenizer's BOS, when it adds one.
+    Other files' chunks keep their newest tokens within what the context leaves after a batch
+    (llama.cpp's 2048 tokens, at most half the context) and twice llama.vim's 128 predicted
+    tokens. That share does not depend on the request's max_tokens, so llama.vim's warm-up
+    (n_predict 0) leaves in the prefix cache exactly the tokens its next request starts with.
+    Of what remains after the completion, the prefix keeps its last 3/4, the suffix its first
+    1/4 less the current line's tokens. `encode` must not parse special tokens; `leading` is
+    the tokenizer's BOS, when it adds one.
     """
-    reserve = max_tokens if max_tokens > 0 else context_length // 4
-    room = context_length - reserve - len(leading) - 4
-    batch = max(8, min(INFILL_BATCH_TOKENS, room // 2 if parts.extra else room))
+    extra = _repo_context(fim, encode, parts.extra)
+    half = min(INFILL_BATCH_TOKENS, context_length // 2)
+    extra_share = context_length - half - 2 * min(EXTRA_RESERVE_TOKENS, context_length // 8)
+    take_extra = min(len(extra), max(0, extra_share))
+    reserve = max_tokens if max_tokens >= 0 else context_length // 4
+    room = context_length - take_extra - max(reserve, 1) - len(leading) - 4
+    batch = max(8, min(INFILL_BATCH_TOKENS, room))
     prefix = encode(parts.prefix) if isinstance(parts.prefix, str) else list(parts.prefix)
     suffix, prompt = encode(parts.suffix), encode(parts.prompt)
     take_prefix = min(len(prefix), 3 * (batch // 4))
     take_suffix = min(len(suffix), max(0, batch // 4 - (2 + len(prompt))))
-    extra = _repo_context(fim, encode, parts.extra)
-    take_extra = min(len(extra), max(0, context_length - batch - 2 * max(max_tokens, 0)))
     head = [fim.prefix, *prefix[len(prefix) - take_prefix :], *prompt]
     tail = [fim.suffix, *suffix[:take_suffix]]
     body = tail + head if fim.template.suffix_first else head + tail
