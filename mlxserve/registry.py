@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +97,10 @@ def lmstudio_folders() -> list[Path]:
     return [Path.home() / ".lmstudio" / "models", Path.home() / ".cache" / "lm-studio" / "models"]
 
 
-def scan_huggingface(cache: Path) -> Iterable[ModelEntry]:
+Describe = Callable[[Path, str, str], "ModelEntry | None"]
+
+
+def scan_huggingface(cache: Path, describe: Describe = describe) -> Iterable[ModelEntry]:
     """Repos in the hub cache (models--org--name), at the snapshot refs/main names."""
     if not cache.is_dir():
         return
@@ -110,7 +113,7 @@ def scan_huggingface(cache: Path) -> Iterable[ModelEntry]:
                 yield entry
 
 
-def scan_folder(root: Path, source: str) -> Iterable[ModelEntry]:
+def scan_folder(root: Path, source: str, describe: Describe = describe) -> Iterable[ModelEntry]:
     """Model folders directly in `root` (named by folder) or one level down (publisher/model)."""
     if not root.is_dir():
         return
@@ -141,6 +144,25 @@ class Registry:
         self.models_dirs = [Path(d).expanduser().resolve() for d in models_dirs]
         self.hf_cache = hf_cache if hf_cache is not None else huggingface_cache()
         self.lmstudio = list(lmstudio) if lmstudio is not None else lmstudio_folders()
+        # Folder -> (what its files looked like, entry): a model's tokenizer.json can be 10 MB,
+        # and the menubar app lists models every second.
+        self._seen: dict[tuple[Path, str, str], tuple[tuple, ModelEntry | None]] = {}
+
+    def _describe(self, folder: Path, name: str, source: str) -> ModelEntry | None:
+        stamp = (
+            tuple(
+                (f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                for f in sorted(folder.iterdir())
+                if f.is_file()
+            )
+            if folder.is_dir()
+            else ()
+        )
+        key = (folder, name, source)
+        cached = self._seen.get(key)
+        if cached is None or cached[0] != stamp:
+            cached = self._seen[key] = (stamp, describe(folder, name, source))
+        return cached[1]
 
     def scan(self) -> list[ModelEntry]:
         found: dict[str, ModelEntry] = {}
@@ -150,12 +172,12 @@ class Registry:
                 if entry is not None and entry.name not in found:
                     found[entry.name] = entry
 
-        add(describe(folder, name, source) for folder, name, source in self.pinned)
+        add(self._describe(folder, name, source) for folder, name, source in self.pinned)
         for root in self.models_dirs:
-            add(scan_folder(root, "models-dir"))
-        add(scan_huggingface(self.hf_cache))
+            add(scan_folder(root, "models-dir", self._describe))
+        add(scan_huggingface(self.hf_cache, self._describe))
         for root in self.lmstudio:
-            add(scan_folder(root, "lmstudio"))
+            add(scan_folder(root, "lmstudio", self._describe))
         return list(found.values())
 
     def find(self, name: str) -> ModelEntry | None:

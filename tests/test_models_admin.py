@@ -147,3 +147,21 @@ def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(tiny_model)
             assert http.post("/admin/unload").status_code == 202
             wait_for(http, "unloaded")
             assert greedy(http)["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+def test_the_registry_rereads_a_folder_only_when_its_files_change(tiny_model, tmp_path):
+    import json
+    import shutil
+
+    from mlxserve.registry import Registry
+
+    folder = tmp_path / "models" / "copy"
+    shutil.copytree(tiny_model, folder)
+    registry = Registry(models_dirs=[folder.parent], hf_cache=tmp_path / "none", lmstudio=[])
+    assert registry.find("copy").context_length == 2048
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 4096
+    (folder / "config.json").write_text(json.dumps(config))
+    assert registry.find("copy").context_length == 4096
+    (folder / "model.safetensors").unlink()
+    assert registry.find("copy") is None  # no weights: not loadable, not listed
