@@ -211,6 +211,9 @@ def test_api_key_is_required_everywhere_but_health(tiny_model):
             wrong = {"Authorization": "Bearer nope"}
             error_of(http.post("/v1/completions", json=body, headers=wrong), 401)
             error_of(http.get("/v1/models", headers=wrong), 401)
+            for path in ("/infill", "/completion", "/admin/load", "/admin/unload"):
+                error_of(http.post(path, json=body), 401)
+            error_of(http.get("/admin/status"), 401)
             ok = http.post("/v1/completions", json=body, headers={"X-Api-Key": "s3cret"})
             assert ok.status_code == 200
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
