@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="free the model's memory after this long without requests; the next one reloads it",
     )
+    serve.add_argument(
+        "--distributed",
+        action="store_true",
+        help="serve one model over the ranks `mlx.launch` started (ring backend: a hostfile or "
+        "--hosts): rank 0 serves HTTP, every rank holds a shard",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -153,6 +159,7 @@ def serve(args: argparse.Namespace) -> int:
         models_dirs=tuple(args.models_dir),
         allow_switch=args.allow_switch,
         idle_unload_s=args.idle_unload,
+        distributed=args.distributed,
         **limits,
     )
     return serve_forever(settings)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 
 from hypercorn.asyncio import serve
@@ -54,7 +55,20 @@ async def run(
 
 
 def serve_forever(settings: Settings) -> int:
-    """Run the server; returns the process exit code (1 when the model failed to load)."""
+    """Run the server; returns the process exit code (1 when the model failed to load).
+
+    With `settings.distributed` (under mlx.launch), rank 0 serves HTTP and every other rank
+    follows its engine in lock-step (engine/distributed.py)."""
+    cluster = None
+    if settings.distributed:
+        from .engine.distributed import Cluster
+
+        cluster = Cluster()
+        log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
+        if not cluster.leader:
+            return Engine(
+                settings.model, fim_template=settings.fim_template, cluster=cluster
+            ).follow()
     warn_if_exposed(settings)
 
     async def main() -> int:
@@ -77,6 +91,7 @@ def serve_forever(settings: Settings) -> int:
             prefix_cache_bytes=settings.prefix_cache_bytes,
             fim_template=settings.fim_template,
             idle_unload_s=settings.idle_unload_s,
+            cluster=cluster,
         )
         log.info(
             "serving on http://%s:%d (model %s loading)",

@@ -45,3 +45,4 @@ class Settings:
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio
     allow_switch: bool = False  # a request's `model` may load another known model
     idle_unload_s: float | None = None  # free the model after this long without requests
+    distributed: bool = False  # one model over the ranks mlx.launch started

@@ -9,6 +9,7 @@ import time
 
 from quart import Blueprint, current_app, request
 
+from ..engine import EngineError
 from .errors import InvalidRequest
 from .models import STARTED, known_model, served_model_id
 from .parsing import parse_json_object
@@ -52,7 +53,10 @@ async def load():
     engine = current_app.config["ENGINE"]
     if entry.name == served_model_id() and engine.state == "ready":
         return status(), 200
-    engine.switch(str(entry.path), entry.name)
+    try:
+        engine.switch(str(entry.path), entry.name)
+    except EngineError as error:
+        raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
     return status(), 202
 
 

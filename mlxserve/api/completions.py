@@ -387,7 +387,7 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
     try:
         async for event in engine.submit(plan.sequences):
             if event.error:
-                yield _sse(error_chunk(event.error))
+                yield _sse(error_chunk(event.error, event.unavailable))
                 return
             index = event.index
             text, tokens = event.text, (event.prompt_tokens or []) + event.tokens
@@ -484,8 +484,9 @@ def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     }
 
 
-def error_chunk(message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+def error_chunk(message: str, unavailable: bool = False) -> dict[str, Any]:
+    kind = "service_unavailable" if unavailable else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -493,6 +494,8 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 def _raise_on_error(event: GenerationEvent) -> None:
+    if event.error and event.unavailable:
+        raise ServiceUnavailable(event.error, code="server_unavailable")
     if event.error:
         raise ServerError(event.error, code="generation_failed")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from quart import Blueprint, current_app
 
+from ..engine import EngineError
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound
 
@@ -47,7 +48,10 @@ def check_model_name(name: str | None) -> None:
             param="model",
             code="model_not_loaded",
         )
-    engine.switch(str(entry.path), entry.name)
+    try:
+        engine.switch(str(entry.path), entry.name)
+    except EngineError as error:
+        raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
 
 
 def model_card(entry: ModelEntry | None = None) -> dict:

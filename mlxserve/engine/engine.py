@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
+from .distributed import Cluster, broadcast_sampled_tokens
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
 from .pacing import PrefillPacer
 from .prefix_cache import PrefixCache, default_budget_bytes
@@ -126,11 +127,18 @@ class Engine:
         prefix_cache_bytes: int | None = None,
         fim_template: str | None = None,
         idle_unload_s: float | None = None,
+        cluster: Cluster | None = None,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
         `idle_unload_s`: free the model after this long without work (None: never)."""
         self.model_source = model_source  # the model loaded, or being loaded
+        self.cluster = cluster  # several ranks in lock-step (None: this process alone)
+        self._leader = cluster is None or cluster.leader
+        self._removed_uids: list[int] = []  # rank 0: ended by its own rules since the last tick
+        self._sent_prefill: int | None = None
+        if cluster is not None and cluster.size > 1:
+            idle_unload_s = None  # every rank would have to unload and reload together
         self.model_name = model_id_for(model_source)  # the name clients use for it
         self.loaded_name = self.model_name  # the name of the model loaded last
         self.fim_template = fim_template
@@ -199,6 +207,10 @@ class Engine:
         self._request_model(("unload",))
 
     def _request_model(self, change: tuple[str, ...]) -> None:
+        if self._distributed:
+            raise EngineError(
+                "a distributed server serves one model: restart it to serve another", self.state
+            )
         self._ready.clear()
         self._pending_model = change
         self._inbox.put(("model",))
@@ -253,7 +265,14 @@ class Engine:
             return
         while True:
             idle = not self._busy and self._pending_model is None
-            if not self._drain_inbox(block=idle, timeout=self._idle_wait()):
+            try:
+                running = self._drain_inbox(block=idle, timeout=self._idle_wait())
+            except Exception as error:  # only the distributed tick can fail here
+                if not self._distributed:
+                    raise
+                self._lose_cluster(error)
+                return
+            if not running:
                 break
             if self._busy:
                 self._last_work = time.monotonic()
@@ -269,6 +288,9 @@ class Engine:
             try:
                 self._step()
             except Exception as error:  # a broken step must not take the server down
+                if self._distributed:
+                    self._lose_cluster(error)
+                    return
                 log.exception("engine step failed")
                 self._fail_all(f"generation failed: {error}")
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
@@ -284,7 +306,7 @@ class Engine:
         self.state = "loading"
         log.info("loading model %s", source)
         try:
-            self.loaded = load_model(source, self.fim_template)
+            self.loaded = load_model(source, self.fim_template, self.cluster)
         except ModelLoadError:
             raise
         except Exception as error:
@@ -356,6 +378,14 @@ class Engine:
             and time.monotonic() - self._last_work >= self.idle_unload_s
         )
 
+    def _lose_cluster(self, error: Exception) -> None:
+        """A rank is gone (its collective failed): every request in flight gets a 503 and the
+        server stops, exiting non-zero; the shards cannot go on without it."""
+        message = f"the distributed server lost a rank ({error}); restart it"
+        log.error(message)
+        self._fail_all(message, unavailable=True)
+        self._fail(message)
+
     def _fail(self, message: str) -> None:
         self.state = "error"
         self.error = message
@@ -365,6 +395,8 @@ class Engine:
             self._on_fatal(message)
 
     def _new_generator(self) -> BatchGenerator:
+        if self._distributed:
+            broadcast_sampled_tokens(self.cluster)
         return BatchGenerator(
             self.loaded.model,
             completion_batch_size=MAX_BATCH,
@@ -373,25 +405,87 @@ class Engine:
         )
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
-        """Apply queued adds and cancels. Returns False when asked to stop."""
+        """Apply queued adds and cancels (on every rank, when distributed). Returns False when
+        asked to stop."""
+        messages, running = [], True
         while True:
             try:
                 message = self._inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
-                return True
+                break
             block = False
             if message[0] == "stop":
-                return False
+                running = False
+                break
+            if message[0] in ("add", "cancel"):
+                messages.append(message)
+        if self._distributed:
+            self._send_tick(messages, stop=not running)
+        self._apply(messages)
+        return running
+
+    def _apply(self, messages: list) -> None:
+        for message in messages:
             if message[0] == "add":
                 self._last_work = time.monotonic()
                 self._admit(message[1])
             elif message[0] == "cancel":
                 self._cancel(message[1])
-            self.stats.waiting_groups = self._inbox.qsize()
+        self.stats.waiting_groups = self._inbox.qsize()
+
+    # ---- lock-step across ranks (engine/distributed.py) ----------------------------------------
+
+    @property
+    def _distributed(self) -> bool:
+        return self.cluster is not None and self.cluster.size > 1
+
+    def _send_tick(self, messages: list, stop: bool) -> None:
+        """Rank 0, before applying `messages` and stepping: what the other ranks must do the
+        same. None (one small collective) when nothing changed."""
+        removed, self._removed_uids = self._removed_uids, []
+        prefill = self._generator.prefill_step_size if self._generator is not None else None
+        plain = [
+            ("add", m[1].group_id, list(m[1].requests)) if m[0] == "add" else m for m in messages
+        ]
+        changed = plain or removed or stop or prefill != self._sent_prefill
+        self._sent_prefill = prefill
+        self.cluster.broadcast(
+            {"messages": plain, "removed": removed, "prefill": prefill, "stop": stop}
+            if changed
+            else None
+        )
+
+    def follow(self) -> int:
+        """The loop of a rank other than 0: load the shard, then apply rank 0's ticks and step
+        with it until it stops. Returns the process's exit code."""
+        try:
+            self._load(self.model_source)
+        except ModelLoadError as error:
+            log.error("%s", error)
+            return 1
+        while True:
+            tick = self.cluster.broadcast()
+            if tick is not None:
+                gone = [self._by_uid[u][1] for u in tick["removed"] if u in self._by_uid]
+                self._remove(gone)
+                groups = [
+                    ("add", _Group(m[1], m[2], None, None)) if m[0] == "add" else m
+                    for m in tick["messages"]
+                ]
+                self._apply(groups)
+                if tick["prefill"] is not None:
+                    self._generator.prefill_step_size = tick["prefill"]
+                if tick["stop"]:
+                    break
+            if self._by_uid:
+                self._step()
+        mx.synchronize()
+        return 0
 
     def _admit(self, group: _Group) -> None:
         def poster(event: GenerationEvent) -> None:
-            group.loop.call_soon_threadsafe(group.events.put_nowait, event)
+            if group.loop is not None:  # None on ranks other than 0: nobody listens there
+                group.loop.call_soon_threadsafe(group.events.put_nowait, event)
 
         if self.loaded is None:  # unloaded (idle) while this request was on its way: reload
             try:
@@ -578,6 +672,8 @@ class Engine:
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
                 self._keep_prefix(r.all_tokens, r.prompt_cache)
+        if not self._leader:
+            return  # rank 0 decides what ended; its next tick says so
         scored = [(r, s) for r, s in live if s.logprob_reader is not None]
         logprob_rows = {}
         if scored:
@@ -592,6 +688,8 @@ class Engine:
             if self._advance(seq, response, logprob_rows.get(id(seq))):
                 finished.append(seq)
         self._remove(finished)
+        if self._distributed:
+            self._removed_uids += [s.uid for s in finished if s.uid is not None]
         self.stats.active_sequences = len(self._by_uid)
         self._update_rate()
 
@@ -691,7 +789,8 @@ class Engine:
 
     def _keep_prefix(self, tokens, cache) -> None:
         if self._prefix is not None and tokens:
-            mx.async_eval([c.state for c in cache])  # copy out of the batch's KV now
+            with mx.stream(generation_stream):  # with the model's work (and its collectives)
+                mx.async_eval([c.state for c in cache])  # copy out of the batch's KV now
             self._prefix.store(list(tokens), cache)
             self._count_prefix()
 
@@ -721,13 +820,13 @@ class Engine:
             self.stats.cancelled_sequences += len(members)
             self.stats.active_sequences = len(self._by_uid)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, unavailable: bool = False) -> None:
         for members in list(self._groups.values()):
             for seq in members:
-                seq.post(GenerationEvent(index=seq.index, error=message))
+                seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
         for followers in self._followers.values():
             for f in followers:
-                f.post(GenerationEvent(index=f.index, error=message))
+                f.post(GenerationEvent(index=f.index, error=message, unavailable=unavailable))
         self._followers.clear()
         self._groups.clear()
         self._by_uid.clear()

@@ -77,14 +77,17 @@ def check_model_source(path_or_repo: str) -> None:
             raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
 
 
-def load_model(path_or_repo: str, fim_template: str | None = None) -> LoadedModel:
+def load_model(path_or_repo: str, fim_template: str | None = None, cluster=None) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
-    detects it from the vocabulary."""
+    detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py)."""
     import mlx_lm
 
     check_model_source(path_or_repo)
     try:
-        model, tokenizer, config = mlx_lm.load(path_or_repo, return_config=True)
+        if cluster is not None and cluster.size > 1:
+            model, tokenizer, config = cluster.load(path_or_repo)
+        else:
+            model, tokenizer, config = mlx_lm.load(path_or_repo, return_config=True)
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
@@ -92,7 +95,10 @@ def load_model(path_or_repo: str, fim_template: str | None = None) -> LoadedMode
         fim = detect_fim(tokenizer.get_vocab(), fim_template)
     except FimError as error:
         raise ModelLoadError(f"--fim-template for {path_or_repo}: {error}") from error
-    fit_to_device(model)
+    if cluster is None or cluster.size < 2:
+        fit_to_device(model)
+    else:
+        upcast_on_cpu(model)  # sharded quantized layers stay as they are
     vocab_size = _vocab_size(config, tokenizer)
     eos = tuple(sorted(tokenizer.eos_token_ids))
     return LoadedModel(

@@ -80,6 +80,7 @@ class GenerationEvent:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
     timings: Timings | None = None  # on the last event
     error: str | None = None
+    unavailable: bool = False  # the error is the server's state (503), not this request's
 
     @property
     def finished(self) -> bool:

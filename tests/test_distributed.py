@@ -1,0 +1,206 @@
+"""One model over 2 local ranks (mlx.launch, ring backend on 127.0.0.1): the same answers as the
+single-process server, and a rank that dies fails requests with 503 and stops rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .live_server import free_port
+
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+PROBE = "import mlx.core as mx; g = mx.distributed.init(strict=True); mx.eval(mx.distributed.all_sum(mx.ones(64), group=g)); print('ok', g.rank())"  # noqa: E501
+
+
+def launch(command: list[str], log: Path, port_base: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(LAUNCH),
+            "--backend",
+            "ring",
+            "-n",
+            "2",
+            "--hosts",
+            "127.0.0.1",
+            "--starting-port",
+            str(port_base),
+            "--",
+            *command,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory):
+    """Skips, saying why, where two ring ranks cannot start here."""
+    if not LAUNCH.exists() or shutil.which("bash") is None:
+        pytest.skip("mlx.launch is not installed with mlx")
+    log = tmp_path_factory.mktemp("ring") / "probe.log"
+    probe = launch([sys.executable, "-c", PROBE], log, free_port())
+    try:
+        probe.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(probe.pid, signal.SIGKILL)
+        pytest.skip("the ring backend did not start 2 ranks on 127.0.0.1 within 60 s")
+    if log.read_text().count("ok ") != 2:
+        pytest.skip(f"the ring backend cannot run here: {log.read_text()[-300:]}")
+
+
+@pytest.fixture
+def cluster(ring, tiny_model, tmp_path):
+    port = free_port()
+    log = tmp_path / "cluster.log"
+    command = [
+        sys.executable,
+        "-m",
+        "mlxserve",
+        "serve",
+        "--distributed",
+        "--port",
+        str(port),
+        "--model",
+        str(tiny_model),
+    ]
+    process = launch(command, log, free_port())
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    else:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"the distributed server never got ready: {log.read_text()[-2000:]}")
+    yield url, process, log
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+BODIES = [
+    {"prompt": "def main():\n", "max_tokens": 24, "temperature": 0, "ignore_eos": True},
+    {"prompt": "import os\n", "max_tokens": 24, "temperature": 0.9, "seed": 7, "ignore_eos": True},
+    {
+        "prompt": "class A:\n",
+        "max_tokens": 24,
+        "temperature": 0.7,
+        "top_k": 20,
+        "seed": 3,
+        "ignore_eos": True,
+    },
+    {"prompt": "x = [", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "n": 2},
+]
+
+
+def answers(url: str, stream: bool) -> list[list[str]]:
+    """The 4 bodies at once; each answer's choices' texts."""
+    results: list[list[str]] = [[] for _ in BODIES]
+
+    def one(i: int) -> None:
+        body = BODIES[i] | {"stream": stream}
+        with httpx.Client(base_url=url, timeout=120) as client:
+            if not stream:
+                response = client.post("/v1/completions", json=body).json()
+                results[i] = [c["text"] for c in response["choices"]]
+                return
+            texts: dict[int, str] = {}
+            for line in client.post("/v1/completions", json=body).text.split("\n\n"):
+                if line.startswith("data: {"):
+                    for c in json.loads(line[6:])["choices"]:
+                        texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+            results[i] = [texts[k] for k in sorted(texts)]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(BODIES))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_two_ranks_answer_as_one_process(cluster, server):
+    url, _, _ = cluster
+    for stream in (False, True):
+        single = answers(server.url, stream)
+        assert all(all(texts) for texts in single)
+        assert answers(url, stream) == single
+
+
+def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_model, tmp_path):
+    """The ranks are started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), without the
+    launcher: it would itself terminate rank 0 as soon as rank 1 dies."""
+    port = free_port()
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    command = [
+        sys.executable,
+        "-m",
+        "mlxserve",
+        "serve",
+        "--distributed",
+        "--port",
+        str(port),
+        "--model",
+        str(tiny_model),
+    ]
+    ranks = [
+        subprocess.Popen(
+            command,
+            env=os.environ | {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
+            stdout=(tmp_path / f"rank{rank}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        for rank in (0, 1)
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        body = {
+            "prompt": "def f():\n",
+            "max_tokens": 1500,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        chunks: list[str] = []
+        with httpx.Client(base_url=url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        chunks.append(line[6:])
+                    if len(chunks) == 5:
+                        ranks[1].kill()
+        errors = [json.loads(c)["error"] for c in chunks if c.startswith('{"error"')]
+        assert errors and errors[0]["type"] == "service_unavailable", chunks[-3:]
+        assert "lost a rank" in errors[0]["message"]
+        assert ranks[0].wait(30) != 0  # it stopped, and says it failed
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
