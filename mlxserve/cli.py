@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve one model over the ranks `mlx.launch` started (ring backend: a hostfile or "
         "--hosts): rank 0 serves HTTP, every rank holds a shard",
     )
+    serve.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --distributed: a step that waits this long on the other ranks means one is "
+        "gone: requests in flight get 503 and the server exits",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -160,6 +168,7 @@ def serve(args: argparse.Namespace) -> int:
         allow_switch=args.allow_switch,
         idle_unload_s=args.idle_unload,
         distributed=args.distributed,
+        rank_timeout_s=args.rank_timeout,
         **limits,
     )
     return serve_forever(settings)

@@ -92,6 +92,7 @@ def serve_forever(settings: Settings) -> int:
             fim_template=settings.fim_template,
             idle_unload_s=settings.idle_unload_s,
             cluster=cluster,
+            rank_timeout_s=settings.rank_timeout_s,
         )
         log.info(
             "serving on http://%s:%d (model %s loading)",
@@ -103,6 +104,11 @@ def serve_forever(settings: Settings) -> int:
             await run(settings, engine, shutdown)
         finally:
             engine.stop()
+        if failed and cluster is not None:
+            # The engine thread may be stuck in a collective with a lost rank: do not wait
+            # for it (or for MLX's teardown) at interpreter exit.
+            logging.shutdown()
+            os._exit(1)
         return 1 if failed else 0
 
     try:

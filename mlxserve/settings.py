@@ -46,3 +46,4 @@ class Settings:
     allow_switch: bool = False  # a request's `model` may load another known model
     idle_unload_s: float | None = None  # free the model after this long without requests
     distributed: bool = False  # one model over the ranks mlx.launch started
+    rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails

@@ -161,6 +161,8 @@ def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_mo
         str(port),
         "--model",
         str(tiny_model),
+        "--rank-timeout",
+        "3",
     ]
     ranks = [
         subprocess.Popen(

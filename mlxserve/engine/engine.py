@@ -128,6 +128,7 @@ class Engine:
         fim_template: str | None = None,
         idle_unload_s: float | None = None,
         cluster: Cluster | None = None,
+        rank_timeout_s: float = 60.0,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
@@ -137,6 +138,9 @@ class Engine:
         self._leader = cluster is None or cluster.leader
         self._removed_uids: list[int] = []  # rank 0: ended by its own rules since the last tick
         self._sent_prefill: int | None = None
+        # A lost rank can leave a collective waiting for ever: rank 0 gives a step this long.
+        self.rank_timeout_s = rank_timeout_s
+        self._waiting_on_ranks_since: float | None = None
         if cluster is not None and cluster.size > 1:
             idle_unload_s = None  # every rank would have to unload and reload together
         self.model_name = model_id_for(model_source)  # the name clients use for it
@@ -263,6 +267,8 @@ class Engine:
         except ModelLoadError as error:
             self._fail(str(error))
             return
+        if self._distributed:
+            threading.Thread(target=self._watch_ranks, name="mlxserve-ranks", daemon=True).start()
         while True:
             idle = not self._busy and self._pending_model is None
             try:
@@ -286,7 +292,9 @@ class Engine:
             if not self._by_uid:
                 continue
             try:
+                self._waiting_on_ranks_since = time.monotonic()
                 self._step()
+                self._waiting_on_ranks_since = None
             except Exception as error:  # a broken step must not take the server down
                 if self._distributed:
                     self._lose_cluster(error)
@@ -382,6 +390,8 @@ class Engine:
         """A rank is gone (its collective failed): every request in flight gets a 503 and the
         server stops, exiting non-zero; the shards cannot go on without it."""
         message = f"the distributed server lost a rank ({error}); restart it"
+        if self.state == "error":  # reported already (by the watchdog or the engine thread)
+            return
         log.error(message)
         self._fail_all(message, unavailable=True)
         self._fail(message)
@@ -449,11 +459,25 @@ class Engine:
         ]
         changed = plain or removed or stop or prefill != self._sent_prefill
         self._sent_prefill = prefill
+        self._waiting_on_ranks_since = time.monotonic()
         self.cluster.broadcast(
             {"messages": plain, "removed": removed, "prefill": prefill, "stop": stop}
             if changed
             else None
         )
+        self._waiting_on_ranks_since = None
+
+    def _watch_ranks(self) -> None:
+        """Rank 0's watchdog: a step or tick stuck past `rank_timeout_s` means a rank is gone
+        (the ring backend does not always report it); fail like a reported loss."""
+        while self.state not in ("error", "stopped"):
+            time.sleep(0.5)
+            since = self._waiting_on_ranks_since
+            if since is not None and time.monotonic() - since > self.rank_timeout_s:
+                self._lose_cluster(
+                    TimeoutError(f"no answer from the other ranks for {self.rank_timeout_s:g} s")
+                )
+                return
 
     def follow(self) -> int:
         """The loop of a rank other than 0: load the shard, then apply rank 0's ticks and step
