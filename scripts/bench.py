@@ -84,6 +84,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--prefill-tokens", type=int, default=7500, help="prompt prefilled beside a stream"
     )
+    parser.add_argument("--skip-distributed", action="store_true", help="leave out the 2-rank row")
+    parser.add_argument(
+        "--distributed-only", action="store_true", help="only the 1 process vs 2 ranks row"
+    )
     return parser.parse_args()
 
 
@@ -270,6 +274,8 @@ def main() -> int:
     args = parse_args()
     reexec_with_openblas()  # the BLAS `mlxserve serve` runs on, for the bare loop too
     model_path = args.model or default_model()
+    if args.distributed_only:
+        return distributed_row(args, model_path)
     if not args.engine_only:
         decode_and_sampler_rows(args, model_path)
     if not args.skip_engine:
@@ -282,6 +288,17 @@ def main() -> int:
             args.prefill_tokens,
             lambda port, log_path: start_server(model_path, port, log_path),
         )
+    if not args.skip_distributed and not args.engine_only:
+        distributed_row(args, model_path)
+    return 0
+
+
+def distributed_row(args: argparse.Namespace, model_path: str) -> int:
+    import bench_distributed
+
+    bench_distributed.run(
+        model_path, args.prompt, args.max_tokens, args.repeats, http_decode_rate, free_port
+    )
     return 0
 
 
