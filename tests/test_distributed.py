@@ -96,6 +96,12 @@ def cluster(ring, tiny_model, tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
 BODIES = [
     {"prompt": "def main():\n", "max_tokens": 24, "temperature": 0, "ignore_eos": True},
     {"prompt": "import os\n", "max_tokens": 24, "temperature": 0.9, "seed": 7, "ignore_eos": True},
@@ -108,6 +114,8 @@ BODIES = [
         "ignore_eos": True,
     },
     {"prompt": "x = [", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "n": 2},
+    {"prompt": "x", "max_tokens": 20, "temperature": 0.8, "seed": 2, "json_schema": SCHEMA},
+    {"prompt": "def f():\n", "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1},
 ]
 
 
@@ -138,11 +146,23 @@ def answers(url: str, stream: bool) -> list[list[str]]:
 
 
 def test_two_ranks_answer_as_one_process(cluster, server):
+    """Greedy, seeded, n, a JSON schema, echo with logprobs; then a stream the client drops."""
     url, _, _ = cluster
     for stream in (False, True):
         single = answers(server.url, stream)
         assert all(all(texts) for texts in single)
         assert answers(url, stream) == single
+    body = {"prompt": "a", "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            for n, _ in enumerate(response.iter_lines()):
+                if n > 6:
+                    break
+        deadline = time.monotonic() + 10
+        while "cancelled_sequences_total 1" not in client.get("/metrics").text:
+            assert time.monotonic() < deadline, "the dropped stream was not cancelled"
+            time.sleep(0.1)
+        assert answers(url, False)[0] == answers(server.url, False)[0]
 
 
 def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_model, tmp_path):

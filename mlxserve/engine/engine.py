@@ -645,7 +645,12 @@ class Engine:
         """Prefill the prompt ourselves to read every prompt token's logprob (echo + logprobs).
 
         Returns the filled KV cache (all but the last prompt token) so generation goes on from it.
+        On mlx-lm's generation stream, with the rest of the model's work (and its collectives).
         """
+        with mx.stream(generation_stream):
+            return self._score_prompt_here(prompt, reader)
+
+    def _score_prompt_here(self, prompt: list[int], reader: LogprobReader):
         model = self.loaded.model
         cache = make_prompt_cache(model)
         texts = IncrementalDetokenizer(self.loaded.tokenizer, [])
