@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -44,3 +45,16 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     assert set(body["error"]) == {"message", "type", "param", "code"}, body
     assert body["error"]["message"]
     return body["error"]
+
+
+def wait_healthy(url: str, timeout: float = 90) -> None:
+    """Poll a server started in another process until /health says 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never became healthy")

@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
+from .helpers import wait_healthy
 from .live_server import free_port
 
 
@@ -97,18 +97,6 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert "127.0.0.1" in stderr
-
-
-def wait_healthy(url: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} never became healthy")
 
 
 def test_without_a_model_it_serves_the_embedded_demo_coder():

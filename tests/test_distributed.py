@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .helpers import wait_healthy
 from .live_server import free_port
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -59,11 +60,9 @@ def ring(tmp_path_factory):
         pytest.skip(f"the ring backend cannot run here: {log.read_text()[-300:]}")
 
 
-@pytest.fixture
-def cluster(ring, tiny_model, tmp_path):
-    port = free_port()
-    log = tmp_path / "cluster.log"
-    command = [
+def serve_command(port: int, model: Path, *extra: str) -> list[str]:
+    """One rank's command: `mlxserve serve --distributed` on the tiny model."""
+    return [
         sys.executable,
         "-m",
         "mlxserve",
@@ -72,19 +71,20 @@ def cluster(ring, tiny_model, tmp_path):
         "--port",
         str(port),
         "--model",
-        str(tiny_model),
+        str(model),
+        *extra,
     ]
-    process = launch(command, log, free_port())
+
+
+@pytest.fixture
+def cluster(ring, tiny_model, tmp_path):
+    port = free_port()
+    log = tmp_path / "cluster.log"
+    process = launch(serve_command(port, tiny_model), log, free_port())
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    else:
+    try:
+        wait_healthy(url)
+    except AssertionError:
         os.killpg(process.pid, signal.SIGKILL)
         pytest.fail(f"the distributed server never got ready: {log.read_text()[-2000:]}")
     yield url, process, log
@@ -171,19 +171,7 @@ def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_mo
     port = free_port()
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
-    command = [
-        sys.executable,
-        "-m",
-        "mlxserve",
-        "serve",
-        "--distributed",
-        "--port",
-        str(port),
-        "--model",
-        str(tiny_model),
-        "--rank-timeout",
-        "3",
-    ]
+    command = serve_command(port, tiny_model, "--rank-timeout", "3")
     ranks = [
         subprocess.Popen(
             command,
@@ -195,14 +183,7 @@ def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_mo
     ]
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url)
         body = {
             "prompt": "def f():\n",
             "max_tokens": 1500,

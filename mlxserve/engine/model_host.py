@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,18 +13,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..fim import Fim, FimError, detect_fim
+from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
 from ..settings import machine_memory_bytes
 
-# Config keys architectures use for their context window, most specific first.
-CONTEXT_KEYS = (
-    "max_position_embeddings",
-    "max_sequence_length",
-    "seq_length",
-    "n_positions",
-    "n_ctx",
-)
-FALLBACK_CONTEXT = 4096
+FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 log = logging.getLogger("mlxserve.engine")
 
 
@@ -224,17 +216,7 @@ def upcast_on_cpu(model: nn.Module) -> bool:
 
 
 def _context_length(config: dict[str, Any], path: Path) -> int:
-    for source in (config, config.get("text_config") or {}):
-        for key in CONTEXT_KEYS:
-            value = source.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-    tokenizer_config = path / "tokenizer_config.json"
-    if tokenizer_config.exists():
-        value = json.loads(tokenizer_config.read_text()).get("model_max_length")
-        if isinstance(value, int) and 0 < value < 10**7:
-            return value
-    return FALLBACK_CONTEXT
+    return context_length_of(config, path) or FALLBACK_CONTEXT
 
 
 def _vocab_size(config: dict[str, Any], tokenizer: Any) -> int:
