@@ -11,11 +11,51 @@ from .blas import reexec_with_openblas
 from .fim import TEMPLATE_NAMES, TEMPLATES
 from .settings import (
     DEFAULT_HOST,
-    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUED_SEQUENCES,
     DEFAULT_MODEL,
     DEFAULT_PORT,
+    Limits,
     Settings,
+)
+
+# (flag, Limits field, type, help): each request limit's flag; the defaults come from Limits.
+LIMIT_FLAGS = (
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (larger: 413)"),
+    (
+        "--body-timeout",
+        "body_timeout_s",
+        float,
+        "seconds a client may take to send its headers and body (slower: 408)",
+    ),
+    (
+        "--max-prompt-tokens",
+        "max_prompt_tokens",
+        int,
+        "longest prompt in tokens (longer: 400, or cut where the request asks to truncate); "
+        "default: the model's context window",
+    ),
+    (
+        "--max-tokens-limit",
+        "max_tokens",
+        int,
+        "the most tokens one sequence may generate: a larger max_tokens gets 400, and -1/null "
+        "(until the context is full) stops here",
+    ),
+    ("--max-n", "max_n", int, "largest n and best_of"),
+    ("--max-sequences", "max_sequences_per_request", int, "prompts x best_of per request"),
+    ("--max-logprobs", "max_logprobs", int, "largest logprobs (n_probs)"),
+    (
+        "--grammar-timeout",
+        "grammar_timeout_s",
+        float,
+        "seconds a grammar or JSON schema may take to compile (longer: 400)",
+    ),
+    (
+        "--request-timeout",
+        "request_timeout_s",
+        float,
+        "seconds after which a request's generation ends with finish_reason 'length'; 0 = never",
+    ),
 )
 
 
@@ -53,14 +93,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=os.environ.get("MLXSERVE_API_KEY"),
         help="require this key (Authorization: Bearer KEY) on every route but /health; "
-        "defaults to $MLXSERVE_API_KEY",
+        "defaults to $MLXSERVE_API_KEY (a flag shows in `ps`: prefer the variable or a file)",
     )
     serve.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=DEFAULT_MAX_BODY_BYTES,
-        help="largest request body accepted (larger gets 413)",
+        "--api-key-file",
+        default=os.environ.get("MLXSERVE_API_KEY_FILE"),
+        metavar="PATH",
+        help="read the API key from this file (its first line); defaults to $MLXSERVE_API_KEY_FILE",
     )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from this origin (e.g. http://localhost:3000) call the API from a "
+        "browser (repeatable); without it, no CORS headers are sent",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, requests in flight get this long to finish (new ones get "
+        "503); a second signal stops at once",
+    )
+    defaults = Limits()
+    for flag, name, kind, help_text in LIMIT_FLAGS:
+        serve.add_argument(flag, type=kind, default=getattr(defaults, name), help=help_text)
     serve.add_argument(
         "--kv-budget-mb",
         type=int,
@@ -151,17 +210,25 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from .server import serve_forever
 
-    limits = {}
+    try:
+        api_key = read_api_key(args.api_key, args.api_key_file)
+        limits = request_limits(args)
+    except ValueError as error:
+        print(f"mlxserve: error: {error}", file=sys.stderr)
+        return 2
+    memory = {}
     if args.kv_budget_mb is not None:
-        limits["kv_budget_bytes"] = args.kv_budget_mb << 20
+        memory["kv_budget_bytes"] = args.kv_budget_mb << 20
     if args.prefix_cache_mb is not None:
-        limits["prefix_cache_bytes"] = args.prefix_cache_mb << 20
+        memory["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     settings = Settings(
         model=model,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or None,
-        max_body_bytes=args.max_body_bytes,
+        api_key=api_key,
+        limits=limits,
+        cors_origins=tuple(args.cors_origin),
+        drain_timeout_s=args.drain_timeout,
         max_queued_sequences=args.max_queue,
         fim_template=args.fim_template,
         models_dirs=tuple(args.models_dir),
@@ -169,9 +236,36 @@ def serve(args: argparse.Namespace) -> int:
         idle_unload_s=args.idle_unload,
         distributed=args.distributed,
         rank_timeout_s=args.rank_timeout,
-        **limits,
+        **memory,
     )
     return serve_forever(settings)
+
+
+def read_api_key(key: str | None, key_file: str | None) -> str | None:
+    """The key from --api-key, else the first line of --api-key-file; a file must hold one."""
+    if key:
+        return key
+    if not key_file:
+        return None
+    try:
+        with open(os.path.expanduser(key_file), encoding="utf-8") as file:
+            first = file.readline().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read the API key file {key_file}: {error}") from error
+    if not first:
+        raise ValueError(f"the API key file {key_file} is empty")
+    return first
+
+
+def request_limits(args: argparse.Namespace) -> Limits:
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in LIMIT_FLAGS}
+    for flag, name, _, _ in LIMIT_FLAGS:
+        value = values[name]
+        if value is not None and (value < 0 or value == 0 and name != "request_timeout_s"):
+            raise ValueError(f"{flag} must be positive, got {value}")
+    if values["request_timeout_s"] == 0:
+        values["request_timeout_s"] = None
+    return Limits(**values)
 
 
 if __name__ == "__main__":

@@ -88,21 +88,33 @@ def fit_context(
     context_length: int,
     truncate: bool,
     keep_last: int | None = None,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> Budget:
-    """Make prompt + completion fit the context window.
+    """Make prompt + completion fit the context window and the server's limits.
 
-    max_tokens None or -1 means "until the window is full". Without `truncate`, overflowing is an
-    error naming the numbers; with it, max_tokens shrinks first, then the oldest prompt tokens go.
-    `keep_last` (vLLM's truncate_prompt_tokens) keeps only the prompt's last N tokens up front.
+    max_tokens None or -1 means "until the window is full" (or `max_new_tokens`, the server's
+    ceiling). Without `truncate`, overflowing is an error naming the numbers; with it, max_tokens
+    shrinks first, then the oldest prompt tokens go. `keep_last` (vLLM's truncate_prompt_tokens)
+    keeps only the prompt's last N tokens up front; so does `max_prompt_tokens` with `truncate`.
     """
     truncated = False
     if keep_last is not None and len(ids) > keep_last:
         ids, truncated = ids[-keep_last:], True
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        if not truncate:
+            raise PromptError(
+                f"The prompt is {len(ids)} tokens; this server accepts at most "
+                f"{max_prompt_tokens}. Shorten it, or send "
+                f'"context_length_exceeded_behavior": "truncate" to keep its end.',
+                code="prompt_too_long",
+            )
+        ids, truncated = ids[-max_prompt_tokens:], True
     until_full = max_tokens is None or max_tokens < 0
     room = context_length - len(ids)
     if until_full:
         if room >= 1:
-            return Budget(ids, room, truncated)
+            return Budget(ids, min(room, max_new_tokens or room), truncated)
         max_tokens = 1
     if len(ids) + max_tokens <= context_length:
         return Budget(ids, max_tokens, truncated)

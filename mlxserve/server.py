@@ -8,10 +8,12 @@ import ipaddress
 import logging
 import os
 import signal
+import time
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from .api.admission import DRAINING
 from .api.app import create_app
 from .engine import Engine
 from .settings import Settings
@@ -45,13 +47,46 @@ def warn_if_exposed(settings: Settings) -> None:
 
 
 async def run(
-    settings: Settings, engine: Engine, shutdown: asyncio.Event, start_engine: bool = True
+    settings: Settings,
+    engine: Engine,
+    shutdown: asyncio.Event,
+    start_engine: bool = True,
+    stopping: asyncio.Event | None = None,
 ) -> None:
-    """Serve until `shutdown` is set; the engine loads its model meanwhile (503 until ready)."""
+    """Serve until `shutdown` is set; the engine loads its model meanwhile (503 until ready).
+
+    Setting `stopping` drains first: new generation requests get 503, those in flight get
+    `settings.drain_timeout_s` to finish, then `shutdown` is set."""
     app = create_app(settings, engine)
     if start_engine:
         engine.start()
-    await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
+    drain = None
+    if stopping is not None:
+        drain = asyncio.create_task(drain_then_stop(app, engine, stopping, shutdown, settings))
+    try:
+        await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
+    finally:
+        if drain is not None:
+            drain.cancel()
+
+
+async def drain_then_stop(
+    app, engine: Engine, stopping: asyncio.Event, shutdown: asyncio.Event, settings: Settings
+) -> None:
+    await stopping.wait()
+    app.config[DRAINING] = True
+    deadline = time.monotonic() + settings.drain_timeout_s
+    if engine.pending_sequences:
+        log.info(
+            "stopping: %d sequences in flight get up to %g s to finish",
+            engine.pending_sequences,
+            settings.drain_timeout_s,
+        )
+    while engine.pending_sequences and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if engine.pending_sequences:
+        log.warning("stopping with %d sequences unfinished", engine.pending_sequences)
+    shutdown.set()
 
 
 def serve_forever(settings: Settings) -> int:
@@ -74,17 +109,24 @@ def serve_forever(settings: Settings) -> int:
     async def main() -> int:
         loop = asyncio.get_running_loop()
         shutdown = asyncio.Event()
+        stopping = asyncio.Event()
         failed: list[str] = []
 
         def on_fatal(message: str) -> None:
             failed.append(message)
             loop.call_soon_threadsafe(shutdown.set)
 
+        def on_signal() -> None:
+            """The first Ctrl-C or SIGTERM drains; a second one stops at once."""
+            if stopping.is_set():
+                shutdown.set()
+            stopping.set()
+
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, shutdown.set)
+                loop.add_signal_handler(signum, on_signal)
         engine = Engine(
             settings.model,
             on_fatal=on_fatal,
@@ -101,7 +143,7 @@ def serve_forever(settings: Settings) -> int:
             settings.model,
         )
         try:
-            await run(settings, engine, shutdown)
+            await run(settings, engine, shutdown, stopping=stopping)
         finally:
             engine.stop()
         if failed and cluster is not None:

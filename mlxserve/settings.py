@@ -11,9 +11,6 @@ from pathlib import Path
 DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "mlxserve-demo-coder"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-# Sequences one request may ask for: prompts x best_of (n alone is capped at 128 by the schema).
-DEFAULT_MAX_SEQUENCES_PER_REQUEST = 256
 # Sequences that may wait beyond the running batch before new requests get 503 + Retry-After.
 DEFAULT_MAX_QUEUED_SEQUENCES = 256
 
@@ -31,13 +28,29 @@ def default_kv_budget_bytes() -> int:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server. Each is a `serve` flag; /openapi.json states them."""
+
+    max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
+    body_timeout_s: float = 30.0  # a body (or its headers) not received by then gets 408
+    max_prompt_tokens: int | None = None  # None: the model's context window
+    max_tokens: int = 32_768  # the most tokens one sequence may generate
+    max_n: int = 128  # n and best_of
+    max_sequences_per_request: int = 256  # prompts x best_of
+    max_logprobs: int = 5  # OpenAI's completions limit
+    grammar_timeout_s: float = 10.0  # compiling a grammar or JSON schema
+    request_timeout_s: float | None = 1800.0  # generation ends (finish_reason "length") after this
+
+
+@dataclass(frozen=True)
 class Settings:
     model: str
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     api_key: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST
+    limits: Limits = field(default_factory=Limits)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API; () = CORS off
+    drain_timeout_s: float = 30.0  # SIGTERM: requests in flight get this long to finish
     max_queued_sequences: int = DEFAULT_MAX_QUEUED_SEQUENCES
     kv_budget_bytes: int = field(default_factory=default_kv_budget_bytes)
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off

@@ -26,7 +26,8 @@ def test_openai_client_gets_openai_shape(client, tokenizer):
     assert result.usage.prompt_tokens == prompt_tokens
     assert result.usage.completion_tokens == 5
     assert result.usage.total_tokens == prompt_tokens + 5
-    assert result.usage.prompt_tokens_details.cached_tokens == 0
+    # Earlier requests on this session's server may have left a shared prefix (BOS) cached.
+    assert 0 <= result.usage.prompt_tokens_details.cached_tokens < prompt_tokens
 
 
 def test_default_max_tokens_is_16(http):

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, current_app
+from quart_schema import document_request
 
 from ..engine import EngineError
 from .errors import InvalidRequest
 from .models import STARTED, known_model, served_model_id
-from .parsing import parse_json_object
+from .parsing import read_json_object, validate
+from .schemas import LoadRequest
 
 blueprint = Blueprint("admin", __name__)
 
@@ -43,13 +45,10 @@ async def get_status():
 
 
 @blueprint.post("/admin/load")
+@document_request(LoadRequest)
 async def load():
     """Switch to a known model: 202 while it loads (requests in flight finish on the old one)."""
-    data = parse_json_object(await request.get_data())
-    name = data.get("model")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest("'model' must name a model from GET /v1/models.", param="model")
-    entry = known_model(name)
+    entry = known_model(validate(LoadRequest, await read_json_object()).model)
     engine = current_app.config["ENGINE"]
     if entry.name == served_model_id() and engine.state == "ready":
         return status(), 200

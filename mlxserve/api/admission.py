@@ -13,6 +13,17 @@ from .errors import InvalidRequest, ServiceUnavailable
 
 RETRY_AFTER_S = "1"
 MIB = 1 << 20
+DRAINING = "MLXSERVE_DRAINING"  # app config key, set once the server is stopping
+
+
+def refuse_if_draining(config) -> None:
+    """A stopping server finishes what it has and takes nothing new."""
+    if config.get(DRAINING):
+        raise ServiceUnavailable(
+            "The server is shutting down; retry on another instance or after it restarts.",
+            code="shutting_down",
+            headers={"Retry-After": RETRY_AFTER_S, "Connection": "close"},
+        )
 
 
 def admit(engine, loaded, sequences, settings: Settings) -> None:

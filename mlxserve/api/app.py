@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 from quart import Quart, request
-from quart_schema import QuartSchema
+from quart_cors import cors
 from werkzeug.exceptions import HTTPException
 
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
-from . import admin, completions, health, metrics, models, native
+from . import admin, completions, health, metrics, models, native, openapi
 from .auth import check_api_key
 from .errors import APIError, error_body
 
@@ -21,32 +21,46 @@ log = logging.getLogger("mlxserve.api")
 HTTP_ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
 }
-HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+HTTP_ERROR_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+}
 
 
 def create_app(settings: Settings, engine) -> Quart:
     app = Quart("mlxserve")
+    limits = settings.limits
     app.config.update(
         ENGINE=engine,
         SETTINGS=settings,
         REGISTRY=registry_for(settings),
-        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        MAX_CONTENT_LENGTH=limits.max_body_bytes,
         # Quart's 60 s default silently cuts long streams and slow generations (REFERENCE §6).
         RESPONSE_TIMEOUT=None,
-        BODY_TIMEOUT=60,
+        BODY_TIMEOUT=limits.body_timeout_s,
     )
     app.config[models.STARTED] = int(time.time())
-    QuartSchema(app, openapi_path="/openapi.json", redoc_ui_path=None, swagger_ui_path="/docs")
+    openapi.install(app, settings)
     app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
     for module in (admin, completions, health, metrics, models, native):
         app.register_blueprint(module.blueprint)
+    metrics.install(app)
+    if settings.cors_origins:
+        cors(
+            app,
+            allow_origin=list(settings.cors_origins),
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
+            allow_methods=["GET", "POST", "OPTIONS"],
+            max_age=600,
+        )
 
     @app.before_request
     async def authenticate() -> None:
-        check_api_key(settings.api_key)
+        if request.method != "OPTIONS":  # a browser's CORS preflight carries no credentials
+            check_api_key(settings.api_key)
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
@@ -60,8 +74,10 @@ def create_app(settings: Settings, engine) -> Quart:
             message = f"Unknown route: {request.method} {request.path}"
         elif status == 405:
             message = f"Method {request.method} is not allowed on {request.path}"
+        elif status == 408:
+            message = f"The request body did not arrive within {limits.body_timeout_s:g} s"
         elif status == 413:
-            message = f"Request body too large: the limit is {settings.max_body_bytes} bytes"
+            message = f"Request body too large: the limit is {limits.max_body_bytes} bytes"
         body = error_body(
             message,
             HTTP_ERROR_TYPES.get(status, "invalid_request_error"),

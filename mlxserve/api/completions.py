@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, current_app
 from quart_schema import document_request
 
 from ..engine import (
@@ -35,16 +35,16 @@ from ..sampling.breakers import resolve_breakers
 from ..sampling.grammars import Constraint, GrammarError
 from ..sampling.params import DryParams, SamplingParams
 from ..settings import Settings
-from .admission import admit
+from .admission import admit, refuse_if_draining
 from .constraints import constraint_of
 from .errors import InvalidRequest, ServerError, ServiceUnavailable
+from .metrics import timed
 from .models import check_model_name, served_model_id
-from .parsing import parse_completion_request, parse_json_object, sampler_names
+from .parsing import read_completion_request, sampler_names
 from .schemas import CompletionRequest
 
 blueprint = Blueprint("completions", __name__)
 FINGERPRINT = "mlxserve-0.1"
-GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 LOAD_WAIT_S = 30.0  # a request waits this long for a model being (re)loaded, then gets 503
 
 
@@ -76,7 +76,7 @@ class SequenceResult:
 @blueprint.post("/v1/completions")
 @document_request(CompletionRequest)
 async def create_completion():
-    body = parse_completion_request(parse_json_object(await request.get_data()))
+    body = await read_completion_request()
     engine, _, plan = await plan_request(body)
     meta = {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -86,12 +86,13 @@ async def create_completion():
     }
     if body.stream:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        return stream_completion(engine, plan, meta), 200, headers
+        return stream_completion(timed(engine.submit(plan.sequences)), plan, meta), 200, headers
     return await collect_completion(engine, plan, meta)
 
 
 async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
     """The checks and planning every completion route shares: (engine, loaded model, plan)."""
+    refuse_if_draining(current_app.config)
     check_model_name(body.model)
     engine = current_app.config["ENGINE"]
     settings = current_app.config["SETTINGS"]
@@ -103,17 +104,18 @@ async def plan_request(body: CompletionRequest, infill: InfillParts | None = Non
             str(error), code="model_loading", headers={"Retry-After": "1"}
         ) from error
     constraint = constraint_of(body)
-    grammar = await compile_constraint(loaded, constraint) if constraint else None
+    timeout = settings.limits.grammar_timeout_s
+    grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
     plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
     admit(engine, loaded, plan.sequences, settings)
     return engine, loaded, plan
 
 
-async def compile_constraint(loaded, constraint: Constraint) -> str:
+async def compile_constraint(loaded, constraint: Constraint, timeout_s: float) -> str:
     """The constraint's llguidance grammar, compiled off the event loop and bounded in time."""
     try:
         return await asyncio.wait_for(
-            asyncio.to_thread(loaded.grammars.compile, constraint), GRAMMAR_COMPILE_TIMEOUT_S
+            asyncio.to_thread(loaded.grammars.compile, constraint), timeout_s
         )
     except GrammarError as error:
         raise InvalidRequest(
@@ -121,8 +123,7 @@ async def compile_constraint(loaded, constraint: Constraint) -> str:
         ) from error
     except asyncio.TimeoutError as error:
         raise InvalidRequest(
-            f"{constraint.field} took more than {GRAMMAR_COMPILE_TIMEOUT_S:g} s to compile; "
-            "simplify it.",
+            f"{constraint.field} took more than {timeout_s:g} s to compile; simplify it.",
             param=constraint.field,
             code="invalid_grammar",
         ) from error
@@ -167,10 +168,10 @@ def _make_plan(
         )
     pieces = [infill.prompt] if infill is not None else split_prompts(body.prompt)
     per_prompt = body.best_of or body.n
-    if len(pieces) * per_prompt > settings.max_sequences_per_request:
+    if len(pieces) * per_prompt > settings.limits.max_sequences_per_request:
         raise InvalidRequest(
             f"{len(pieces)} prompts x {per_prompt} choices = {len(pieces) * per_prompt} sequences; "
-            f"the limit is {settings.max_sequences_per_request} per request.",
+            f"the limit is {settings.limits.max_sequences_per_request} per request.",
             param="n",
         )
     vocab = loaded.vocab_size
@@ -221,6 +222,7 @@ def _make_plan(
         ignore_eos=body.ignore_eos,
         min_indent=body.n_indent,
         max_predict_ms=body.t_max_predict_ms or None,
+        deadline=_deadline(settings.limits.request_timeout_s),
     )
     needs_scores = body.best_of is not None and body.best_of > body.n
     logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
@@ -240,6 +242,8 @@ def _make_plan(
             loaded.context_length,
             body.truncate,
             body.truncate_prompt_tokens,
+            settings.limits.max_prompt_tokens,
+            settings.limits.max_tokens,
         )
         prompt_stop = replace(stop, min_tokens=min(stop.min_tokens, budget.max_tokens))
         fim = loaded.fim
@@ -265,6 +269,10 @@ def _make_plan(
                 )
             )
     return Plan(body, prompts, sequences, per_prompt, truncated)
+
+
+def _deadline(timeout_s: float | None) -> float | None:
+    return time.monotonic() + timeout_s if timeout_s else None
 
 
 def _fill_in_the_middle(
@@ -321,7 +329,7 @@ def _end_of_infill(loaded) -> tuple[int, ...]:
 async def collect_results(engine, plan: Plan) -> list[SequenceResult]:
     """Every sequence's text, tokens and ending, once all have finished."""
     results = [SequenceResult() for _ in plan.sequences]
-    async for event in engine.submit(plan.sequences):
+    async for event in timed(engine.submit(plan.sequences)):
         _raise_on_error(event)
         result = results[event.index]
         result.text += event.text
@@ -377,7 +385,9 @@ async def collect_completion(engine, plan: Plan, meta: dict[str, Any]) -> dict[s
     return response
 
 
-async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIterator[str]:
+async def stream_completion(
+    events: AsyncIterator[GenerationEvent], plan: Plan, meta: dict[str, Any]
+) -> AsyncIterator[str]:
     body = plan.body
     started: set[int] = set()
     started_ids: set[int] = set()
@@ -385,7 +395,7 @@ async def stream_completion(engine, plan: Plan, meta: dict[str, Any]) -> AsyncIt
     completion_tokens = 0
     cached: dict[int, int] = {}
     try:
-        async for event in engine.submit(plan.sequences):
+        async for event in events:
             if event.error:
                 yield _sse(error_chunk(event.error, event.unavailable))
                 return

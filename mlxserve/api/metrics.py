@@ -1,89 +1,151 @@
-"""GET /metrics: the engine's counters in Prometheus' text format (behind the API key, if any)."""
+"""GET /metrics in Prometheus' format (prometheus-client), behind the API key if there is one.
+
+Each app has its own registry: the engine's counters are read at scrape time, HTTP requests are
+counted by route and status, and every generation's time to first token and total time go into
+histograms.
+"""
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, current_app
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from quart import Blueprint, Quart, Response, current_app, request
 
 blueprint = Blueprint("metrics", __name__)
+TELEMETRY = "MLXSERVE_TELEMETRY"
+# Seconds: from a fast tiny model's first token to a long generation on a big one.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600)
 
-# (name, type, help, how to read it from the engine)
-METRICS = (
-    ("decode_steps_total", "counter", "Batched decode steps run", lambda e: e.stats.decode_steps),
-    ("generated_tokens_total", "counter", "Tokens generated", lambda e: e.stats.generated_tokens),
-    ("prompt_tokens_total", "counter", "Prompt tokens submitted", lambda e: e.stats.prompt_tokens),
+# (name, help, how to read it from the engine); counters get Prometheus' `_total` suffix.
+ENGINE_COUNTERS: tuple[tuple[str, str, Callable], ...] = (
+    ("decode_steps", "Batched decode steps run", lambda e: e.stats.decode_steps),
+    ("generated_tokens", "Tokens generated", lambda e: e.stats.generated_tokens),
+    ("prompt_tokens", "Prompt tokens submitted", lambda e: e.stats.prompt_tokens),
     (
-        "finished_sequences_total",
-        "counter",
+        "finished_sequences",
         "Sequences finished or cancelled",
         lambda e: e.stats.finished_sequences,
     ),
     (
-        "cancelled_sequences_total",
-        "counter",
+        "cancelled_sequences",
         "Sequences cancelled (client gone)",
         lambda e: e.stats.cancelled_sequences,
     ),
-    ("batch_size", "gauge", "Sequences in the running batch", lambda e: e.stats.active_sequences),
-    ("peak_batch_size", "gauge", "Largest batch so far", lambda e: e.stats.peak_batch),
     (
-        "pending_sequences",
-        "gauge",
-        "Sequences submitted and not finished",
-        lambda e: e.pending_sequences,
+        "prefix_cache_lookups",
+        "Prompts looked up in the prefix cache",
+        lambda e: e.stats.prefix_lookups,
     ),
+    ("prefix_cache_hits", "Prompts that reused cached KV", lambda e: e.stats.prefix_hits),
+    (
+        "prefix_cache_reused_tokens",
+        "Prompt tokens whose KV came from the cache",
+        lambda e: e.stats.prefix_reused_tokens,
+    ),
+)
+ENGINE_GAUGES: tuple[tuple[str, str, Callable], ...] = (
+    ("batch_size", "Sequences in the running batch", lambda e: e.stats.active_sequences),
+    ("peak_batch_size", "Largest batch so far", lambda e: e.stats.peak_batch),
+    ("pending_sequences", "Sequences submitted and not finished", lambda e: e.pending_sequences),
     (
         "queue_depth",
-        "gauge",
         "Sequences waiting for a batch slot",
         lambda e: max(0, e.pending_sequences - e.stats.active_sequences),
     ),
     (
         "tokens_per_second",
-        "gauge",
         "Generated tokens per second over the last seconds",
-        lambda e: round(e.current_tokens_per_second(), 3),
-    ),
-    (
-        "prefix_cache_lookups_total",
-        "counter",
-        "Prompts looked up in the prefix cache",
-        lambda e: e.stats.prefix_lookups,
-    ),
-    (
-        "prefix_cache_hits_total",
-        "counter",
-        "Prompts that reused cached KV",
-        lambda e: e.stats.prefix_hits,
+        lambda e: e.current_tokens_per_second(),
     ),
     (
         "prefix_cache_hit_ratio",
-        "gauge",
-        "Hits over lookups",
-        lambda e: round(e.stats.prefix_hits / max(1, e.stats.prefix_lookups), 4),
-    ),
-    (
-        "prefix_cache_reused_tokens_total",
-        "counter",
-        "Prompt tokens whose KV came from the cache",
-        lambda e: e.stats.prefix_reused_tokens,
+        "Prefix cache hits over lookups",
+        lambda e: e.stats.prefix_hits / max(1, e.stats.prefix_lookups),
     ),
     (
         "prefix_cache_bytes",
-        "gauge",
         "Bytes of KV held by the prefix cache",
         lambda e: e.stats.prefix_cache_bytes,
     ),
 )
 
 
+class EngineCollector:
+    """The engine's own counters, read when Prometheus scrapes (no copies to keep in step)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        for name, help_text, read in ENGINE_COUNTERS:
+            yield CounterMetricFamily(f"mlxserve_{name}", help_text, value=read(self.engine))
+        for name, help_text, read in ENGINE_GAUGES:
+            yield GaugeMetricFamily(f"mlxserve_{name}", help_text, value=read(self.engine))
+
+
+class Telemetry:
+    """One app's metrics."""
+
+    def __init__(self, engine):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineCollector(engine))
+        self.requests = Counter(
+            "mlxserve_http_requests",
+            "HTTP requests answered, by route and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.first_token = Histogram(
+            "mlxserve_time_to_first_token_seconds",
+            "From a generation request's hand-over to the engine to its first token",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "mlxserve_generation_duration_seconds",
+            "From a generation request's hand-over to the engine to its end (finished, "
+            "cancelled or failed)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    async def timed(self, events: AsyncIterator) -> AsyncIterator:
+        """`events` (an engine.submit iterator) passed through, timing its first token and end."""
+        started = time.perf_counter()
+        first = True
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    if first and (event.token_ids or event.text or event.finish_reason):
+                        first = False
+                        self.first_token.observe(time.perf_counter() - started)
+                    yield event
+        finally:
+            self.duration.observe(time.perf_counter() - started)
+
+
+def install(app: Quart) -> None:
+    telemetry = Telemetry(app.config["ENGINE"])
+    app.config[TELEMETRY] = telemetry
+
+    @app.after_request
+    async def count(response):
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        telemetry.requests.labels(rule, request.method, str(response.status_code)).inc()
+        return response
+
+
+def timed(events: AsyncIterator) -> AsyncIterator:
+    """Time a generation's events on this app's histograms (call it inside the request)."""
+    return current_app.config[TELEMETRY].timed(events)
+
+
 @blueprint.get("/metrics")
 async def metrics():
-    engine = current_app.config["ENGINE"]
-    lines = []
-    for name, kind, help_text, read in METRICS:
-        lines += [
-            f"# HELP mlxserve_{name} {help_text}.",
-            f"# TYPE mlxserve_{name} {kind}",
-            f"mlxserve_{name} {read(engine)}",
-        ]
-    return Response("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+    registry = current_app.config[TELEMETRY].registry
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

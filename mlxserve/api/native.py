@@ -12,14 +12,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint, request
+from quart import Blueprint
 from quart_schema import document_request
 
-from ..engine import EngineError, TokenLogprob
+from ..engine import EngineError, GenerationEvent, TokenLogprob
 from ..fim import InfillParts
 from .completions import Plan, SequenceResult, collect_results, llama_timings, plan_request
+from .metrics import timed
 from .models import served_model_id
-from .parsing import parse_completion_request, parse_json_object, sampler_names
+from .parsing import read_completion_request, sampler_names
 from .schemas import InfillRequest, NativeCompletionRequest
 
 blueprint = Blueprint("native", __name__)
@@ -29,14 +30,13 @@ blueprint = Blueprint("native", __name__)
 @blueprint.post("/completions")
 @document_request(NativeCompletionRequest)
 async def completion():
-    data = parse_json_object(await request.get_data())
-    return await respond(parse_completion_request(data, NativeCompletionRequest))
+    return await respond(await read_completion_request(NativeCompletionRequest))
 
 
 @blueprint.post("/infill")
 @document_request(InfillRequest)
 async def infill():
-    body = parse_completion_request(parse_json_object(await request.get_data()), InfillRequest)
+    body = await read_completion_request(InfillRequest)
     parts = InfillParts(
         prefix=body.input_prefix,
         suffix=body.input_suffix,
@@ -51,7 +51,7 @@ async def respond(body: NativeCompletionRequest, parts: InfillParts | None = Non
     model = served_model_id()  # read here: a stream runs outside the app context
     if body.stream:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        return stream(engine, loaded, model, plan), 200, headers
+        return stream(timed(engine.submit(plan.sequences)), loaded, model, plan), 200, headers
     results = await collect_results(engine, plan)
     answers = [final(plan, loaded, model, i, r) for i, r in enumerate(results)]
     answers = [pick_fields(a, body.response_fields) for a in answers]
@@ -140,11 +140,13 @@ def pick_fields(answer: dict[str, Any], fields: list[str] | None) -> dict[str, A
     return picked
 
 
-async def stream(engine, loaded, model: str, plan: Plan) -> AsyncIterator[str]:
+async def stream(
+    events: AsyncIterator[GenerationEvent], loaded, model: str, plan: Plan
+) -> AsyncIterator[str]:
     """A chunk per piece of text, then the sequence's final object; no [DONE] (llama.cpp)."""
     results = [SequenceResult() for _ in plan.sequences]
     try:
-        async for event in engine.submit(plan.sequences):
+        async for event in events:
             if event.error:
                 yield _sse({"error": {"message": event.error, "type": "server_error"}})
                 return

@@ -6,29 +6,62 @@ import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from quart import current_app, request
 
 from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS
-from .errors import InvalidRequest
+from ..settings import Limits
+from .errors import APIError, InvalidRequest
 from .schemas import NOT_YET_SUPPORTED, CompletionRequest
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# Bodies we read as JSON: JSON itself, none given, and what `curl -d` and simple clients send.
+JSON_BODY_TYPES = ("", "application/json", "text/plain", "application/x-www-form-urlencoded")
+
+
+async def read_json_object() -> dict[str, Any]:
+    """The request's body as a JSON object, or a 4xx saying what is wrong with it."""
+    mimetype = request.mimetype
+    if mimetype not in JSON_BODY_TYPES and not mimetype.endswith("+json"):
+        raise APIError(
+            f"Unsupported Content-Type {mimetype!r}: send the body as application/json.",
+            code="unsupported_media_type",
+            status=415,
+        )
+    return parse_json_object(await request.get_data())
+
+
+async def read_completion_request(
+    model: type[CompletionRequest] = CompletionRequest,
+) -> CompletionRequest:
+    """A completion route's body, validated against this server's limits."""
+    data = await read_json_object()
+    return parse_completion_request(data, model, current_app.config["SETTINGS"].limits)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {error}", code="invalid_json"
+        ) from error
+    except RecursionError as error:
+        raise InvalidRequest(
+            "The JSON body of your request is nested too deeply.", code="invalid_json"
         ) from error
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     return data
 
 
-def validate(model: type[Model], data: dict[str, Any]) -> Model:
+def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = None) -> Model:
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"limits": limits})
     except ValidationError as error:
         first = error.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
@@ -43,7 +76,9 @@ def validate(model: type[Model], data: dict[str, Any]) -> Model:
 
 
 def parse_completion_request(
-    data: dict[str, Any], model: type[CompletionRequest] = CompletionRequest
+    data: dict[str, Any],
+    model: type[CompletionRequest] = CompletionRequest,
+    limits: Limits | None = None,
 ) -> CompletionRequest:
     """A completion body of any route (`model`: its request class) after the checks that span
     several fields."""
@@ -54,7 +89,7 @@ def parse_completion_request(
                 param=name,
                 code="unsupported_parameter",
             )
-    request = validate(model, data)
+    request = validate(model, data, limits)
     if request.best_of is not None and request.best_of < request.n:
         raise InvalidRequest(
             f"best_of ({request.best_of}) must be at least n ({request.n}).", param="best_of"

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..sampling.breakers import DEFAULT_BREAKERS
+from ..settings import Limits
 
 DEFAULT_MAX_TOKENS = 16
-MAX_N = 128
-MAX_LOGPROBS = 5
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 100.0
 MAX_BREAKERS = 32
@@ -30,12 +37,79 @@ def alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+def document_aliases(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Every name a field accepts appears in the JSON schema, so /openapi.json lists
+    `n_predict`, `repeat_penalty`, `mirostat_lr`... beside the canonical name."""
+    properties = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        choices = info.validation_alias.choices if info.validation_alias else []
+        names = [name, *(c for c in choices if isinstance(c, str))]
+        shown = next((n for n in names if n in properties), None)
+        if shown is None:
+            continue
+        for other in names:
+            if other not in properties:
+                properties[other] = {
+                    **properties[shown],
+                    "title": other,
+                    "description": f"Alias of `{shown}`.",
+                }
+
+
+# JSON-schema facts the validators below enforce, written out for /openapi.json.
+STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_STRINGS},
+        {"type": "null"},
+    ]
+}
+LOGIT_BIAS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^-?[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+        {"type": "null"},
+    ]
+}
+_PROMPT_PART = {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}
+PROMPT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    *_PROMPT_PART["anyOf"],
+                    {"type": "array", "minItems": 1, "items": _PROMPT_PART},
+                ]
+            },
+        },
+    ]
+}
+# Limits a server's flags set (settings.Limits); /openapi.json shows the values it runs with.
+LIMITED_FIELDS = {
+    "max_tokens": "max_tokens",
+    "n": "max_n",
+    "best_of": "max_n",
+    "logprobs": "max_logprobs",
+}
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
+# They are declared on CompletionRequest with only those values, so the schema says so too.
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
@@ -88,10 +162,17 @@ class NamedToolChoice(BaseModel):
 class CompletionRequest(BaseModel):
     """POST /v1/completions, in OpenAI's, llama.cpp's, mistral.rs's, Fireworks' and vLLM's names."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="allow",
+        allow_inf_nan=False,
+        populate_by_name=True,
+        json_schema_extra=document_aliases,
+    )
 
     model: str | None = None
-    prompt: PromptInput = Field(description="text, token ids, or a list of either")
+    prompt: PromptInput = Field(
+        description="text, token ids, or a list of either", json_schema_extra=PROMPT_SCHEMA
+    )
     suffix: str | None = Field(
         None,
         max_length=MAX_TEXT_CHARS,
@@ -108,15 +189,13 @@ class CompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 = off")
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=MAX_N)
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1)
+    best_of: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(
-        None, ge=0, le=MAX_LOGPROBS, validation_alias=alias("logprobs", "n_probs")
-    )
+    logprobs: int | None = Field(None, ge=0, validation_alias=alias("logprobs", "n_probs"))
     echo: bool = False
-    stop: str | list[str] | None = Field(None, validate_default=True)
+    stop: str | list[str] | None = Field(None, validate_default=True, json_schema_extra=STOP_SCHEMA)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     min_tokens: int = Field(0, ge=0)
@@ -144,7 +223,7 @@ class CompletionRequest(BaseModel):
     samplers: list[str] | str | None = Field(
         None, description="llama.cpp's sampler order: names or one letter each"
     )
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -191,6 +270,10 @@ class CompletionRequest(BaseModel):
     structured_outputs: StructuredOutputs | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    prompt_logprobs: None = Field(None, description="vLLM: not supported yet (null only)")
+    use_beam_search: Literal[False] | None = Field(
+        None, description="vLLM: not supported (false or null only)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -209,6 +292,16 @@ class CompletionRequest(BaseModel):
         if isinstance(prompt, list) and (not prompt or any(p == [] for p in prompt)):
             raise ValueError("prompt must not be an empty list")
         return prompt
+
+    @field_validator(*LIMITED_FIELDS)
+    @classmethod
+    def _within_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """This server's limits (its flags), passed as the validation context."""
+        limits = (info.context or {}).get("limits") or Limits()
+        limit = getattr(limits, LIMITED_FIELDS[info.field_name])
+        if value is not None and value > limit:
+            raise ValueError(f"Input should be less than or equal to {limit} (this server's limit)")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -291,3 +384,10 @@ class InfillRequest(NativeCompletionRequest):
     input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
+
+
+class LoadRequest(BaseModel):
+    """POST /admin/load: a model by its id from GET /v1/models (never a path)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=1024, description="an id from GET /v1/models")

@@ -779,6 +779,9 @@ class Engine:
 
     @staticmethod
     def _out_of_time(seq: _Sequence) -> bool:
+        deadline = seq.request.stop.deadline
+        if deadline is not None and time.monotonic() > deadline:
+            return True
         limit = seq.request.stop.max_predict_ms
         if not limit or not seq.lines.seen_newline or seq.first_token_at is None:
             return False

@@ -21,6 +21,8 @@ class StopSpec:
     min_indent: int = 0
     # llama.cpp's t_max_predict_ms: once a line break was generated, time up ends the text.
     max_predict_ms: float | None = None
+    # The server's request deadline (a time.monotonic() value): generation ends there ("length").
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
