@@ -56,7 +56,29 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         ) from error
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    _check_unicode(data)
     return data
+
+
+def _check_unicode(data: Any) -> None:
+    """JSON may escape lone surrogates (\\udc80): text no tokenizer can take. Refuse them here."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise InvalidRequest(
+                    f"The JSON body holds text that is not valid Unicode: {error.reason} "
+                    f"({item[error.start : error.end]!a}).",
+                    code="invalid_json",
+                ) from error
 
 
 def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = None) -> Model:

@@ -28,6 +28,7 @@ MAX_LOGIT_BIAS = 100.0
 MAX_BREAKERS = 32
 MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
 MAX_EXTRA_CHUNKS = 256
+MAX_WINDOW = 2**31 - 1  # penalty windows: MLX slices with 32-bit indices; "all" needs no more
 
 PromptPart = str | int
 PromptInput = str | list[PromptPart | list[PromptPart]]
@@ -216,7 +217,9 @@ class CompletionRequest(BaseModel):
     dry_multiplier: float = Field(0.0, ge=0.0, le=100.0, description="0 = off")
     dry_base: float = Field(1.75, ge=0.0, le=100.0)
     dry_allowed_length: int = Field(2, ge=0, le=10_000)
-    dry_penalty_last_n: int = Field(64, ge=-1, description="-1 = whole context, 0 = off")
+    dry_penalty_last_n: int = Field(
+        64, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
+    )
     dry_sequence_breakers: list[str] = Field(
         default_factory=lambda: list(DEFAULT_BREAKERS), max_length=MAX_BREAKERS
     )
@@ -231,7 +234,10 @@ class CompletionRequest(BaseModel):
         1.0, gt=0.0, le=10.0, validation_alias=alias("repetition_penalty", "repeat_penalty")
     )
     repeat_last_n: int = Field(
-        64, ge=-1, description="penalty window in tokens, prompt included; -1 = all, 0 = off"
+        64,
+        ge=-1,
+        le=MAX_WINDOW,
+        description="penalty window in tokens, prompt included; -1 = all, 0 = off",
     )
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
