@@ -35,6 +35,7 @@ def _provider(settings: Settings) -> type[OpenAPIProvider]:
     class Provider(OpenAPIProvider):
         def schema(self) -> dict[str, Any]:
             document = super().schema()
+            require_bodies(document)
             state_limits(document, settings)
             return document
 
@@ -50,6 +51,14 @@ def limited_names() -> dict[str, str]:
             for name in [field, *(alias.choices if alias else [])]:
                 names[name] = limit
     return names
+
+
+def require_bodies(document: dict[str, Any]) -> None:
+    """Every route that documents a body needs one (OpenAPI's default is optional)."""
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            if "requestBody" in operation:
+                operation["requestBody"]["required"] = True
 
 
 def state_limits(document: dict[str, Any], settings: Settings) -> None:

@@ -105,7 +105,7 @@ def parse_completion_request(
     """A completion body of any route (`model`: its request class) after the checks that span
     several fields."""
     for name, off_values in NOT_YET_SUPPORTED.items():
-        if name in data and data[name] not in off_values:
+        if name in data and not any(data[name] is off for off in off_values):
             raise InvalidRequest(
                 f"'{name}' is not supported by this server yet; remove it or send its default.",
                 param=name,

@@ -14,12 +14,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from ..sampling.breakers import DEFAULT_BREAKERS
+from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS
 from ..settings import Limits
 
 DEFAULT_MAX_TOKENS = 16
@@ -30,12 +34,24 @@ MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds th
 MAX_EXTRA_CHUNKS = 256
 MAX_WINDOW = 2**31 - 1  # penalty windows: MLX slices with 32-bit indices; "all" needs no more
 
-PromptPart = str | int
+PromptPart = str | StrictInt
 PromptInput = str | list[PromptPart | list[PromptPart]]
 
 
 def alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
+
+
+def documented(*examples: dict[str, Any]):
+    """A request model's JSON-schema hook: its aliases (below) and `examples` (fuzzers start
+    from them)."""
+
+    def extra(schema: dict[str, Any], model: type[BaseModel]) -> None:
+        document_aliases(schema, model)
+        if examples:
+            schema["examples"] = list(examples)
+
+    return extra
 
 
 def document_aliases(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -79,20 +95,26 @@ LOGIT_BIAS_SCHEMA = {
         {"type": "null"},
     ]
 }
-_PROMPT_PART = {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}
+_TOKEN_ID = {"type": "integer", "minimum": 0}
+_PIECES = {  # one prompt: token ids, or llama.cpp's mix of text and ids
+    "type": "array",
+    "minItems": 1,
+    "items": {"anyOf": [{"type": "string"}, _TOKEN_ID]},
+}
 PROMPT_SCHEMA = {
     "anyOf": [
         {"type": "string"},
-        {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "anyOf": [
-                    *_PROMPT_PART["anyOf"],
-                    {"type": "array", "minItems": 1, "items": _PROMPT_PART},
-                ]
-            },
-        },
+        _PIECES,
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},  # several prompts
+        {"type": "array", "minItems": 1, "items": _PIECES},  # several, as ids
+    ]
+}
+SAMPLER_NAMES = sorted({*DEFAULT_SAMPLERS, "infill", *SAMPLER_ALIASES})
+SAMPLERS_SCHEMA = {
+    "anyOf": [
+        {"type": "array", "items": {"enum": SAMPLER_NAMES}},
+        {"type": "string", "pattern": f"^[{''.join(sorted(SAMPLER_LETTERS))}]*$"},
+        {"type": "null"},
     ]
 }
 # Limits a server's flags set (settings.Limits); /openapi.json shows the values it runs with.
@@ -106,7 +128,7 @@ LIMITED_FIELDS = {
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
@@ -167,7 +189,18 @@ class CompletionRequest(BaseModel):
         extra="allow",
         allow_inf_nan=False,
         populate_by_name=True,
-        json_schema_extra=document_aliases,
+        json_schema_extra=documented(
+            {"prompt": "def add(a, b):\n", "max_tokens": 16, "temperature": 0, "stop": ["\n\n"]},
+            {"prompt": [[1, 2, 3], [4, 5]], "n": 2, "logprobs": 2, "echo": True, "max_tokens": 4},
+            {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}, "seed": 1},
+            {"prompt": "def f(", "suffix": "\n    return x\n", "max_tokens": 8},
+            {
+                "prompt": "Answer: ",
+                "max_tokens": 8,
+                "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+            },
+            {"prompt": "x", "max_tokens": 8, "mirostat": 2, "dry_multiplier": 0.8, "top_k": 40},
+        ),
     )
 
     model: str | None = None
@@ -180,86 +213,92 @@ class CompletionRequest(BaseModel):
         description="text after the insertion point: the server builds the model's "
         "fill-in-the-middle prompt (prompt = the text before it)",
     )
-    max_tokens: int | None = Field(
+    max_tokens: StrictInt | None = Field(
         DEFAULT_MAX_TOKENS,
         ge=-1,
         validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
         description="-1 or null: until the context window is full",
     )
-    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    best_of: int | None = Field(None, ge=1)
-    stream: bool = False
+    temperature: StrictFloat = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(0, ge=-1, description="0 or -1 = off")
+    min_p: StrictFloat = Field(0.0, ge=0.0, le=1.0)
+    n: StrictInt = Field(1, ge=1)
+    best_of: StrictInt | None = Field(None, ge=1)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(None, ge=0, validation_alias=alias("logprobs", "n_probs"))
-    echo: bool = False
+    logprobs: StrictInt | None = Field(None, ge=0, validation_alias=alias("logprobs", "n_probs"))
+    echo: StrictBool = False
     stop: str | list[str] | None = Field(None, validate_default=True, json_schema_extra=STOP_SCHEMA)
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    min_tokens: int = Field(0, ge=0)
-    ignore_eos: bool = False
-    typical_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = off")
-    top_n_sigma: float = Field(-1.0, ge=-1.0, le=100.0, description="<= 0 = off")
-    xtc_probability: float = Field(0.0, ge=0.0, le=1.0)
-    xtc_threshold: float = Field(0.1, ge=0.0, le=1.0)
-    dynatemp_range: float = Field(0.0, ge=0.0, le=10.0)
-    dynatemp_exponent: float = Field(1.0, gt=0.0, le=100.0)
-    mirostat: int = Field(0, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0")
-    mirostat_tau: float = Field(
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool = False
+    min_tokens: StrictInt = Field(0, ge=0)
+    ignore_eos: StrictBool = False
+    typical_p: StrictFloat = Field(1.0, gt=0.0, le=1.0, description="1 = off")
+    top_n_sigma: StrictFloat = Field(-1.0, ge=-1.0, le=100.0, description="<= 0 = off")
+    xtc_probability: StrictFloat = Field(0.0, ge=0.0, le=1.0)
+    xtc_threshold: StrictFloat = Field(0.1, ge=0.0, le=1.0)
+    dynatemp_range: StrictFloat = Field(0.0, ge=0.0, le=10.0)
+    dynatemp_exponent: StrictFloat = Field(1.0, gt=0.0, le=100.0)
+    mirostat: StrictInt = Field(
+        0, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0"
+    )
+    mirostat_tau: StrictFloat = Field(
         5.0, gt=0.0, le=100.0, validation_alias=alias("mirostat_tau", "mirostat_target")
     )
-    mirostat_eta: float = Field(
+    mirostat_eta: StrictFloat = Field(
         0.1, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
     )
-    dry_multiplier: float = Field(0.0, ge=0.0, le=100.0, description="0 = off")
-    dry_base: float = Field(1.75, ge=0.0, le=100.0)
-    dry_allowed_length: int = Field(2, ge=0, le=10_000)
-    dry_penalty_last_n: int = Field(
+    dry_multiplier: StrictFloat = Field(0.0, ge=0.0, le=100.0, description="0 = off")
+    dry_base: StrictFloat = Field(1.75, ge=0.0, le=100.0)
+    dry_allowed_length: StrictInt = Field(2, ge=0, le=10_000)
+    dry_penalty_last_n: StrictInt = Field(
         64, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
     )
     dry_sequence_breakers: list[str] = Field(
         default_factory=lambda: list(DEFAULT_BREAKERS), max_length=MAX_BREAKERS
     )
     samplers: list[str] | str | None = Field(
-        None, description="llama.cpp's sampler order: names or one letter each"
+        None,
+        description="llama.cpp's sampler order: names or one letter each",
+        json_schema_extra=SAMPLERS_SCHEMA,
     )
-    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(
+    logit_bias: dict[str, StrictFloat] | None = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
+    seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
+    presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: StrictFloat = Field(
         1.0, gt=0.0, le=10.0, validation_alias=alias("repetition_penalty", "repeat_penalty")
     )
-    repeat_last_n: int = Field(
+    repeat_last_n: StrictInt = Field(
         64,
         ge=-1,
         le=MAX_WINDOW,
         description="penalty window in tokens, prompt included; -1 = all, 0 = off",
     )
-    allowed_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
+    allowed_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
     context_length_exceeded_behavior: Literal["truncate", "error"] = "error"
-    truncate_sequence: bool = False
-    truncate_prompt_tokens: int | None = Field(None, ge=1)
-    cache_prompt: bool = True
-    n_indent: int = Field(
+    truncate_sequence: StrictBool = False
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=1)
+    cache_prompt: StrictBool = True
+    n_indent: StrictInt = Field(
         0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"
     )
-    t_max_predict_ms: int = Field(
+    t_max_predict_ms: StrictInt = Field(
         0, ge=0, description="llama.cpp: once a line break was generated, stop after this time"
     )
-    t_max_prompt_ms: int = Field(-1, description="llama.cpp: accepted; it does not act on it")
-    id_slot: int = Field(-1, description="llama.cpp: accepted; one batch serves every request")
-    return_token_ids: bool = Field(
+    t_max_prompt_ms: StrictInt = Field(-1, description="llama.cpp: accepted; it does not act on it")
+    id_slot: StrictInt = Field(
+        -1, description="llama.cpp: accepted; one batch serves every request"
+    )
+    return_token_ids: StrictBool = Field(
         False,
         validation_alias=alias("return_token_ids", "return_tokens"),
         description="vLLM: each choice carries prompt_token_ids (what the model saw) and "
         "token_ids; llama.cpp's return_tokens: `tokens` in /completion and /infill answers",
     )
-    timings_per_token: bool = Field(
+    timings_per_token: StrictBool = Field(
         False, description="llama.cpp: add prompt/decode `timings` to the response"
     )
     user: str | None = None
@@ -319,7 +358,7 @@ class CompletionRequest(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+    def _logit_bias(cls, bias: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
         for key, value in (bias or {}).items():
             if not key.lstrip("-").isdigit():
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -358,16 +397,23 @@ class NativeCompletionRequest(CompletionRequest):
     """POST /completion: llama.cpp's field names and its defaults (n_predict -1 = until the
     context is full; temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
 
-    max_tokens: int | None = Field(
+    model_config = ConfigDict(
+        json_schema_extra=documented(
+            {"prompt": "def add(a, b):\n", "n_predict": 16, "n_probs": 2, "cache_prompt": True},
+            {"prompt": "x", "n_predict": 8, "stream": True, "samplers": "kpt"},
+        )
+    )
+
+    max_tokens: StrictInt | None = Field(
         -1,
         ge=-1,
         validation_alias=alias("n_predict", "max_tokens"),
         description="-1: until the context window is full",
     )
-    temperature: float = Field(0.8, ge=0.0, le=10.0)
-    top_k: int = Field(40, ge=-1)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    temperature: StrictFloat = Field(0.8, ge=0.0, le=10.0)
+    top_k: StrictInt = Field(40, ge=-1)
+    top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
+    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
     response_fields: list[str] | None = Field(
         None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
     )
@@ -383,6 +429,22 @@ class InfillChunk(BaseModel):
 
 class InfillRequest(NativeCompletionRequest):
     """POST /infill as llama.vim and llama.vscode send it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=documented(
+            {
+                "input_prefix": "def add(a, b):\n",
+                "input_suffix": "\n",
+                "input_extra": [{"filename": "util.py", "text": "import math\n"}],
+                "prompt": "    return ",
+                "n_predict": 16,
+                "n_indent": 4,
+                "t_max_predict_ms": 500,
+                "samplers": ["top_k", "top_p", "infill"],
+                "cache_prompt": True,
+            }
+        )
+    )
 
     prompt: str = Field(
         "", max_length=MAX_TEXT_CHARS, description="the current line up to the cursor"
