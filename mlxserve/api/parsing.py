@@ -43,9 +43,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
+def _number(text: str) -> float | int:
+    """JSON Schema counts 2.0 as an integer: so do we (float fields take ints as they are)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object. The request models are strict (no `true` for 1, no "0.5"
+    for 0.5): JSON's own types, as /openapi.json states them."""
     try:
-        data = json.loads(body, parse_constant=_no_constant)
+        data = json.loads(body, parse_constant=_no_constant, parse_float=_number)
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {error}", code="invalid_json"

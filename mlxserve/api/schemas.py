@@ -47,11 +47,23 @@ def documented(*examples: dict[str, Any]):
     from them)."""
 
     def extra(schema: dict[str, Any], model: type[BaseModel]) -> None:
+        for name in _NULL_IS_DEFAULT & schema.get("properties", {}).keys():
+            _allow_null(schema["properties"][name])
         document_aliases(schema, model)
         if examples:
             schema["examples"] = list(examples)
 
     return extra
+
+
+def _allow_null(prop: dict[str, Any]) -> None:
+    """`"n": null` means the default (OpenAI's clients send it): say so in the schema."""
+    meta = {"title", "description", "default", "examples"}
+    core = {k: prop.pop(k) for k in list(prop) if k not in meta}
+    branches = core["anyOf"] if list(core) == ["anyOf"] else [core]
+    if {"type": "null"} not in branches:
+        branches = [*branches, {"type": "null"}]
+    prop["anyOf"] = branches
 
 
 def document_aliases(schema: dict[str, Any], model: type[BaseModel]) -> None:
