@@ -86,6 +86,7 @@ async def drain_then_stop(
         await asyncio.sleep(0.05)
     if engine.pending_sequences:
         log.warning("stopping with %d sequences unfinished", engine.pending_sequences)
+        await asyncio.to_thread(engine.stop)  # they end with a 503 error, not a cut stream
     shutdown.set()
 
 

@@ -42,3 +42,33 @@ def test_streamed_final_chunk_carries_timings(http):
     )
     finals = [c for c in chunks if isinstance(c, dict) and c["choices"][0]["finish_reason"]]
     assert finals and finals[-1]["timings"]["predicted_n"] == 4
+
+
+def test_prometheus_histograms_and_request_counts(http):
+    def sample(name: str, labels: str = "") -> float:
+        text = http.get("/metrics").text
+        pattern = rf"^mlxserve_{name}{re.escape(labels)} (\S+)$"
+        match = re.search(pattern, text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    route = '{method="POST",route="/v1/completions",status="200"}'
+    before = sample("http_requests_total", route)
+    ttft = sample("time_to_first_token_seconds_count")
+    duration = sample("generation_duration_seconds_count")
+    complete(http, prompt="histograms", max_tokens=3)
+    stream_chunks(http, prompt="histograms", max_tokens=3)
+    assert sample("http_requests_total", route) == before + 2
+    assert sample("time_to_first_token_seconds_count") == ttft + 2
+    assert sample("generation_duration_seconds_count") == duration + 2
+    bad = '{method="POST",route="/v1/completions",status="400"}'
+    refused = sample("http_requests_total", bad)
+    http.post("/v1/completions", json={"prompt": "x", "n": 0})
+    assert sample("http_requests_total", bad) == refused + 1
+    text = http.get("/metrics").text
+    assert "# TYPE mlxserve_time_to_first_token_seconds histogram" in text
+    assert 'mlxserve_generation_duration_seconds_bucket{le="+Inf"}' in text
+    # Unknown paths share one label: a scanner cannot grow the label set.
+    http.get("/no/such/path/1")
+    http.get("/no/such/path/2")
+    assert 'route="unmatched",status="404"' in http.get("/metrics").text
+    assert "/no/such/path" not in http.get("/metrics").text

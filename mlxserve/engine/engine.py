@@ -301,6 +301,8 @@ class Engine:
                     return
                 log.exception("engine step failed")
                 self._fail_all(f"generation failed: {error}")
+        if self._busy:  # stopped with work left (a drain's deadline): say so to every client
+            self._fail_all("the server is shutting down", unavailable=True)
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.state = "stopped"
 
