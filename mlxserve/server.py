@@ -27,7 +27,9 @@ def hypercorn_config(settings: Settings) -> Config:
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 30
+    # An idle connection, or one still sending its request headers (slowloris), is closed
+    # after the body timeout: Hypercorn's keep-alive timer runs until a request is complete.
+    config.keep_alive_timeout = settings.limits.body_timeout_s
     # Graceful stop: in-flight responses get this long to finish.
     config.graceful_timeout = 5
     return config

@@ -260,6 +260,13 @@ def test_a_slow_body_gets_408_and_frees_the_server(strict):
         assert complete(http, prompt="x", max_tokens=1)["choices"]
 
 
+def test_slow_headers_are_cut_off(strict):
+    started = time.monotonic()
+    answer = raw_exchange(strict.settings.port, b"POST /v1/completions HTTP/1.1\r\nHost:", 10)
+    assert time.monotonic() - started < 5  # closed at --body-timeout (1 s here), not held open
+    assert not answer or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+
+
 def test_limits_set_by_flags_are_enforced_and_named(strict):
     with httpx.Client(base_url=strict.url) as http:
         for field, value in (("max_tokens", 9), ("n", 3), ("best_of", 3), ("logprobs", 2)):
