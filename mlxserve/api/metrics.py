@@ -11,7 +11,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from quart import Blueprint, Quart, Response, current_app, request
@@ -130,6 +136,7 @@ class Telemetry:
 
 
 def install(app: Quart) -> None:
+    disable_created_metrics()  # `_created` timestamps per series: noise for a single server
     telemetry = Telemetry(app.config["ENGINE"])
     app.config[TELEMETRY] = telemetry
 

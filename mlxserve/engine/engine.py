@@ -28,6 +28,7 @@ from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
 from .distributed import Cluster, broadcast_sampled_tokens
+from .memory import limit_malloc_arenas, release_freed_memory
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
 from .pacing import PrefillPacer
 from .prefix_cache import PrefixCache, default_budget_bytes
@@ -133,6 +134,7 @@ class Engine:
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
         `idle_unload_s`: free the model after this long without work (None: never)."""
+        limit_malloc_arenas()  # before this engine's threads allocate (engine/memory.py)
         self.model_source = model_source  # the model loaded, or being loaded
         self.cluster = cluster  # several ranks in lock-step (None: this process alone)
         self._leader = cluster is None or cluster.leader
@@ -347,7 +349,7 @@ class Engine:
         self._prefix = PrefixCache(self._prefix_budget) if self._prefix_budget > 0 else None
         self._count_prefix()
         gc.collect()
-        mx.clear_cache()
+        release_freed_memory()
         self.state = "unloaded"
 
     def _change_model(self) -> None:
@@ -698,7 +700,7 @@ class Engine:
         self.stats.decode_steps += 1
         self.stats.peak_batch = max(self.stats.peak_batch, len(responses))
         if self.stats.decode_steps % CLEAR_CACHE_EVERY == 0:
-            mx.clear_cache()
+            release_freed_memory()
         live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:

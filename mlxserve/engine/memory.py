@@ -1,0 +1,43 @@
+"""Handing freed memory back to the system, so a long-running server's RSS stays flat.
+
+MLX's CPU backend, numpy, the tokenizers and llguidance allocate through malloc from several
+threads. glibc gives each thread its own 64 MiB arena and keeps what is freed there: a 30-minute
+soak at 16 streams grew from 464 to 544 MiB of RSS, six arenas of ~64 MiB each resident
+(/proc/PID/smaps). Two arenas and a trim whenever MLX's buffer cache is cleared keep it flat.
+Elsewhere (macOS) only MLX's cache is cleared.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import mlx.core as mx
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:  # not glibc (musl)
+        return None
+
+
+_LIBC = _glibc()
+
+
+def limit_malloc_arenas(count: int = 2) -> None:
+    """At most `count` malloc arenas for the threads started from now on."""
+    if _LIBC is not None:
+        _LIBC.mallopt(M_ARENA_MAX, count)
+
+
+def release_freed_memory() -> None:
+    """Drop MLX's cache of freed buffers, then return free malloc pages to the system."""
+    mx.clear_cache()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
