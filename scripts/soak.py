@@ -14,12 +14,12 @@ then:
    cross-talk (an answer closer to another template's than to its own), answers that drifted
    (they start as the solo run does, then a seeded draw near a tie went the other way: a
    batch's float sums differ from a lone sequence's in the last bits),
-   the server's memory (RSS) idle, after --warmup-s under load (the baseline: MLX's buffer
-   cache and the prefix cache fill up first), at its peak and at the end, and whether every
-   sequence was freed.
+   the server's memory (RSS) idle and every 30 s after --warmup-s under load (MLX's buffer cache
+   and the prefix cache fill up first): growth is the median of the last quarter of those
+   samples over the first quarter's; and whether every sequence was freed.
 
 Exit status 1 if any 5xx, lost or cross-talked answer, unfreed sequence or memory
-growth of 10 % or more from the warmed-up baseline to the end.
+growth of 10 % or more.
 
     python scripts/soak.py [--minutes 30] [--concurrency 16] [--disconnect-rate 0.1]
                            [--model PATH | --url http://127.0.0.1:8080]
@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -320,20 +321,31 @@ async def soak(args: argparse.Namespace, base_url: str, port: int, pid: int | No
     await asyncio.sleep(1.0)  # let the server notice the last hang-ups
     pending = metric(base_url, "pending_sequences")
     batch = metric(base_url, "batch_size")
-    memory = Memory(rss_idle, *(samples[:1] or [0]), max(samples, default=0), rss_bytes(pid))
-    return report(args, tally, elapsed, memory if pid else None, pending, batch)
+    memory = Memory(rss_idle, [*samples, rss_bytes(pid)]) if pid else None
+    return report(args, tally, elapsed, memory, pending, batch)
 
 
 @dataclass
 class Memory:
+    """RSS samples every 30 s after the warm-up. RSS swings by ~20 % between samples as freed
+    memory goes back to the system and is taken again, so growth compares the medians of the
+    first and the last quarter of the samples, not two single samples."""
+
     idle: int  # after the solo runs, before the load
-    warm: int  # after --warmup-s under load: the baseline for growth
-    peak: int
-    end: int
+    samples: list[int]  # under load, after --warmup-s
+
+    @property
+    def quarters(self) -> tuple[int, int]:
+        quarter = max(1, len(self.samples) // 4)
+        return (
+            int(statistics.median(self.samples[:quarter])),
+            int(statistics.median(self.samples[-quarter:])),
+        )
 
     @property
     def growth(self) -> float:
-        return (self.end - self.warm) / self.warm if self.warm else 0.0
+        first, last = self.quarters
+        return (last - first) / first if first else 0.0
 
 
 def report(args, tally, elapsed, memory: Memory | None, pending, batch) -> int:
@@ -358,10 +370,12 @@ def report(args, tally, elapsed, memory: Memory | None, pending, batch) -> int:
         print(f"| {name} | {value} |")
     print(f"| requests per second | {(answered + hung_up) / elapsed:.1f} |")
     if memory:
-        mib = [round(m / 2**20) for m in (memory.idle, memory.warm, memory.peak, memory.end)]
+        first, last = memory.quarters
+        mib = [round(m / 2**20) for m in (memory.idle, min(memory.samples), max(memory.samples))]
         print(
-            f"| server RSS idle / after {args.warmup_s:g} s of load / peak / end | "
-            f"{' / '.join(map(str, mib))} MiB (end vs warm: {growth:+.1%}) |"
+            f"| server RSS idle / under load min, max | {mib[0]} / {mib[1]}, {mib[2]} MiB |\n"
+            f"| RSS median, first / last quarter of the run | {first / 2**20:.0f} / "
+            f"{last / 2**20:.0f} MiB ({growth:+.1%}) |"
         )
     print(f"| sequences pending / in the batch at the end | {pending:g} / {batch:g} |")
     for kind, example in tally.examples.items():
