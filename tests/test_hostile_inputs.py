@@ -321,3 +321,30 @@ def test_a_request_deadline_ends_generation_with_length(tiny_model):
     assert all(c["finish_reason"] == "length" for c in result["choices"])
     assert result["usage"]["completion_tokens"] < 4 * 2000
     assert elapsed < 5
+
+
+@pytest.mark.parametrize("cut", ["headers", "body"])
+def test_a_client_gone_mid_request_leaves_nothing_behind(server, cut):
+    body = json.dumps({"prompt": "x", "max_tokens": 50}).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    data = head[:20] if cut == "headers" else head + body[:10]
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.settings.port)) as sock:
+            sock.sendall(data)
+    with httpx.Client(base_url=server.url) as http:
+        assert complete(http, prompt="x", max_tokens=2)["choices"]
+    assert server.engine.pending_sequences == 0 and server.engine.stats.active_sequences == 0
+
+
+def test_binding_beyond_localhost_without_a_key_warns(caplog):
+    from mlxserve.server import warn_if_exposed
+    from mlxserve.settings import Settings
+
+    warn_if_exposed(Settings(model="m", host="127.0.0.1"))
+    warn_if_exposed(Settings(model="m", host="0.0.0.0", api_key="k"))
+    assert not caplog.records
+    warn_if_exposed(Settings(model="m", host="0.0.0.0"))
+    assert "without an API key" in caplog.text
