@@ -17,7 +17,14 @@ from quart_schema import document_request
 
 from ..engine import EngineError, GenerationEvent, TokenLogprob
 from ..fim import InfillParts
-from .completions import Plan, SequenceResult, collect_results, llama_timings, plan_request
+from .completions import (
+    Plan,
+    SequenceResult,
+    collect_results,
+    error_chunk,
+    llama_timings,
+    plan_request,
+)
 from .metrics import timed
 from .models import served_model_id
 from .parsing import read_completion_request, sampler_names
@@ -148,7 +155,7 @@ async def stream(
     try:
         async for event in events:
             if event.error:
-                yield _sse({"error": {"message": event.error, "type": "server_error"}})
+                yield _sse(error_chunk(event.error, event.unavailable))
                 return
             result = results[event.index]
             result.text += event.text
@@ -175,7 +182,7 @@ async def stream(
                 answer["content"] = ""
                 yield _sse(pick_fields(answer, plan.body.response_fields))
     except EngineError as error:
-        yield _sse({"error": {"message": str(error), "type": "server_error"}})
+        yield _sse(error_chunk(str(error)))
 
 
 def _sse(payload: dict[str, Any]) -> str:
