@@ -86,7 +86,7 @@ async def create_completion():
     }
     if body.stream:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        return stream_completion(timed(engine.submit(plan.sequences)), plan, meta), 200, headers
+        return stream_completion(generate(engine, plan), plan, meta), 200, headers
     return await collect_completion(engine, plan, meta)
 
 
@@ -326,10 +326,16 @@ def _end_of_infill(loaded) -> tuple[int, ...]:
     return tuple(ends)
 
 
+def generate(engine, plan: Plan) -> AsyncIterator[GenerationEvent]:
+    """The plan's sequences handed to the engine, timed for /metrics (call it inside the
+    request: a stream runs outside the app context)."""
+    return timed(engine.submit(plan.sequences))
+
+
 async def collect_results(engine, plan: Plan) -> list[SequenceResult]:
     """Every sequence's text, tokens and ending, once all have finished."""
     results = [SequenceResult() for _ in plan.sequences]
-    async for event in timed(engine.submit(plan.sequences)):
+    async for event in generate(engine, plan):
         _raise_on_error(event)
         result = results[event.index]
         result.text += event.text

@@ -22,10 +22,10 @@ from .completions import (
     SequenceResult,
     collect_results,
     error_chunk,
+    generate,
     llama_timings,
     plan_request,
 )
-from .metrics import timed
 from .models import served_model_id
 from .parsing import read_completion_request, sampler_names
 from .schemas import InfillRequest, NativeCompletionRequest
@@ -58,7 +58,7 @@ async def respond(body: NativeCompletionRequest, parts: InfillParts | None = Non
     model = served_model_id()  # read here: a stream runs outside the app context
     if body.stream:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        return stream(timed(engine.submit(plan.sequences)), loaded, model, plan), 200, headers
+        return stream(generate(engine, plan), loaded, model, plan), 200, headers
     results = await collect_results(engine, plan)
     answers = [final(plan, loaded, model, i, r) for i, r in enumerate(results)]
     answers = [pick_fields(a, body.response_fields) for a in answers]
