@@ -134,7 +134,8 @@ class Engine:
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
         `idle_unload_s`: free the model after this long without work (None: never)."""
-        limit_malloc_arenas()  # before this engine's threads allocate (engine/memory.py)
+        if cluster is None:  # see engine/memory.py for why not under mlx.launch
+            limit_malloc_arenas()  # before this engine's threads allocate
         self.model_source = model_source  # the model loaded, or being loaded
         self.cluster = cluster  # several ranks in lock-step (None: this process alone)
         self._leader = cluster is None or cluster.leader
@@ -349,7 +350,7 @@ class Engine:
         self._prefix = PrefixCache(self._prefix_budget) if self._prefix_budget > 0 else None
         self._count_prefix()
         gc.collect()
-        release_freed_memory()
+        release_freed_memory(trim=self.cluster is None)
         self.state = "unloaded"
 
     def _change_model(self) -> None:
@@ -700,7 +701,7 @@ class Engine:
         self.stats.decode_steps += 1
         self.stats.peak_batch = max(self.stats.peak_batch, len(responses))
         if self.stats.decode_steps % CLEAR_CACHE_EVERY == 0:
-            release_freed_memory()
+            release_freed_memory(trim=self.cluster is None)
         live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
