@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import httpx
 import openai
 import pytest
@@ -216,10 +219,35 @@ def test_api_key_is_required_everywhere_but_health(tiny_model):
             error_of(http.get("/admin/status"), 401)
             ok = http.post("/v1/completions", json=body, headers={"X-Api-Key": "s3cret"})
             assert ok.status_code == 200
+        assert_refusals_keep_the_connection(live.settings.port)
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
         assert client.completions.create(model="tiny", prompt="x", max_tokens=1).choices
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=live.url + "/v1", api_key="bad", max_retries=0).models.list()
+
+
+def assert_refusals_keep_the_connection(port: int) -> None:
+    """A 401 decided from the headers alone waits for the body, so the connection stays usable.
+
+    Refused mid-body, Hypercorn used to drop the connection under a client already reusing it
+    (CI: "Server disconnected without sending a response").
+    """
+    body = b'{"prompt": "x"}'
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for _ in range(2):
+            sock.sendall(head)
+            time.sleep(0.3)  # the auth check has long answered by now
+            sock.sendall(body)
+            answer = b""
+            while b"authentication_error" not in answer:
+                chunk = sock.recv(65536)
+                assert chunk, f"connection closed after {answer!r}"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" not in answer.lower()
 
 
 def test_503_while_the_model_loads(tiny_model):

@@ -62,6 +62,10 @@ def create_app(settings: Settings, engine) -> Quart:
         if request.method != "OPTIONS":  # a browser's CORS preflight carries no credentials
             check_api_key(settings.api_key)
 
+    @app.after_request
+    async def settle_unread_body(response):
+        return await read_rest_of_body(response)
+
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
         return error.body(), error.status, error.headers
@@ -91,6 +95,26 @@ def create_app(settings: Settings, engine) -> Quart:
         return error_body("The server had an internal error.", "server_error"), 500
 
     return app
+
+
+async def read_rest_of_body(response):
+    """An error may be answered before its request body has arrived (a 401 from the auth check).
+
+    Hypercorn then drops the keep-alive connection without saying so, under a client that may
+    already be sending its next request there ("Server disconnected without sending a response",
+    3 in 3000 requests). Reading the rest keeps the connection usable; a body too large or too
+    slow to read gets `Connection: close`, which clients heed.
+    """
+    if response.status_code < 400:
+        return response
+    if response.status_code in (408, 413):
+        response.headers["Connection"] = "close"
+        return response
+    try:
+        await request.get_data(cache=False)
+    except HTTPException:
+        response.headers["Connection"] = "close"
+    return response
 
 
 def registry_for(settings: Settings) -> Registry:
