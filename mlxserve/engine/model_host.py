@@ -154,9 +154,13 @@ def kv_bytes_per_token(model: nn.Module) -> int:
 
 
 def fit_to_device(model: nn.Module) -> None:
-    """The weights the server runs: on MLX's CPU backend, float32 where memory allows."""
+    """The model as the server runs it: on MLX's CPU backend, float32 weights where memory
+    allows and attention with a vectorised exp (`cpu_attention`)."""
+    from mlxserve.engine.cpu_attention import use_on_cpu
+
     dequantize_on_cpu(model, machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE)
     upcast_on_cpu(model)
+    use_on_cpu(model)
 
 
 # A quantized model is widened on the CPU only while its float32 weights take at most this share
