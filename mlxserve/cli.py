@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from .blas import reexec_with_openblas
+from .blas import reexec_for_cpu
 from .fim import TEMPLATE_NAMES, TEMPLATES
 from .settings import (
     DEFAULT_HOST,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         if argv is None:  # the real command line, not a caller's list
-            reexec_with_openblas()
+            reexec_for_cpu()
         return serve(args)
     return 2
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from mlxserve.blas import reexec_with_openblas
+from mlxserve.blas import reexec_for_cpu
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
@@ -272,7 +272,7 @@ def _runs(rates: list[float]) -> str:
 
 def main() -> int:
     args = parse_args()
-    reexec_with_openblas()  # the BLAS `mlxserve serve` runs on, for the bare loop too
+    reexec_for_cpu()  # the process settings `mlxserve serve` runs under, for the bare loop too
     model_path = args.model or default_model()
     if args.distributed_only:
         return distributed_row(args, model_path)

@@ -36,14 +36,13 @@ class StreamResult:
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
-    """mlx_lm.server as its users run it, on the BLAS mlxserve runs on (`mlxserve.blas`)."""
-    from mlxserve.blas import openblas_library
+    """mlx_lm.server as its users run it, under the process settings mlxserve runs under
+    (`mlxserve.blas`: OpenBLAS, huge pages)."""
+    from mlxserve.blas import cpu_environment
 
     cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    env = dict(os.environ)
-    if library := openblas_library():
-        env["LD_PRELOAD"] = library
+    env = cpu_environment(os.environ)
     with open(log_path, "wb") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 

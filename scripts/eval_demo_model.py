@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.blas import reexec_with_openblas
+from mlxserve.blas import reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
@@ -199,7 +199,7 @@ def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
 
 
 def main() -> None:
-    reexec_with_openblas()  # MLX's CPU wheel on OpenBLAS: 10-25x faster here
+    reexec_for_cpu()  # MLX's CPU wheel on OpenBLAS (10-25x faster here), huge pages
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--tasks", type=int, default=200)

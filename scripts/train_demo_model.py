@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.blas import reexec_with_openblas
+from mlxserve.blas import reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
@@ -407,7 +407,7 @@ def export(target: Path, model, tok_dir: Path, log_path: Path, summary: dict) ->
 
 
 def main() -> None:
-    reexec_with_openblas()  # MLX's CPU wheel on OpenBLAS: 10-25x faster here
+    reexec_for_cpu()  # MLX's CPU wheel on OpenBLAS (10-25x faster here), huge pages
     train(parse_args())
 
 

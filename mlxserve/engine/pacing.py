@@ -20,16 +20,17 @@ from dataclasses import dataclass
 # A chunk may take this many decode steps' time: a running stream's gap stays within
 # (1 + this) x its usual gap while a long prompt is prefilled beside it.
 CHUNK_COST_IN_DECODE_STEPS = 1.5
-# On the 2-core CPU, SmolLM2-135M: a decode step 49 ms, 8 prompt tokens beside it 88 ms near the
-# start of a prompt and 338 ms at depth 7000, so the bound wants chunks of 8 tokens or fewer
-# there. On a GPU they come out far larger.
-MIN_CHUNK, MAX_CHUNK = 8, 2048
-GRANULE = 8  # chunks are a multiple of this
+# On the 2-core CPU, SmolLM2-135M: a decode step ~40 ms; at depth 7000 one prompt token beside it
+# costs ~67 ms and 8 cost ~170 ms, so the bound wants chunks of 1 to 3 tokens there. On a GPU
+# they come out far larger.
+MIN_CHUNK, MAX_CHUNK = 1, 2048
+GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
 SMOOTHING = 0.2  # weight of the newest decode-only step in the usual gap
 
 
 def clamp_chunk(tokens: float) -> int:
-    return max(MIN_CHUNK, min(MAX_CHUNK, int(tokens) // GRANULE * GRANULE))
+    whole = int(tokens) if tokens < GRANULE else int(tokens) // GRANULE * GRANULE
+    return max(MIN_CHUNK, min(MAX_CHUNK, whole))
 
 
 @dataclass
