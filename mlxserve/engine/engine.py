@@ -28,6 +28,7 @@ from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
 from .distributed import Cluster, broadcast_sampled_tokens
+from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
 from .pacing import PrefillPacer
@@ -675,6 +676,8 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
+        with mx.stream(generation_stream):
+            grown = reserve_for_generator(self._generator)
         with self._generator.stats() as work:
             prompt_responses, responses = self._generator.next()
         step_s = time.perf_counter() - started
@@ -685,8 +688,10 @@ class Engine:
             decoded=bool(responses),
         )
         log.debug(
-            "step %.1f ms: %d prompt tokens, %d decoded, %d prompts ended, next chunk %d",
+            "step %.1f ms: %d KV layers grown, %d prompt tokens, %d decoded, %d prompts ended, "
+            "next chunk %d",
             step_s * 1000,
+            grown,
             work.prompt_tokens,
             len(responses),
             sum(r.end_of_prompt for r in prompt_responses),
