@@ -27,6 +27,7 @@ from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
+from . import batch_join
 from .distributed import Cluster, broadcast_sampled_tokens
 from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
@@ -411,6 +412,7 @@ class Engine:
             self._on_fatal(message)
 
     def _new_generator(self) -> BatchGenerator:
+        batch_join.install()
         if self._distributed:
             broadcast_sampled_tokens(self.cluster)
         return BatchGenerator(
