@@ -78,9 +78,9 @@ def verdict(model: dict, bigram: dict) -> str:
         return "It meets the project's bars: parse rate >= 60%, exact match well above bigram."
     return (
         "**It does not meet the project's bars yet** (parse rate >= 60%, exact match well above "
-        "the bigram baseline's): its lines are Python-shaped, often with the wrong indentation, "
-        "and rarely the line that was removed. (The bigram baseline's parse rate is mostly empty "
-        "lines, which parse wherever the removed line was optional.)"
+        "the bigram baseline's): its lines are Python-shaped, but rarely the line that was "
+        "removed; many are empty or wrongly indented. (The bigram baseline's parse rate is mostly "
+        "empty lines, which parse wherever the removed line was optional.)"
     )
 
 

@@ -198,17 +198,21 @@ class Sampler:
 
     @staticmethod
     def middle_span(rng: np.random.Generator, window: str) -> tuple[int, int]:
-        if rng.random() < LINE_SPAN_RATE:
-            starts = [0] + [i + 1 for i, c in enumerate(window) if c == "\n"]
-            first = rng.integers(0, len(starts))
+        """A middle that is never empty: line spans start on a whole, non-blank line. (With blank
+        middles in training, an empty line was the likeliest answer to nearly every infill, and
+        greedy decoding wrote nothing.)"""
+        starts = [i + 1 for i, c in enumerate(window) if c == "\n"]
+        nonblank = [i for i, lo in enumerate(starts) if window[lo:].split("\n", 1)[0].strip()]
+        if nonblank and rng.random() < LINE_SPAN_RATE:
+            first = nonblank[rng.integers(0, len(nonblank))]
             last = min(len(starts), first + rng.choice(LINE_COUNTS, p=LINE_COUNT_P))
             lo = starts[first]
             hi = starts[last] if last < len(starts) else len(window)
-            if hi > lo and window[hi - 1] == "\n" and rng.random() < NEWLINE_IN_SUFFIX_RATE:
+            if window[hi - 1] == "\n" and rng.random() < NEWLINE_IN_SUFFIX_RATE:
                 hi -= 1
             return lo, hi
-        lo, hi = sorted(rng.integers(0, len(window) + 1, size=2))
-        return int(lo), int(hi)
+        lo, hi = sorted(rng.integers(0, len(window), size=2))
+        return int(lo), int(hi) + 1
 
 
 # ---- training ----------------------------------------------------------------------------------
