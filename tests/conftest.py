@@ -19,6 +19,14 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_lm(tiny_model):
+    """The tiny model loaded by mlx-lm, for tests that drive mlx-lm directly (unpatched)."""
+    import mlx_lm
+
+    return mlx_lm.load(str(tiny_model))[0]
+
+
+@pytest.fixture(scope="session")
 def server(tiny_model):
     with LiveServer(str(tiny_model)) as live:
         yield live

@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from mlxserve.engine import batch_join
+
+from .batch_decoding import decode_all
 
 
 @pytest.fixture
@@ -72,37 +73,18 @@ def _decode(model) -> tuple[dict[int, list[int]], mx.array]:
     ends first (a partial split); greedy tokens and every step's log-probabilities."""
     rng = random.Random(1)
     prompt = lambda n: [rng.randrange(3, 1024) for _ in range(n)]  # noqa: E731
-    generator = BatchGenerator(model, prefill_step_size=32)
-    generator.insert([prompt(10)], max_tokens=[150])
-    tokens: dict[int, list[int]] = {}
-    logprobs = []
-    for step in range(400):
-        if step == 5:
-            generator.insert([prompt(500)], max_tokens=[60])
-        if step == 40:
-            generator.insert([prompt(40), prompt(300)], max_tokens=[30, 30])
-        _, responses = generator.next()
-        for r in responses:
-            tokens.setdefault(r.uid, []).append(r.token)
-            logprobs.append(r.logprobs)
-        if step > 40 and not responses:
-            break
-    generator.close()
-    return tokens, mx.stack(logprobs)
+    inserts = {0: ([prompt(10)], [150]), 5: ([prompt(500)], [60])}
+    inserts[40] = ([prompt(40), prompt(300)], [30, 30])
+    return decode_all(BatchGenerator(model, prefill_step_size=32), inserts, max_steps=400)
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model):
-    return mlx_lm.load(str(tiny_model))[0]
+def mlx_lms_decoding(tiny_lm):
+    return _decode(tiny_lm)
 
 
-@pytest.fixture(scope="module")
-def mlx_lms_decoding(model):
-    return _decode(model)
-
-
-def test_decoding_is_mlx_lms(model, mlx_lms_decoding, joined):
-    tokens, logprobs = _decode(model)
+def test_decoding_is_mlx_lms(tiny_lm, mlx_lms_decoding, joined):
+    tokens, logprobs = _decode(tiny_lm)
     assert [len(t) for t in tokens.values()] == [150, 60, 30, 30]
     assert tokens == mlx_lms_decoding[0]
     assert mx.array_equal(logprobs, mlx_lms_decoding[1])

@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.generate import BatchGenerator
 
 from mlxserve.engine.kv_reserve import reserve_for_generator
+
+from .batch_decoding import decode_all
 
 
 def _layers(generator) -> list:
@@ -36,14 +37,10 @@ def _run(model, budget: int | None) -> tuple[dict[int, list[int]], mx.array, int
     rng = random.Random(0)
     stream_prompt = [rng.randrange(3, 1024) for _ in range(12)]
     long_prompt = [rng.randrange(3, 1024) for _ in range(700)]
-    generator = BatchGenerator(model, prefill_step_size=16)
-    generator.insert([stream_prompt], max_tokens=[420])
-    tokens: dict[int, list[int]] = {}
-    logprobs = []
     grown_by_mlx_lm = 0
-    for step in range(600):
-        if step == 8:
-            generator.insert([long_prompt], max_tokens=[40])
+
+    def next_step(generator: BatchGenerator) -> tuple[list, list]:
+        nonlocal grown_by_mlx_lm
         if budget is not None:
             reserve_for_generator(generator, budget)
         before = _capacities(generator)
@@ -53,24 +50,18 @@ def _run(model, budget: int | None) -> tuple[dict[int, list[int]], mx.array, int
             old = before.get(key)
             if not joined and old and old[0] is layer and capacity > old[1]:
                 grown_by_mlx_lm += 1
-        for r in responses:
-            tokens.setdefault(r.uid, []).append(r.token)
-            logprobs.append(r.logprobs)
-        if step > 8 and not responses:
-            break
-    generator.close()
-    return tokens, mx.stack(logprobs), grown_by_mlx_lm
+        return prompts, responses
 
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return mlx_lm.load(str(tiny_model))[0]
+    inserts = {0: ([stream_prompt], [420]), 8: ([long_prompt], [40])}
+    generator = BatchGenerator(model, prefill_step_size=16)
+    tokens, logprobs = decode_all(generator, inserts, next_step)
+    return tokens, logprobs, grown_by_mlx_lm
 
 
 @pytest.mark.parametrize("budget", [1, 32 << 20])  # one layer a step; all of them
-def test_reserved_caches_never_grow_inside_a_step_and_decode_the_same(model, budget):
-    plain, plain_logprobs, grown_plain = _run(model, None)
-    reserved, reserved_logprobs, grown_reserved = _run(model, budget)
+def test_reserved_caches_never_grow_inside_a_step_and_decode_the_same(tiny_lm, budget):
+    plain, plain_logprobs, grown_plain = _run(tiny_lm, None)
+    reserved, reserved_logprobs, grown_reserved = _run(tiny_lm, budget)
     assert [len(t) for t in plain.values()] == [420, 40]
     assert reserved == plain
     assert mx.array_equal(reserved_logprobs, plain_logprobs)

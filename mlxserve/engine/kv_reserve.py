@@ -24,7 +24,7 @@ DECODE_GROWTH = 256
 
 
 def _capacity(cache: BatchKVCache) -> int:
-    return 0 if cache.keys is None else cache.keys.shape[2]
+    return cache.keys.shape[2]
 
 
 def _grow(cache: BatchKVCache, size: int) -> int:

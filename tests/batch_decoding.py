@@ -1,0 +1,33 @@
+"""Driving mlx-lm's own `BatchGenerator` to the end, for tests of what the engine changes in it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+
+def decode_all(
+    generator: BatchGenerator,
+    inserts: dict[int, tuple[list[list[int]], list[int]]],
+    next_step: Callable[[BatchGenerator], tuple[list, list]] = BatchGenerator.next,
+    max_steps: int = 600,
+) -> tuple[dict[int, list[int]], mx.array]:
+    """Insert `inserts[step]` (prompts, max_tokens) before that step and run `next_step` until
+    every sequence has ended. Returns the tokens per sequence and every response's
+    log-probabilities, in order."""
+    tokens: dict[int, list[int]] = {}
+    logprobs = []
+    last_insert = max(inserts)
+    for step in range(max_steps):
+        if step in inserts:
+            generator.insert(*inserts[step])
+        _, responses = next_step(generator)
+        for r in responses:
+            tokens.setdefault(r.uid, []).append(r.token)
+            logprobs.append(r.logprobs)
+        if step > last_insert and not responses:
+            break
+    generator.close()
+    return tokens, mx.stack(logprobs)
