@@ -116,6 +116,9 @@ BODIES = [
     {"prompt": "x = [", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "n": 2},
     {"prompt": "x", "max_tokens": 20, "temperature": 0.8, "seed": 2, "json_schema": SCHEMA},
     {"prompt": "def f():\n", "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1},
+    # Prefilled in chunks beside the streams above: the pacer sizes them from timings, and
+    # every rank must run rank 0's sizes.
+    {"prompt": "import sys\n" * 150, "max_tokens": 8, "temperature": 0, "ignore_eos": True},
 ]
 
 
@@ -126,18 +129,27 @@ def answers(url: str, stream: bool) -> list[list[str]]:
     def one(i: int) -> None:
         body = BODIES[i] | {"stream": stream}
         with httpx.Client(base_url=url, timeout=120) as client:
+            response = client.post("/v1/completions", json=body)
+            if response.status_code != 200 or '"error"' in response.text:
+                results[i] = [f"HTTP {response.status_code}: {response.text[-500:]}"]
+                return
             if not stream:
-                response = client.post("/v1/completions", json=body).json()
-                results[i] = [c["text"] for c in response["choices"]]
+                results[i] = [c["text"] for c in response.json()["choices"]]
                 return
             texts: dict[int, str] = {}
-            for line in client.post("/v1/completions", json=body).text.split("\n\n"):
+            for line in response.text.split("\n\n"):
                 if line.startswith("data: {"):
                     for c in json.loads(line[6:])["choices"]:
                         texts[c["index"]] = texts.get(c["index"], "") + c["text"]
             results[i] = [texts[k] for k in sorted(texts)]
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(BODIES))]
+    def guarded(i: int) -> None:
+        try:
+            one(i)
+        except Exception as e:  # noqa: BLE001
+            results[i] = [f"{type(e).__name__}: {e}"]
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(len(BODIES))]
     for t in threads:
         t.start()
     for t in threads:

@@ -95,7 +95,10 @@ def broadcast_sampled_tokens(cluster: Cluster) -> None:
     def set_(batch, tokens) -> None:
         if isinstance(tokens, mx.array) and tokens.size:  # (an empty batch has none)
             with mx.stream(generation_stream):  # where the model's collectives run
-                mine = tokens if cluster.leader else mx.zeros_like(tokens)
+                # Times 0 elsewhere, not zeros: a filtered or joined batch re-broadcasts lazily,
+                # and only a graph that still depends on the earlier broadcasts runs them on
+                # every rank (with zeros rank 0 alone did, and the ring paired mismatched sums).
+                mine = tokens * mx.array(int(cluster.leader), dtype=tokens.dtype)
                 tokens = mx.distributed.all_sum(mine, group=cluster.group)
         batch.__dict__["_lockstep_next_tokens"] = tokens
 

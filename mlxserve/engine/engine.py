@@ -32,7 +32,7 @@ from .distributed import Cluster, broadcast_sampled_tokens
 from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
-from .pacing import PrefillPacer
+from .pacing import PrefillPacer, pass_tokens
 from .prefix_cache import PrefixCache, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
@@ -415,12 +415,19 @@ class Engine:
         batch_join.install()
         if self._distributed:
             broadcast_sampled_tokens(self.cluster)
-        return BatchGenerator(
+        generator = BatchGenerator(
             self.loaded.model,
             completion_batch_size=MAX_BATCH,
             prefill_batch_size=8,
             prefill_step_size=self.loaded.prefill_chunk,
         )
+        # The generator cuts each step's prompt chunk at its prefill_step_size, which the pacer
+        # (and, on the other ranks, rank 0's tick) sets; its prompt batch then runs that chunk in
+        # forward passes of its own prefill_step_size, mlx-lm's constructor argument: our
+        # calibrated chunk, a few tokens on a CPU (slow passes), and different on each rank
+        # (collectives of different shapes: garbage tokens, or a segfault).
+        generator._prompt_batch.prefill_step_size = pass_tokens(mx.default_device() == mx.cpu)
+        return generator
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued adds and cancels (on every rank, when distributed). Returns False when
@@ -683,12 +690,13 @@ class Engine:
         with self._generator.stats() as work:
             prompt_responses, responses = self._generator.next()
         step_s = time.perf_counter() - started
-        self._generator.prefill_step_size = self._pacer.observe(
-            step_s,
-            prompt_tokens=work.prompt_tokens,
-            prompts=sum(not r.end_of_prompt for r in prompt_responses),
-            decoded=bool(responses),
-        )
+        if self._leader:  # the other ranks run rank 0's chunks (its tick), never their own
+            self._generator.prefill_step_size = self._pacer.observe(
+                step_s,
+                prompt_tokens=work.prompt_tokens,
+                prompts=sum(not r.end_of_prompt for r in prompt_responses),
+                decoded=bool(responses),
+            )
         log.debug(
             "step %.1f ms: %d KV layers grown, %d prompt tokens, %d decoded, %d prompts ended, "
             "next chunk %d",
