@@ -48,6 +48,14 @@ def http(server):
         yield c
 
 
+@pytest.fixture(scope="session")
+def smollm2_server():
+    """SmolLM2-135M from ../shared/models, served once for every test that needs a real model:
+    a load (float32 widening, calibration) took ~33 s of a CI run, and four modules use it."""
+    with LiveServer(str(shared_model("smollm2-135m-instruct-4bit"))) as live:
+        yield live
+
+
 def shared_model(name: str) -> Path:
     path = SHARED_MODELS / name
     if not (path / "config.json").exists():

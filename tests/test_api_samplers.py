@@ -8,9 +8,7 @@ import math
 import httpx
 import pytest
 
-from .conftest import shared_model
 from .helpers import complete, texts
-from .live_server import LiveServer
 
 PROMPT = "for i in range(10):\n   "
 SAMPLED = dict(prompt=PROMPT, max_tokens=40, temperature=1.0, seed=21, ignore_eos=True)
@@ -96,9 +94,8 @@ def repeated_ngrams(tokens: list[str], n: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    model = shared_model("smollm2-135m-instruct-4bit")
-    with LiveServer(str(model)) as live, httpx.Client(base_url=live.url, timeout=600) as http:
+def smollm2(smollm2_server):
+    with httpx.Client(base_url=smollm2_server.url, timeout=600) as http:
         yield http
 
 

@@ -10,9 +10,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import shared_model
 from .helpers import complete, stream_chunks, streamed_texts, texts
-from .live_server import LiveServer
 
 PROMPT = "def main():\n    "
 
@@ -170,10 +168,10 @@ def decode_rate(http: httpx.Client, tokens: int) -> float:
 
 
 @pytest.mark.slow
-def test_a_stream_longer_than_a_minute_ends_with_done():
-    """Quart cuts responses at 60 s by default (RESPONSE_TIMEOUT): ours must run to [DONE]."""
-    model = shared_model("smollm2-135m-instruct-4bit")  # ~7 tokens/s here: a slow, real stream
-    with LiveServer(str(model)) as live, httpx.Client(base_url=live.url, timeout=None) as http:
+def test_a_stream_longer_than_a_minute_ends_with_done(smollm2_server):
+    """Quart cuts responses at 60 s by default (RESPONSE_TIMEOUT): ours must run to [DONE].
+    SmolLM2 at ~7 tokens/s here: a slow, real stream."""
+    with httpx.Client(base_url=smollm2_server.url, timeout=None) as http:
         rate = decode_rate(http, tokens=24)
         max_tokens = math.ceil(rate * LONG_STREAM_SECONDS)
         start = time.monotonic()

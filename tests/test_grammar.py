@@ -13,9 +13,7 @@ import threading
 import jsonschema
 import pytest
 
-from .conftest import shared_model
 from .helpers import complete, stream_chunks, streamed_texts, texts
-from .live_server import LiveServer
 
 SEEDS = 20
 PERSON = {
@@ -361,21 +359,19 @@ def test_compiled_grammars_are_cached(server, http):
 
 
 @pytest.mark.slow
-def test_a_real_model_follows_a_schema():
-    path = shared_model("smollm2-135m-instruct-4bit")
-    with LiveServer(str(path)) as live:
-        import httpx
+def test_a_real_model_follows_a_schema(smollm2_server):
+    import httpx
 
-        with httpx.Client(base_url=live.url, timeout=300) as http:
-            result = complete(
-                http,
-                prompt="A pet record as JSON:\n",
-                n=SEEDS,
-                seed=11,
-                max_tokens=120,
-                temperature=0.8,
-                json_schema=PERSON,
-            )
+    with httpx.Client(base_url=smollm2_server.url, timeout=300) as http:
+        result = complete(
+            http,
+            prompt="A pet record as JSON:\n",
+            n=SEEDS,
+            seed=11,
+            max_tokens=120,
+            temperature=0.8,
+            json_schema=PERSON,
+        )
     stopped, cut = finished_outputs(result)
     for text in stopped:
         jsonschema.validate(json.loads(text), PERSON)

@@ -13,7 +13,6 @@ import pytest
 
 from mlxserve.settings import DEFAULT_MODEL
 
-from .conftest import shared_model
 from .live_server import LiveServer
 
 PREFIX = "import math\n\n\ndef area(radius):\n"
@@ -276,12 +275,6 @@ def test_infill_inside_a_function_stops_and_the_file_parses(demo_http):
     ast.parse(prefix + "        " + answer["content"] + suffix)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    with LiveServer(str(shared_model("smollm2-135m-instruct-4bit"))) as live:
-        yield live
-
-
 def test_models_without_fim_tokens_refuse_infill_by_name(server, http):
     assert server.engine.loaded.fim is None
     response = http.post("/v1/completions", json={"prompt": "def f(", "suffix": ")\n"})
@@ -293,8 +286,8 @@ def test_models_without_fim_tokens_refuse_infill_by_name(server, http):
     assert response.status_code == 400 and response.json()["error"]["param"] == "input_suffix"
 
 
-def test_smollm2_has_no_fim_tokens_so_suffix_is_a_400(smollm2):
-    with httpx.Client(base_url=smollm2.url, timeout=60) as client:
+def test_smollm2_has_no_fim_tokens_so_suffix_is_a_400(smollm2_server):
+    with httpx.Client(base_url=smollm2_server.url, timeout=60) as client:
         response = client.post("/v1/completions", json={"prompt": "def f(", "suffix": ")\n"})
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "fim_not_supported"
