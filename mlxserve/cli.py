@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from .blas import reexec_for_cpu
 from .fim import TEMPLATE_NAMES, TEMPLATES
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def exit_without_finalizing(code: int) -> None:
+def exit_without_finalizing(code: int) -> NoReturn:
     """End the served process at once, its server and engine already stopped.
 
     A thread that used MLX keeps per-thread state in MLX's Python bindings whose destructor takes
