@@ -12,7 +12,7 @@ Deterministic (seeded: batch k is drawn from an RNG seeded by (seed, k)), resuma
 On Linux, MLX's CPU wheel links a reference BLAS; this script re-executes itself with Debian's
 OpenBLAS preloaded when it is installed (apt-get install libopenblas0-pthread): about 10x faster.
 
-    python scripts/train_demo_model.py --out build/demo-model [--steps 2800] [--seed 0]
+    python scripts/train_demo_model.py --out build/demo-model [--steps 1500] [--seed 0]
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ MODEL_CONFIG = {
     "eos_token_id": 2,
     "torch_dtype": "float16",
 }
-FIM_RATE = 0.5
+FIM_RATE = 0.7  # FIM samples still train left to right on their prefix and suffix
 LINE_SPAN_RATE = 0.8  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
-LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.6, 0.25, 0.15]
+LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.8, 0.15, 0.05]
 # Of those, the share whose middle leaves its last newline to the suffix: an editor's cursor on an
 # emptied line has the newline after it, so the suffix starts with "\n".
-NEWLINE_IN_SUFFIX_RATE = 0.5
+NEWLINE_IN_SUFFIX_RATE = 0.8
 CHARS_PER_SAMPLE = 900  # about CONTEXT tokens of Python
 
 
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/demo-model"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=2800)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=200)
@@ -103,10 +103,9 @@ def train_tokenizer(out: Path, train_files) -> None:
         "additional_special_tokens": SPECIAL_TOKENS,
         "model_max_length": CONTEXT,
     }
-    lines = (line for f in train_files for line in f.text.splitlines() if line.strip())
     train_sentencepiece(
         out,
-        lines,
+        tokenizer_sentences(train_files),
         config,
         vocab_size=VOCAB_SIZE,
         character_coverage=0.9995,
@@ -120,6 +119,42 @@ def train_tokenizer(out: Path, train_files) -> None:
         num_threads=2,
         seed_sentencepiece_size=1_000_000,
     )
+    isolate_indentation(out)
+
+
+def tokenizer_sentences(train_files):
+    """Each line's code, and its indentation as a sentence of its own, so that no piece mixes the
+    two. With pieces such as 8 spaces + "return", greedy decoding chose the likeliest (depth, word)
+    pair, and a common word at the wrong depth beat the right depth split over many words."""
+    for f in train_files:
+        for line in f.text.splitlines():
+            code = line.lstrip(" ")
+            if len(code) < len(line):
+                yield line[: len(line) - len(code)]
+            if code.strip():
+                yield code
+
+
+def isolate_indentation(out: Path) -> None:
+    """Make tokenizer.json split text as the pieces were learned: newlines and a line's leading
+    spaces apart from the code after them (BPE would otherwise merge " " + "return").
+
+    transformers' LlamaTokenizer rebuilds its own pre-tokenizer and would drop this one, so the
+    folder names the generic PreTrainedTokenizerFast, which runs tokenizer.json as written.
+    """
+    spec = json.loads((out / "tokenizer.json").read_text())
+    isolate = {"Regex": "^ +|\n"}  # Oniguruma's ^ matches at every line start
+    spec["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": isolate, "behavior": "Isolated", "invert": False},
+            spec["pre_tokenizer"],
+        ],
+    }
+    (out / "tokenizer.json").write_text(json.dumps(spec, indent=2, ensure_ascii=False))
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
 def load_tokenizer(out: Path):
@@ -137,6 +172,10 @@ def check_tokenizer(tokenizer, samples: list[str]) -> None:
         assert tokenizer.decode(ids) == text, "tokenizer does not round-trip"
     ids = tokenizer.encode(FIM_PREFIX + "x" + FIM_SUFFIX, add_special_tokens=False)
     assert ids[0] == tokenizer.convert_tokens_to_ids(FIM_PREFIX), ids
+    pieces = tokenizer.convert_ids_to_tokens(
+        tokenizer.encode("x\n        if y:", add_special_tokens=False)
+    )
+    assert "\u2581" * 8 in pieces, f"indentation is not a token of its own: {pieces}"
 
 
 # ---- samples -----------------------------------------------------------------------------------
