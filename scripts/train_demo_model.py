@@ -12,7 +12,7 @@ Deterministic (seeded: batch k is drawn from an RNG seeded by (seed, k)), resuma
 On Linux, MLX's CPU wheel links a reference BLAS; this script re-executes itself with Debian's
 OpenBLAS preloaded when it is installed (apt-get install libopenblas0-pthread): about 10x faster.
 
-    python scripts/train_demo_model.py --out build/demo-model [--steps 1500] [--seed 0]
+    python scripts/train_demo_model.py --out build/demo-model [--steps 2000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/demo-model"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=200)
