@@ -6,7 +6,8 @@ Reports:
   given prefix and suffix in StarCoder's FIM format and asked for the middle (greedy, up to the
   first newline). Exact match (trailing spaces ignored) and parse rate (the file with the
   completion in place still passes `ast.parse`);
-- the same two rates for a bigram baseline (most likely next token given the previous one,
+- how many completions were empty, and how many non-empty ones sat at the removed line's depth;
+- the same for a bigram baseline (most likely next token given the previous one,
   counted on the training split), which sees only the prefix.
 
     python scripts/eval_demo_model.py [--model mlxserve/models/mlxserve-demo-coder] [--tasks 200]
@@ -181,8 +182,12 @@ class BigramInfiller:
         return first_line(tokenizer.decode(generated, skip_special_tokens=True))
 
 
+def indentation(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
 def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
-    exact = parsed = 0
+    exact = parsed = empty = indented = 0
     start = time.monotonic()
     for n, task in enumerate(tasks, 1):
         line = infiller.complete(task)
@@ -190,10 +195,14 @@ def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
             print(f"{name}: {n}/{len(tasks)} tasks", file=sys.stderr, flush=True)
         exact += line.rstrip() == task.line.rstrip()
         parsed += parses(task, line)
+        empty += not line.strip()
+        indented += bool(line.strip()) and indentation(line) == indentation(task.line)
     return {
         "name": name,
         "exact_match": exact / len(tasks),
         "parse_rate": parsed / len(tasks),
+        "empty_lines": empty,  # of the tasks: nothing written
+        "right_indentation": indented,  # of the tasks: a line at the removed line's depth
         "seconds": round(time.monotonic() - start, 1),
     }
 
