@@ -62,3 +62,36 @@ def reexec_for_cpu() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
+
+
+# MXCSR bits: flush denormal results to zero, and read denormal inputs as zero.
+FLUSH_TO_ZERO, DENORMALS_ARE_ZERO = 0x8000, 0x0040
+_MXCSR_OFFSET = 28  # in glibc's x86-64 fenv_t (32 bytes), after the x87 state
+
+
+def flush_denormals() -> bool:
+    """x86-64 Linux: treat denormal floats as zero in this thread and the threads it starts, and
+    restart OpenBLAS's threads (started when it loaded) so they do too. Call before MLX starts.
+
+    As a model trains, some float32 values fall below 1e-38, and every matrix product touching
+    them runs at a fraction of its speed: the demo model's 16 x 256 training step went from 1.5 s
+    to 2.1-2.4 s by step 400 (3.1 s with one BLAS thread), and back to 1.5 s with these bits set.
+    Values that small do not move a float32 result. Returns whether the bits were set."""
+    import ctypes
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    libm = ctypes.CDLL("libm.so.6")
+    env = (ctypes.c_uint8 * 32)()
+    if libm.fegetenv(env) != 0:
+        return False
+    field = slice(_MXCSR_OFFSET, _MXCSR_OFFSET + 4)
+    mxcsr = int.from_bytes(bytes(env[field]), "little") | FLUSH_TO_ZERO | DENORMALS_ARE_ZERO
+    env[field] = list(mxcsr.to_bytes(4, "little"))
+    if libm.fesetenv(env) != 0:
+        return False
+    process = ctypes.CDLL(None)
+    if hasattr(process, "blas_thread_shutdown_"):  # OpenBLAS preloaded: its next call restarts
+        process.blas_thread_shutdown_()
+    return True

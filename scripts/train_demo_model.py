@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.blas import reexec_for_cpu
+from mlxserve.blas import flush_denormals, reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
@@ -458,6 +458,7 @@ def export(target: Path, model, tok_dir: Path, log_path: Path, summary: dict) ->
 
 def main() -> None:
     reexec_for_cpu()  # MLX's CPU wheel on OpenBLAS (10-25x faster here), huge pages
+    flush_denormals()  # a trained model's tiny values made steps 40-60% slower
     train(parse_args())
 
 
