@@ -31,3 +31,30 @@ def test_once_set_nothing_changes_so_the_process_re_executes_once():
 def test_openblas_is_preloaded_before_the_users_preloads():
     env = cpu_environment({"LD_PRELOAD": "/x/mine.so"})
     assert env["LD_PRELOAD"] == f"{openblas_library()}:/x/mine.so"
+
+
+FLUSHED = """
+import platform, sys
+import numpy as np
+from mlxserve.blas import cpu_environment, flush_denormals
+tiny = np.float32(1e-38)
+assert tiny * np.float32(0.5) > 0  # a denormal, before
+assert flush_denormals() == (platform.machine() == "x86_64")
+import mlx.core as mx
+a = mx.full((64, 64), 1e-38)
+print(float(tiny * np.float32(0.5)), (a * 0.5)[0, 0].item(), (a @ a)[0, 0].item())
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["plain", "under cpu_environment"])
+def test_denormals_flush_to_zero_in_numpy_mlx_and_its_blas(preload):
+    import os
+    import platform
+    import subprocess
+
+    env = cpu_environment(os.environ) if preload else dict(os.environ)
+    out = subprocess.run(
+        [sys.executable, "-c", FLUSHED], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if platform.machine() == "x86_64":
+        assert out == ["0.0", "0.0", "0.0"]
