@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
 import sys
 
 import pytest
@@ -34,9 +37,9 @@ def test_openblas_is_preloaded_before_the_users_preloads():
 
 
 FLUSHED = """
-import platform, sys
+import platform
 import numpy as np
-from mlxserve.blas import cpu_environment, flush_denormals
+from mlxserve.blas import flush_denormals
 tiny = np.float32(1e-38)
 assert tiny * np.float32(0.5) > 0  # a denormal, before
 assert flush_denormals() == (platform.machine() == "x86_64")
@@ -48,10 +51,6 @@ print(float(tiny * np.float32(0.5)), (a * 0.5)[0, 0].item(), (a @ a)[0, 0].item(
 
 @pytest.mark.parametrize("preload", [False, True], ids=["plain", "under cpu_environment"])
 def test_denormals_flush_to_zero_in_numpy_mlx_and_its_blas(preload):
-    import os
-    import platform
-    import subprocess
-
     env = cpu_environment(os.environ) if preload else dict(os.environ)
     out = subprocess.run(
         [sys.executable, "-c", FLUSHED], env=env, capture_output=True, text=True, check=True
