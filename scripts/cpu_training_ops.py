@@ -58,10 +58,14 @@ def _swiglu_vjp(primals, cotangent, output):
     )
 
 
-def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
-    """Mean next-token loss, as `nn.losses.cross_entropy(..., reduction="mean")`."""
+def cross_entropy(logits: mx.array, targets: mx.array, weights: mx.array | None = None) -> mx.array:
+    """Mean next-token loss, as `nn.losses.cross_entropy(..., reduction="mean")`; with `weights`,
+    the weighted mean (sum of weight x loss over the sum of weights)."""
     picked = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return (logsumexp(logits) - picked).mean()
+    losses = logsumexp(logits) - picked
+    if weights is None:
+        return losses.mean()
+    return (losses * weights).sum() / weights.sum()
 
 
 def use_in_llama() -> None:

@@ -5,8 +5,9 @@ Deterministic (seeded: batch k is drawn from an RNG seeded by (seed, k)), resuma
 
 1. A SentencePiece BPE tokenizer (byte fallback, 4096 pieces, StarCoder-style FIM tokens) trained on
    the training split of the Python standard library; tokenizer.json is written for transformers.
-2. A Llama in mlx-lm's format trained with MLX on the CPU: half the samples in fill-in-the-middle
-   order (<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>), half left to right.
+2. A Llama in mlx-lm's format trained with MLX on the CPU: 80% of the samples in fill-in-the-middle
+   order (<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>, the middle's loss weighted
+   4x), the rest left to right.
 3. The result exported in fp16 to --out/model (config, weights, tokenizer, loss log).
 
 On Linux, MLX's CPU wheel links a reference BLAS; this script re-executes itself with Debian's
@@ -60,7 +61,11 @@ MODEL_CONFIG = {
     "eos_token_id": 2,
     "torch_dtype": "float16",
 }
-FIM_RATE = 0.7  # FIM samples still train left to right on their prefix and suffix
+FIM_RATE = 0.8  # FIM samples still train left to right on their prefix and suffix
+# Loss weight of a FIM sample's middle and its end token, against 1 for every other token. The
+# middle is the infill skill (a line at the right depth that fits its suffix) and is only ~8% of
+# the tokens; prefix and suffix are plain left-to-right text.
+MIDDLE_WEIGHT = 4.0
 LINE_SPAN_RATE = 0.8  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
 LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.8, 0.15, 0.05]
 # Of those, the share whose middle leaves its last newline to the suffix: an editor's cursor on an
@@ -79,6 +84,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--fim-rate", type=float, default=FIM_RATE)
+    parser.add_argument("--middle-weight", type=float, default=MIDDLE_WEIGHT)
     return parser.parse_args()
 
 
@@ -182,9 +189,11 @@ def check_tokenizer(tokenizer, samples: list[str]) -> None:
 
 
 class Sampler:
-    """Draws training sequences of CONTEXT + 1 tokens: left to right, or fill-in-the-middle."""
+    """Draws training sequences of CONTEXT + 1 tokens, left to right or fill-in-the-middle, each
+    with a loss weight per token (`middle_weight` on a FIM middle and its end token, else 1)."""
 
-    def __init__(self, tokenizer, files, stream: np.ndarray):
+    def __init__(self, tokenizer, files, stream: np.ndarray, fim_rate: float, middle_weight: float):
+        self.fim_rate, self.middle_weight = fim_rate, middle_weight
         self.encode = partial(tokenizer.encode, add_special_tokens=False)
         self.files = files
         self.weights = np.array([len(f.text) for f in files], dtype=np.float64)
@@ -194,19 +203,21 @@ class Sampler:
         self.prefix, self.suffix, self.middle = ids(FIM_PREFIX), ids(FIM_SUFFIX), ids(FIM_MIDDLE)
         self.eos = tokenizer.convert_tokens_to_ids(EOS)
 
-    def batch(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return np.stack([self.sample(rng) for _ in range(size)])
+    def batch(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, weights), each of shape (size, CONTEXT + 1)."""
+        tokens, weights = zip(*(self.sample(rng) for _ in range(size)))
+        return np.stack(tokens), np.stack(weights)
 
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        if rng.random() < FIM_RATE:
+    def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        if rng.random() < self.fim_rate:
             return self.fim(rng)
-        return self.left_to_right(rng)
+        return self.left_to_right(rng), np.ones(CONTEXT + 1, dtype=np.float32)
 
     def left_to_right(self, rng: np.random.Generator) -> np.ndarray:
         start = rng.integers(0, len(self.stream) - CONTEXT - 1)
         return self.stream[start : start + CONTEXT + 1]
 
-    def fim(self, rng: np.random.Generator) -> np.ndarray:
+    def fim(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         text = self.files[rng.choice(len(self.files), p=self.weights)].text
         start = rng.integers(0, max(1, len(text) - CHARS_PER_SAMPLE))
         window = text[start : start + CHARS_PER_SAMPLE]
@@ -228,12 +239,13 @@ class Sampler:
             + [self.suffix]
             + suf[:keep_suffix]
             + [self.middle]
-            + mid
-            + [self.eos]
         )
+        weights = np.ones(CONTEXT + 1, dtype=np.float32)
+        weights[len(tokens) : len(tokens) + len(mid) + 1] = self.middle_weight
+        tokens += mid + [self.eos]
         if len(tokens) < CONTEXT + 1:  # pack the rest with left-to-right text
             tokens += list(self.left_to_right(rng)[: CONTEXT + 1 - len(tokens)])
-        return np.array(tokens[: CONTEXT + 1], dtype=np.int32)
+        return np.array(tokens[: CONTEXT + 1], dtype=np.int32), weights
 
     @staticmethod
     def middle_span(rng: np.random.Generator, window: str) -> tuple[int, int]:
@@ -303,7 +315,7 @@ def train(args: argparse.Namespace) -> None:
     print(
         f"{len(train_stream):,} training tokens, {len(held_stream):,} held-out tokens", flush=True
     )
-    sampler = Sampler(tokenizer, train_files, train_stream)
+    sampler = Sampler(tokenizer, train_files, train_stream, args.fim_rate, args.middle_weight)
 
     mx.random.seed(args.seed)
     model = llama.Model(llama.ModelArgs.from_dict(MODEL_CONFIG))
@@ -340,17 +352,20 @@ def train(args: argparse.Namespace) -> None:
 
         use_in_llama()
     else:
-        cross_entropy = partial(nn.losses.cross_entropy, reduction="mean")
 
-    def loss_fn(model, x, y):
-        return cross_entropy(model(x), y)
+        def cross_entropy(logits, targets, weights):
+            losses = nn.losses.cross_entropy(logits, targets, reduction="none")
+            return (losses * weights).sum() / weights.sum()
+
+    def loss_fn(model, x, y, weights):
+        return cross_entropy(model(x), y, weights)
 
     value_and_grad = nn.value_and_grad(model, loss_fn)
     state = [model.state, optimizer.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
-    def train_step(x, y):
-        loss, grads = value_and_grad(model, x, y)
+    def train_step(x, y, weights):
+        loss, grads = value_and_grad(model, x, y, weights)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         optimizer.update(model, grads)
         return loss
@@ -371,13 +386,13 @@ def train(args: argparse.Namespace) -> None:
     tic, running = time.monotonic(), None
     with log_path.open("a") as log:
 
-        def draw(step: int) -> np.ndarray:
+        def draw(step: int) -> tuple[np.ndarray, np.ndarray]:
             return sampler.batch(np.random.default_rng([args.seed, step]), args.batch)
 
         upcoming = draw(step)
         while step < args.steps:
-            batch = mx.array(upcoming)
-            loss = train_step(batch[:, :-1], batch[:, 1:])
+            batch, weights = (mx.array(a) for a in upcoming)
+            loss = train_step(batch[:, :-1], batch[:, 1:], weights[:, 1:])
             mx.async_eval(state, loss)
             if step + 1 < args.steps:  # tokenize the next batch while this step computes
                 upcoming = draw(step + 1)
@@ -418,7 +433,8 @@ def train(args: argparse.Namespace) -> None:
         "learning_rate": args.lr,
         "warmup_steps": args.warmup,
         "schedule": "linear warm-up, then cosine decay to 10%; AdamW, weight decay 0.1, clip 1.0",
-        "fim_rate": FIM_RATE,
+        "fim_rate": args.fim_rate,
+        "middle_loss_weight": args.middle_weight,
         "line_span_rate": LINE_SPAN_RATE,
         "line_counts": dict(zip(LINE_COUNTS, LINE_COUNT_P)),
         "newline_in_suffix_rate": NEWLINE_IN_SUFFIX_RATE,

@@ -64,6 +64,17 @@ def test_cross_entropy_is_mlx_s():
     assert abs(ops.cross_entropy(logits, targets).item() - expected.item()) < 1e-5
 
 
+def test_weighted_cross_entropy_is_the_weighted_mean_of_mlx_s():
+    mx.random.seed(3)
+    logits, targets = mx.random.normal((2, 9, 50)) * 4, mx.random.randint(0, 50, (2, 9))
+    weights = mx.where(mx.arange(9) >= 6, 5.0, 1.0) * mx.ones((2, 9))
+    each = nn.losses.cross_entropy(logits, targets, reduction="none")
+    expected = (each * weights).sum() / weights.sum()
+    ours = ops.cross_entropy(logits, targets, weights)
+    assert abs(ours.item() - expected.item()) < 1e-5
+    assert abs(ours.item() - each.mean().item()) > 1e-3  # the weights change the mean
+
+
 def test_a_llama_trains_on_them_as_on_mlx_s_ops(monkeypatch):
     """Loss and every parameter's gradient of a small Llama, stock against patched."""
     config = {
