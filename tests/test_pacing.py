@@ -55,3 +55,12 @@ def test_deep_in_a_long_prompt_chunks_go_below_the_granule():
     assert pacer.observe(0.170, prompt_tokens=8, prompts=1, decoded=True) == fits
     cost = 0.130 / 8 * fits
     assert pacer.observe(0.040 + cost, prompt_tokens=fits, prompts=1, decoded=True) == fits
+
+
+def test_beside_decoding_chunks_stay_within_what_a_decode_step_carries():
+    pacer = PrefillPacer(calibrated=16, beside_decode_max=64)
+    for _ in range(5):
+        pacer.observe(0.100, prompt_tokens=0, prompts=0, decoded=True)
+    # 64 prompt tokens cost 6.4 ms carried in the decode step: the bound alone would allow 1000.
+    assert pacer.observe(0.1064, prompt_tokens=64, prompts=1, decoded=True) == 64
+    assert pacer.observe(2.0, prompt_tokens=2048, prompts=1, decoded=False) == MAX_CHUNK

@@ -27,7 +27,7 @@ from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
-from . import batch_join
+from . import batch_join, mixed_batch
 from .distributed import Cluster, broadcast_sampled_tokens
 from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
@@ -164,6 +164,7 @@ class Engine:
         self.state: EngineState = "starting"
         self.error: str | None = None
         self.loaded: LoadedModel | None = None
+        self._mixed: mixed_batch.MixedBatches | None = None  # of the current generator
         self.stats = EngineStats()
         self._on_fatal = on_fatal
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -330,8 +331,8 @@ class Engine:
             self.loading_since = None
         self.model_source = source
         self.loaded_name = self.model_name
-        self._generator = self._new_generator()
         self._pacer = PrefillPacer(calibrated=self.loaded.prefill_chunk)
+        self._generator = self._new_generator()
         self._last_work = time.monotonic()
         self.loads += 1
         self.state = "ready"
@@ -427,6 +428,13 @@ class Engine:
         # calibrated chunk, a few tokens on a CPU (slow passes), and different on each rank
         # (collectives of different shapes: garbage tokens, or a segfault).
         generator._prompt_batch.prefill_step_size = pass_tokens(mx.default_device() == mx.cpu)
+        self._mixed = None
+        if not self._distributed and mixed_batch.supports(self.loaded.model):
+            mixed_batch.install()  # prompt chunks ride in decode steps' forward passes
+            self._mixed = mixed_batch.MixedBatches(
+                generator, pass_tokens(mx.default_device() == mx.cpu)
+            )
+            self._pacer.beside_decode_max = self._mixed.max_chunk
         return generator
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
@@ -690,19 +698,23 @@ class Engine:
         with self._generator.stats() as work:
             prompt_responses, responses = self._generator.next()
         step_s = time.perf_counter() - started
+        paid = work.prompt_tokens
+        if self._mixed is not None:  # chunks carried by decode steps are paid a step later
+            paid = self._mixed.paid_tokens(work.prompt_tokens)
         if self._leader:  # the other ranks run rank 0's chunks (its tick), never their own
             self._generator.prefill_step_size = self._pacer.observe(
                 step_s,
-                prompt_tokens=work.prompt_tokens,
+                prompt_tokens=paid,
                 prompts=sum(not r.end_of_prompt for r in prompt_responses),
                 decoded=bool(responses),
             )
         log.debug(
-            "step %.1f ms: %d KV layers grown, %d prompt tokens, %d decoded, %d prompts ended, "
-            "next chunk %d",
+            "step %.1f ms: %d KV layers grown, %d prompt tokens (%d computed), %d decoded, "
+            "%d prompts ended, next chunk %d",
             step_s * 1000,
             grown,
             work.prompt_tokens,
+            paid,
             len(responses),
             sum(r.end_of_prompt for r in prompt_responses),
             self._generator.prefill_step_size,

@@ -52,6 +52,9 @@ class PrefillPacer:
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
     decode_step_s: float | None = None  # the usual decode-only step, smoothed
     token_cost_s: float | None = None  # one prompt token's cost at the latest depth
+    # The longest chunk beside decoding: a decode step's forward pass carries at most this many
+    # prompt tokens (`mixed_batch`); a longer chunk would cost a pass of its own.
+    beside_decode_max: int = MAX_CHUNK
 
     def observe(self, step_s: float, prompt_tokens: int, prompts: int, decoded: bool) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
@@ -71,5 +74,6 @@ class PrefillPacer:
             self.chunk = self.calibrated
         else:
             budget = CHUNK_COST_IN_DECODE_STEPS * self.decode_step_s
-            self.chunk = clamp_chunk(budget / (self.token_cost_s * max(prompts, 1)))
+            chunk = clamp_chunk(budget / (self.token_cost_s * max(prompts, 1)))
+            self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk

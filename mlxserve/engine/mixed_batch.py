@@ -1,0 +1,173 @@
+"""Mixed batches: a step's prompt chunk runs inside the next decode step's forward pass.
+
+mlx-lm prefills in a forward pass of its own, so a step beside a long prompt reads every weight
+twice. On the 2-core CPU (SmolLM2-135M, float32) a decode step took ~45 ms and a step with 1-3
+prompt tokens beside it ~110 ms at the median, ~165 ms at worst: more than the 3x bound on a
+running stream's gap. Here the prompt's rows join the decode rows in every projection and MLP
+matmul of one forward pass; only attention runs per batch, each against its own KV cache.
+
+How it plugs into mlx-lm's `BatchGenerator` (0.32): the prompt batch's `prompt(tokens)` keeps the
+chunk instead of running it when a decode step will follow and the chunk fits one pass; the
+decode batch's model call then runs both. mlx-lm starts each decode step's forward pass before
+waiting for the previous one, so the step that pays for a chunk is the one after the step whose
+forward pass carried it: `paid_tokens` says how many prompt tokens a step waited for. A kept chunk
+with no decode step to carry it (the batch emptied) runs on its own before the next step, and
+before the generator removes or extracts caches.
+
+Llama-architecture models (mlx-lm's `llama` module, full attention) on one machine; anything else
+prefills as before.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+from mlx_lm.models.base import create_attention_mask
+
+_mlx_lm_prompt = PromptProcessingBatch.prompt
+
+
+def supports(model) -> bool:
+    """Whether `mixed_forward` knows the model's layers."""
+    inner = getattr(model, "model", None)
+    return (
+        type(model).__module__ == "mlx_lm.models.llama"
+        and inner is not None
+        and getattr(inner, "swa_idx", 0) is None
+        and all(hasattr(layer.self_attn, "q_proj") for layer in inner.layers)
+    )
+
+
+def mixed_forward(model, decode_inputs, decode_cache, prompt_inputs, prompt_cache) -> mx.array:
+    """The decode batch's logits (B, 1, V) for `decode_inputs` (B, 1), and the prompt chunk
+    `prompt_inputs` (P, C) written into `prompt_cache`, in one pass over the weights."""
+    inner = model.model
+    decode_h, prompt_h = inner.embed_tokens(decode_inputs), inner.embed_tokens(prompt_inputs)
+    masks = (
+        create_attention_mask(decode_h, decode_cache[0]),
+        create_attention_mask(prompt_h, prompt_cache[0]),
+    )
+    shapes = (decode_inputs.shape, prompt_inputs.shape)
+    width = decode_h.shape[-1]
+    rows = decode_inputs.size
+    h = mx.concatenate([decode_h.reshape(1, rows, width), prompt_h.reshape(1, -1, width)], axis=1)
+    for layer, caches in zip(inner.layers, zip(decode_cache, prompt_cache)):
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), shapes, masks, caches)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    out = inner.norm(h[:, :rows]).reshape(*decode_inputs.shape, width)
+    if model.args.tie_word_embeddings:
+        return inner.embed_tokens.as_linear(out)
+    return model.lm_head(out)
+
+
+def _attention(attn, x: mx.array, shapes, masks, caches) -> mx.array:
+    """mlx-lm's llama `Attention` over rows of two batches: projections once, attention apart."""
+    sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention  # maybe cpu_attention's
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outputs, start = [], 0
+    for (batch, length), mask, cache in zip(shapes, masks, caches):
+        rows = slice(start, start + batch * length)
+        q = _heads(queries[:, rows], batch, length, attn.n_heads)
+        k = _heads(keys[:, rows], batch, length, attn.n_kv_heads)
+        v = _heads(values[:, rows], batch, length, attn.n_kv_heads)
+        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+        outputs.append(out.transpose(0, 2, 1, 3).reshape(1, batch * length, -1))
+        start = rows.stop
+    return attn.o_proj(mx.concatenate(outputs, axis=1))
+
+
+def _heads(rows: mx.array, batch: int, length: int, heads: int) -> mx.array:
+    return rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+
+class MixedBatches:
+    """Carries each step's prompt chunk in the next decode step of one `BatchGenerator`."""
+
+    def __init__(self, generator: BatchGenerator, max_chunk: int):
+        self.generator = generator
+        self.model = generator.model
+        self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
+        self.pending: tuple[PromptProcessingBatch, mx.array] | None = None
+        self._carried = 0  # prompt tokens in the latest decode forward pass
+        self.carried_tokens = self.flushed_tokens = 0  # totals: in decode passes, on their own
+        self._waited = self._taken = self._flushed = 0  # this step's
+        generator._prompt_batch._mixed_batches = self
+        generator._generation_batch.model = self._decode_forward
+        self._next = generator._next
+        generator._next = self._step
+        generator.remove = self._flushed_first(generator.remove)
+        generator.extract_cache = self._flushed_first(generator.extract_cache)
+
+    def paid_tokens(self, scheduled: int) -> int:
+        """The prompt tokens computed in the step just ended, of which `scheduled` were given to
+        the prompt batch in it (mlx-lm's count)."""
+        return scheduled - self._taken + self._waited + self._flushed
+
+    def take(self, batch: PromptProcessingBatch, tokens: list[list[int]]) -> bool:
+        """`prompt(tokens)` of the generator's prompt batch: keep the chunk for the next decode
+        step (and do mlx-lm's bookkeeping), or say no and let mlx-lm run it now."""
+        lengths = {len(t) for t in tokens}
+        if (
+            batch is not self.generator._prompt_batch
+            or self.pending is not None
+            or len(self.generator._generation_batch) == 0
+            or len(lengths) != 1  # unequal chunks need mlx-lm's padding
+            or not 0 < max(lengths) <= self.max_chunk
+        ):
+            return False
+        for kept, new in zip(batch.tokens, tokens):
+            kept += new
+        self.pending = (batch, mx.array(tokens))
+        self._taken += len(tokens) * max(lengths)
+        return True
+
+    def flush(self) -> None:
+        """Run a kept chunk on its own."""
+        if self.pending is None:
+            return
+        batch, tokens = self.pending
+        self.pending = None
+        batch.model(tokens, cache=batch.prompt_cache)
+        mx.eval([c.state for c in batch.prompt_cache])
+        self._flushed += tokens.size
+        self.flushed_tokens += tokens.size
+
+    def _step(self):
+        self._waited = self._taken = self._flushed = 0
+        if len(self.generator._generation_batch) == 0:
+            self.flush()
+        return self._next()
+
+    def _decode_forward(self, inputs: mx.array, cache) -> mx.array:
+        self._waited = self._carried
+        if self.pending is None:
+            self._carried = 0
+            return self.model(inputs, cache=cache)
+        batch, tokens = self.pending
+        self.pending = None
+        self._carried = tokens.size
+        self.carried_tokens += tokens.size
+        return mixed_forward(self.model, inputs, cache, tokens, batch.prompt_cache)
+
+    def _flushed_first(self, method):
+        def flushed_first(*args, **kwargs):
+            self.flush()
+            return method(*args, **kwargs)
+
+        return flushed_first
+
+
+def _prompt(batch: PromptProcessingBatch, tokens: list[list[int]]) -> None:
+    mixed = getattr(batch, "_mixed_batches", None)
+    if mixed is None or not mixed.take(batch, tokens):
+        _mlx_lm_prompt(batch, tokens)
+
+
+def install() -> None:
+    """Route mlx-lm's `PromptProcessingBatch.prompt` through `MixedBatches.take` where a
+    generator has one (idempotent)."""
+    PromptProcessingBatch.prompt = _prompt
