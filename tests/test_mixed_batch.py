@@ -73,3 +73,27 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name):
     carrier = with_mixing[2]
     assert carrier.carried_tokens >= (400 if name == "beside a stream" else 64)
     assert (carrier.flushed_tokens > 0) == (name == "the stream is removed")
+
+
+def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatch):
+    """The pacer sizes chunks from step times, so a step must be charged for exactly the prompt
+    tokens it computed: a chunk kept in one step rides in the next step's decode pass, which
+    that step waits for (mlx-lm would only wait for it a step later)."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    generator = BatchGenerator(tiny_lm, prefill_step_size=8)
+    carrier = mixed_batch.MixedBatches(generator, max_chunk=64)
+    steps = []
+
+    def next_step(generator: BatchGenerator):
+        with generator.stats() as work:
+            result = generator.next()
+        steps.append((work.prompt_tokens, carrier._taken, carrier.paid_tokens(work.prompt_tokens)))
+        return result
+
+    decode_all(generator, _scenarios()["beside a stream"], next_step, max_steps=500)
+    assert carrier.carried_tokens >= 400
+    scheduled = sum(s for s, _, _ in steps)
+    assert sum(paid for _, _, paid in steps) == scheduled
+    for (_, taken_before, _), (now_scheduled, taken_now, paid) in zip(steps, steps[1:]):
+        if taken_before:  # kept last step: carried, computed and charged in this one
+            assert paid == now_scheduled - taken_now + taken_before

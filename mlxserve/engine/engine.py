@@ -699,7 +699,7 @@ class Engine:
             prompt_responses, responses = self._generator.next()
         step_s = time.perf_counter() - started
         paid = work.prompt_tokens
-        if self._mixed is not None:  # chunks carried by decode steps are paid a step later
+        if self._mixed is not None:  # a chunk is paid by the step whose decode pass carried it
             paid = self._mixed.paid_tokens(work.prompt_tokens)
         if self._leader:  # the other ranks run rank 0's chunks (its tick), never their own
             self._generator.prefill_step_size = self._pacer.observe(

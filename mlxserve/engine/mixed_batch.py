@@ -9,10 +9,12 @@ matmul of one forward pass; only attention runs per batch, each against its own 
 How it plugs into mlx-lm's `BatchGenerator` (0.32): the prompt batch's `prompt(tokens)` keeps the
 chunk instead of running it when a decode step will follow and the chunk fits one pass; the
 decode batch's model call then runs both. mlx-lm starts each decode step's forward pass before
-waiting for the previous one, so the step that pays for a chunk is the one after the step whose
-forward pass carried it: `paid_tokens` says how many prompt tokens a step waited for. A kept chunk
-with no decode step to carry it (the batch emptied) runs on its own before the next step, and
-before the generator removes or extracts caches.
+waiting for the previous one, so a carried chunk would be paid a step or two later, in a step the
+pacer would not charge for it: with that lag the pacer swung between 1 and 64 tokens a step, and
+64 tokens deep in a prompt cost ~1 s. So a step whose forward pass carries a chunk waits for that
+pass before it returns, and `paid_tokens` is exact. A kept chunk with no decode step to carry it
+(the batch emptied) runs on its own before the next step, and before the generator removes or
+extracts caches.
 
 Llama-architecture models (mlx-lm's `llama` module, full attention) on one machine; anything else
 prefills as before.
@@ -92,9 +94,8 @@ class MixedBatches:
         self.model = generator.model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
         self.pending: tuple[PromptProcessingBatch, mx.array] | None = None
-        self._carried = 0  # prompt tokens in the latest decode forward pass
         self.carried_tokens = self.flushed_tokens = 0  # totals: in decode passes, on their own
-        self._waited = self._taken = self._flushed = 0  # this step's
+        self._carried = self._taken = self._flushed = 0  # this step's
         generator._prompt_batch._mixed_batches = self
         generator._generation_batch.model = self._decode_forward
         self._next = generator._next
@@ -105,7 +106,7 @@ class MixedBatches:
     def paid_tokens(self, scheduled: int) -> int:
         """The prompt tokens computed in the step just ended, of which `scheduled` were given to
         the prompt batch in it (mlx-lm's count)."""
-        return scheduled - self._taken + self._waited + self._flushed
+        return scheduled - self._taken + self._carried + self._flushed
 
     def take(self, batch: PromptProcessingBatch, tokens: list[list[int]]) -> bool:
         """`prompt(tokens)` of the generator's prompt batch: keep the chunk for the next decode
@@ -137,15 +138,17 @@ class MixedBatches:
         self.flushed_tokens += tokens.size
 
     def _step(self):
-        self._waited = self._taken = self._flushed = 0
+        self._carried = self._taken = self._flushed = 0
         if len(self.generator._generation_batch) == 0:
             self.flush()
-        return self._next()
+        responses = self._next()
+        pass_outputs = getattr(self.generator._generation_batch, "_next_tokens", None)
+        if self._carried and pass_outputs is not None:  # the step pays for its chunk (see above)
+            mx.eval(pass_outputs)
+        return responses
 
     def _decode_forward(self, inputs: mx.array, cache) -> mx.array:
-        self._waited = self._carried
         if self.pending is None:
-            self._carried = 0
             return self.model(inputs, cache=cache)
         batch, tokens = self.pending
         self.pending = None
