@@ -72,7 +72,8 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name):
     assert mx.abs(with_mixing[1] - plain[1]).max().item() < 1e-4
     carrier = with_mixing[2]
     assert carrier.carried_tokens >= (400 if name == "beside a stream" else 64)
-    assert (carrier.flushed_tokens > 0) == (name == "the stream is removed")
+    # a chunk kept when the decode batch empties (it ended or was removed) runs on its own
+    assert (carrier.flushed_tokens > 0) == (name != "beside a stream")
 
 
 def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatch):
