@@ -63,8 +63,8 @@ MODEL_CONFIG = {
 }
 FIM_RATE = 0.8  # FIM samples still train left to right on their prefix and suffix
 # Loss weight of a FIM sample's middle and its end token, against 1 for every other token. The
-# middle is the infill skill (a line at the right depth that fits its suffix) and is only ~8% of
-# the tokens; prefix and suffix are plain left-to-right text.
+# middle is the infill skill (a line at the right depth that fits its suffix) and only 8.9% of
+# the target tokens at 70% FIM, 11.3% at 80% (640 samples); prefix and suffix are plain text.
 MIDDLE_WEIGHT = 4.0
 LINE_SPAN_RATE = 0.8  # of FIM samples: the middle is 1-3 whole lines (like an editor's infill)
 LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.8, 0.15, 0.05]
