@@ -25,6 +25,10 @@ from pathlib import Path
 import httpx
 
 CONCURRENCY = (1, 4, 16)
+# The gap row's stream may run this long: it stops 8 tokens after the long prompt is answered, and
+# it must outlive the whole prefill, join included. With 1024 it ended 60-84% into a 7,500-token
+# prompt's wait, so the deepest chunks and the join (the worst step) went unmeasured.
+GAP_STREAM_MAX_TOKENS = 7000  # under SmolLM2's 8192-token context with the short stream prompt
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
@@ -133,7 +137,7 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float]:
 
     helper = threading.Thread(target=other)
     helper.start()
-    result = stream(base_url, "Count slowly: one, two, three,", 1024, on_token)
+    result = stream(base_url, "Count slowly: one, two, three,", GAP_STREAM_MAX_TOKENS, on_token)
     helper.join()
     pairs = list(zip(result.stamps, result.stamps[1:]))
     before = [b - a for a, b in pairs if b < window[0]]
