@@ -348,17 +348,15 @@ def train(args: argparse.Namespace) -> None:
         log_path.unlink()
 
     if mx.default_device() == mx.cpu:  # MLX's CPU exp is a scalar loop: a third of a step
-        from cpu_training_ops import cross_entropy, use_in_llama
+        from cpu_training_ops import token_losses, use_in_llama
 
         use_in_llama()
     else:
-
-        def cross_entropy(logits, targets, weights):
-            losses = nn.losses.cross_entropy(logits, targets, reduction="none")
-            return (losses * weights).sum() / weights.sum()
+        token_losses = partial(nn.losses.cross_entropy, reduction="none")
 
     def loss_fn(model, x, y, weights):
-        return cross_entropy(model(x), y, weights)
+        """The weighted mean of the next-token losses (FIM middles weigh more)."""
+        return (token_losses(model(x), y) * weights).sum() / weights.sum()
 
     value_and_grad = nn.value_and_grad(model, loss_fn)
     state = [model.state, optimizer.state]
