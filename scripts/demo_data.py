@@ -32,8 +32,22 @@ class SourceFile:
 
     @property
     def held_out(self) -> bool:
-        digest = hashlib.sha1(self.name.encode()).digest()
-        return digest[0] % HELD_OUT_EVERY == 0
+        return self._hash_byte(0) % HELD_OUT_EVERY == 0
+
+    @property
+    def is_test(self) -> bool:
+        """A test suite's file (test/, tests/, idle_test/, test_*.py)."""
+        return any(
+            part in ("test", "tests", "idle_test") or part.startswith("test_")
+            for part in self.name.split("/")
+        )
+
+    def kept_for_training(self, test_share: float) -> bool:
+        """Non-test files always; a fixed, hash-chosen `test_share` of the test files."""
+        return not self.is_test or self._hash_byte(1) < 256 * test_share
+
+    def _hash_byte(self, index: int) -> int:
+        return hashlib.sha1(self.name.encode()).digest()[index]
 
 
 def stdlib_files() -> list[SourceFile]:
