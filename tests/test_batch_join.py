@@ -88,3 +88,46 @@ def test_decoding_is_mlx_lms(tiny_lm, mlx_lms_decoding, joined):
     assert [len(t) for t in tokens.values()] == [150, 60, 30, 30]
     assert tokens == mlx_lms_decoding[0]
     assert mx.array_equal(logprobs, mlx_lms_decoding[1])
+
+
+@pytest.mark.parametrize("left_padding", [[0], [3]])
+def test_extract_of_the_only_row_is_mlx_lms(left_padding):
+    cache = _cache(1, 200, 512, left_padding, seed=4)
+    expected, actual = cache.extract(0), batch_join._extract(cache, 0)
+    assert _same([actual.keys, actual.values], [expected.keys, expected.values])
+    assert actual.offset == expected.offset == 200 - left_padding[0]
+
+
+def test_extract_of_a_row_of_several_is_mlx_lms():
+    cache = _cache(2, 100, 256, [0, 10], seed=5)
+    expected, actual = cache.extract(1), batch_join._extract(cache, 1)
+    assert _same([actual.keys, actual.values], [expected.keys, expected.values])
+
+
+def _layers(rows: int, used: int, capacity: int, seed: int, layers: int = 3) -> list:
+    return [_cache(rows, used, capacity, [0] * rows, seed=seed + i) for i in range(layers)]
+
+
+def test_a_prompt_that_would_cost_a_big_copy_joins_as_a_group_of_its_own(monkeypatch):
+    monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 1 << 20)
+    batch = batch_join.join_caches(_layers(1, 40, 256, seed=10), _layers(1, 30, 256, seed=11))
+    assert batch_join.rows_of(batch[0]) == 2  # cheap: merged, one rectangular batch
+    kept = [layer.keys for layer in batch]
+    deep = _layers(1, 3000, 3072, seed=20)
+    joined = batch_join.join_caches(batch, deep)
+    groups = batch_join.groups_of(joined)
+    assert [batch_join.rows_of(g[0]) for g in groups] == [2, 1]
+    assert all(g.keys is k for g, k in zip(groups[0], kept))  # the running rows: not copied
+    assert groups[1] == deep  # nor the prompt's
+    joined[0].filter([2])  # the first group's rows leave: it is dropped, the rest untouched
+    assert joined[0].groups == [deep[0]] and deep[0].keys.shape[2] == 3072
+    assert joined[0].nbytes == deep[0].nbytes
+
+
+def test_groups_are_capped(monkeypatch):
+    monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 0)
+    joined = _layers(1, 10, 256, seed=40)
+    for n in range(batch_join.MAX_GROUPS + 2):
+        joined = batch_join.join_caches(joined, _layers(1, 20, 256, seed=50 + n))
+    groups = batch_join.groups_of(joined)
+    assert [batch_join.rows_of(g[0]) for g in groups] == [1] * (batch_join.MAX_GROUPS - 1) + [4]

@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
-from mlxserve.engine import mixed_batch
+from mlxserve.engine import batch_join, mixed_batch
 
 from .batch_decoding import decode_all
 
@@ -98,3 +98,34 @@ def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatc
     for (_, taken_before, _), (now_scheduled, taken_now, paid) in zip(steps, steps[1:]):
         if taken_before:  # kept last step: carried, computed and charged in this one
             assert paid == now_scheduled - taken_now + taken_before
+
+
+def test_decoding_in_groups_is_mlx_lms(tiny_lm, monkeypatch):
+    """Every prompt joins the decode batch as a group of its own (`batch_join.KVGroups`, up to
+    MAX_GROUPS, then merged): each group attended apart, rows leaving from the middle of a group
+    and whole groups dropped, with the same tokens as mlx-lm's single rectangular batch."""
+    rng = random.Random(11)
+    inserts = {
+        0: ([_prompt(rng, 12)], [90]),
+        3: ([_prompt(rng, 300)], [25]),  # a deep group that leaves first
+        20: ([_prompt(rng, 40), _prompt(rng, 40)], [8, 30]),  # one group; a row leaves its middle
+        26: ([_prompt(rng, 60), _prompt(rng, 150)], [20, 20]),  # two groups, then merges
+        30: ([_prompt(rng, 20)], [10]),
+    }
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 0)
+    generator = BatchGenerator(tiny_lm, prefill_step_size=32)
+    mixed_batch.MixedBatches(generator, max_chunk=64)
+    seen_groups = []
+
+    def next_step(generator: BatchGenerator):
+        result = generator.next()
+        seen_groups.append(len(batch_join.groups_of(generator._generation_batch.prompt_cache)))
+        return result
+
+    grouped = decode_all(generator, inserts, next_step, max_steps=500)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain = decode_all(BatchGenerator(tiny_lm, prefill_step_size=32), inserts, max_steps=500)
+    assert max(seen_groups) == batch_join.MAX_GROUPS
+    assert grouped[0] == plain[0]
+    assert mx.abs(grouped[1] - plain[1]).max().item() < 1e-4

@@ -33,7 +33,7 @@ from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
 from .pacing import PrefillPacer, pass_tokens
-from .prefix_cache import PrefixCache, default_budget_bytes
+from .prefix_cache import PrefixCache, RunningPromptCopies, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
 log = logging.getLogger("mlxserve.engine")
@@ -165,6 +165,7 @@ class Engine:
         self.error: str | None = None
         self.loaded: LoadedModel | None = None
         self._mixed: mixed_batch.MixedBatches | None = None  # of the current generator
+        self._prompt_copies = RunningPromptCopies()  # of the current generator's decode batch
         self.stats = EngineStats()
         self._on_fatal = on_fatal
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -429,6 +430,7 @@ class Engine:
         # (collectives of different shapes: garbage tokens, or a segfault).
         generator._prompt_batch.prefill_step_size = pass_tokens(mx.default_device() == mx.cpu)
         self._mixed = None
+        self._prompt_copies = RunningPromptCopies()
         if not self._distributed and mixed_batch.supports(self.loaded.model):
             mixed_batch.install()  # prompt chunks ride in decode steps' forward passes
             self._mixed = mixed_batch.MixedBatches(
@@ -694,6 +696,8 @@ class Engine:
     def _step(self) -> None:
         started = time.perf_counter()
         with mx.stream(generation_stream):
+            for tokens, cache in self._prompt_copies.advance(self._generator._generation_batch):
+                self._keep_prefix(tokens, cache)
             grown = reserve_for_generator(self._generator)
         with self._generator.stats() as work:
             prompt_responses, responses = self._generator.next()
@@ -843,13 +847,19 @@ class Engine:
             self.stats.finished_sequences += 1
 
     def _keep_running_prompt(self, uid: int) -> None:
-        """A prompt just prefilled is reusable at once, not only when its sequence ends: its
-        waiting choices (n, best_of) and any request sharing it start from this copy."""
+        """A prompt just prefilled is reusable before its sequence ends: any request sharing it
+        starts from a copy, taken a few layers per step (`RunningPromptCopies`), or at once when
+        its waiting choices (n, best_of) start from it now."""
         entry = self._by_uid.get(uid)
+        batch = self._generator._generation_batch
         if self._prefix is None or entry is None or not entry[1].request.cache_prompt:
             return
-        for cache, tokens in self._generator.extract_cache([uid]).values():
-            self._keep_prefix(tokens, cache)
+        if uid not in batch.uids:  # removed meanwhile
+            return
+        self._prompt_copies.start(uid, batch.tokens[batch.uids.index(uid)])
+        if uid in self._followers:
+            for tokens, cache in self._prompt_copies.finish(batch, uid):
+                self._keep_prefix(tokens, cache)
 
     def _keep_prefix(self, tokens, cache) -> None:
         if self._prefix is not None and tokens:

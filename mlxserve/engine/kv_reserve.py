@@ -13,6 +13,8 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from .batch_join import groups_of
+
 # Bytes of KV one step may reallocate; at least one layer grows per step that needs it. Fresh
 # memory is slow to touch on the CPU VMs here: growing 36 MB of layers added ~90 ms to a step
 # beside a stream (SmolLM2-135M, a 7,500-token prompt), so a long prompt's layers go one a step.
@@ -72,8 +74,8 @@ def reserve_for_generator(generator, budget: int = STEP_BUDGET_BYTES) -> int:
             grown += reserve(layers, end, end + DECODE_GROWTH, budget)
     decoding = getattr(generator, "_generation_batch", None)
     if decoding is not None and len(decoding):
-        layers = decoding.prompt_cache
-        if layers and isinstance(layers[0], BatchKVCache):
-            used = layers[0]._idx
-            grown += reserve(layers, used + DECODE_HEADROOM, used + DECODE_GROWTH, budget)
+        for layers in groups_of(decoding.prompt_cache):  # each group of the batch grows apart
+            if layers and isinstance(layers[0], BatchKVCache):
+                used = layers[0]._idx
+                grown += reserve(layers, used + DECODE_HEADROOM, used + DECODE_GROWTH, budget)
     return grown

@@ -23,10 +23,13 @@ prefills as before.
 from __future__ import annotations
 
 import sys
+from itertools import accumulate
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask
+
+from . import batch_join
 
 _mlx_lm_prompt = PromptProcessingBatch.prompt
 
@@ -42,30 +45,31 @@ def supports(model) -> bool:
     )
 
 
-def mixed_forward(model, decode_inputs, decode_cache, prompt_inputs, prompt_cache) -> mx.array:
-    """The decode batch's logits (B, 1, V) for `decode_inputs` (B, 1), and the prompt chunk
-    `prompt_inputs` (P, C) written into `prompt_cache`, in one pass over the weights."""
+def mixed_forward(model, decode_parts, prompt_part=None) -> mx.array:
+    """The decode rows' logits (B, 1, V) for `decode_parts`, a list of (inputs (b, 1), one cache
+    per layer) with b summing to B, and the prompt chunk `prompt_part` (inputs (P, C), caches),
+    if any, written into its caches: one pass over the weights, attention per part."""
     inner = model.model
-    decode_h, prompt_h = inner.embed_tokens(decode_inputs), inner.embed_tokens(prompt_inputs)
-    masks = (
-        create_attention_mask(decode_h, decode_cache[0]),
-        create_attention_mask(prompt_h, prompt_cache[0]),
-    )
-    shapes = (decode_inputs.shape, prompt_inputs.shape)
-    width = decode_h.shape[-1]
-    rows = decode_inputs.size
-    h = mx.concatenate([decode_h.reshape(1, rows, width), prompt_h.reshape(1, -1, width)], axis=1)
-    for layer, caches in zip(inner.layers, zip(decode_cache, prompt_cache)):
+    parts = [*decode_parts, *([prompt_part] if prompt_part is not None else [])]
+    hidden = [inner.embed_tokens(inputs) for inputs, _ in parts]
+    masks = [create_attention_mask(h, caches[0]) for h, (_, caches) in zip(hidden, parts)]
+    shapes = [inputs.shape for inputs, _ in parts]
+    width = hidden[0].shape[-1]
+    rows = sum(inputs.size for inputs, _ in decode_parts)
+    h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1)
+    for index, layer in enumerate(inner.layers):
+        caches = [layer_caches[index] for _, layer_caches in parts]
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), shapes, masks, caches)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    out = inner.norm(h[:, :rows]).reshape(*decode_inputs.shape, width)
+    out = inner.norm(h[:, :rows]).reshape(rows, 1, width)
     if model.args.tie_word_embeddings:
         return inner.embed_tokens.as_linear(out)
     return model.lm_head(out)
 
 
 def _attention(attn, x: mx.array, shapes, masks, caches) -> mx.array:
-    """mlx-lm's llama `Attention` over rows of two batches: projections once, attention apart."""
+    """mlx-lm's llama `Attention` over rows of several batches: projections once, attention
+    apart."""
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention  # maybe cpu_attention's
     queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     outputs, start = [], 0
@@ -99,6 +103,8 @@ class MixedBatches:
         self._decoded = False  # whether this step ran a decode pass
         generator._prompt_batch._mixed_batches = self
         generator._generation_batch.model = self._decode_forward
+        self._mlx_lm_extend = generator._generation_batch.extend
+        generator._generation_batch.extend = self._extend
         self._next = generator._next
         generator._next = self._step
         generator.remove = self._flushed_first(generator.remove)
@@ -154,13 +160,29 @@ class MixedBatches:
 
     def _decode_forward(self, inputs: mx.array, cache) -> mx.array:
         self._decoded = True
+        groups = batch_join.groups_of(cache)
+        decode_parts = [(inputs, groups[0])]
+        if len(groups) > 1:
+            starts = list(accumulate((batch_join.rows_of(g[0]) for g in groups), initial=0))
+            decode_parts = [(inputs[a:b], g) for a, b, g in zip(starts, starts[1:], groups)]
         if self.pending is None:
-            return self.model(inputs, cache=cache)
+            if len(decode_parts) == 1:
+                return self.model(inputs, cache=groups[0])
+            return mixed_forward(self.model, decode_parts)
         batch, tokens = self.pending
         self.pending = None
         self._carried = tokens.size
         self.carried_tokens += tokens.size
-        return mixed_forward(self.model, inputs, cache, tokens, batch.prompt_cache)
+        return mixed_forward(self.model, decode_parts, (tokens, batch.prompt_cache))
+
+    def _extend(self, joining) -> None:
+        """The decode batch's `extend`: a joining prompt's KV goes in by `batch_join.join_caches`
+        (a group of its own when merging would copy too much); mlx-lm does the rest."""
+        mine = self.generator._generation_batch
+        if mine.prompt_cache and joining.prompt_cache:
+            mine.prompt_cache = batch_join.join_caches(mine.prompt_cache, joining.prompt_cache)
+            joining.prompt_cache = []  # joined: mlx-lm's extend keeps the batch's as they are
+        self._mlx_lm_extend(joining)
 
     def _flushed_first(self, method):
         def flushed_first(*args, **kwargs):
