@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from mlx_lm.generate import BatchGenerator
 
 from mlxserve.engine.pacing import (
     CHUNK_COST_IN_DECODE_STEPS,
@@ -11,6 +12,8 @@ from mlxserve.engine.pacing import (
     MAX_CHUNK,
     MIN_CHUNK,
     PrefillPacer,
+    prompt_tails,
+    spare_the_join,
 )
 
 
@@ -64,3 +67,28 @@ def test_beside_decoding_chunks_stay_within_what_a_decode_step_carries():
     # 64 prompt tokens cost 6.4 ms carried in the decode step: the bound alone would allow 1000.
     assert pacer.observe(0.1064, prompt_tokens=64, prompts=1, decoded=True) == 64
     assert pacer.observe(2.0, prompt_tokens=2048, prompts=1, decoded=False) == MAX_CHUNK
+
+
+def test_a_prompts_final_chunk_is_a_single_token():
+    assert spare_the_join(16, [40]) == 16  # not the final chunk yet
+    assert spare_the_join(16, [16]) == 15  # would be: leave one token for a chunk of its own
+    assert spare_the_join(16, [1]) == 16  # the final chunk is one token anyway
+    assert spare_the_join(16, [40, 5, 9]) == 4
+
+
+def test_mlx_lm_joins_a_prompt_a_step_after_its_single_token_final_chunk(tiny_lm):
+    """`prompt_tails` reads mlx-lm's generator as it is: with `spare_the_join` applied each step,
+    the step before a prompt joins the decode batch prefills one token of it."""
+    generator = BatchGenerator(tiny_lm, prefill_step_size=8)
+    generator.insert([[7] * 4], max_tokens=[30])  # a stream
+    (uid,) = generator.insert([list(range(3, 40))], max_tokens=[2])  # 37 tokens: tail 36
+    chunks = []
+    while True:
+        generator.prefill_step_size = spare_the_join(8, prompt_tails(generator))
+        with generator.stats() as work:
+            prompts, _ = generator.next()
+        if any(r.uid == uid and r.end_of_prompt for r in prompts):
+            break
+        chunks.append(work.prompt_tokens)
+    assert chunks[-1] == 1 and sum(chunks) >= 36
+    generator.close()

@@ -32,7 +32,7 @@ from .distributed import Cluster, broadcast_sampled_tokens
 from .kv_reserve import reserve_for_generator
 from .memory import limit_malloc_arenas, release_freed_memory
 from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
-from .pacing import PrefillPacer, pass_tokens
+from .pacing import PrefillPacer, pass_tokens, prompt_tails, spare_the_join
 from .prefix_cache import PrefixCache, RunningPromptCopies, default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob, kv_tokens
 
@@ -706,12 +706,15 @@ class Engine:
         if self._mixed is not None:  # a chunk is paid by the step whose decode pass carried it
             paid = self._mixed.paid_tokens(work.prompt_tokens)
         if self._leader:  # the other ranks run rank 0's chunks (its tick), never their own
-            self._generator.prefill_step_size = self._pacer.observe(
+            chunk = self._pacer.observe(
                 step_s,
                 prompt_tokens=paid,
                 prompts=sum(not r.end_of_prompt for r in prompt_responses),
                 decoded=bool(responses),
             )
+            if responses:  # a stream waits on the step a prompt joins in
+                chunk = spare_the_join(chunk, prompt_tails(self._generator))
+            self._generator.prefill_step_size = chunk
         log.debug(
             "step %.1f ms: %d KV layers grown, %d prompt tokens (%d computed), %d decoded, "
             "%d prompts ended, next chunk %d",

@@ -41,6 +41,25 @@ def pass_tokens(on_cpu: bool) -> int:
     return CPU_PASS_TOKENS if on_cpu else MAX_CHUNK
 
 
+def spare_the_join(chunk: int, tails: list[int]) -> int:
+    """`chunk`, cut so that a prompt's final chunk is a single token. In the step a prompt joins
+    the decode batch, mlx-lm runs its last token in a forward pass of its own, and that step also
+    carries the chunk scheduled before it: with a full chunk there, the join was a running
+    stream's worst gap (202 ms against a 68 ms median, beside a 4,000-token prompt on the 2-core
+    CPU). `tails`: each prompt's tokens still to prefill before its last one."""
+    for tail in tails:
+        if 1 < tail <= chunk:
+            chunk = tail - 1
+    return chunk
+
+
+def prompt_tails(generator) -> list[int]:
+    """Each prompt's tokens left before its last one, in mlx-lm 0.32's `BatchGenerator` (a
+    prompt's segments end with its last token alone); empty if those internals change."""
+    processing = getattr(generator, "_currently_processing", None) or []
+    return [len(p[0][0]) for p in processing if isinstance(p[0], list) and len(p[0]) == 2]
+
+
 def clamp_chunk(tokens: float) -> int:
     whole = int(tokens) if tokens < GRANULE else int(tokens) // GRANULE * GRANULE
     return max(MIN_CHUNK, min(MAX_CHUNK, whole))
