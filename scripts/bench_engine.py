@@ -25,10 +25,12 @@ from pathlib import Path
 import httpx
 
 CONCURRENCY = (1, 4, 16)
-# The gap row's stream may run this long: it stops 8 tokens after the long prompt is answered, and
-# it must outlive the whole prefill, join included. With 1024 it ended 60-84% into a 7,500-token
-# prompt's wait, so the deepest chunks and the join (the worst step) went unmeasured.
+# The gap row's stream may run this long: it stops GAP_TOKENS_AFTER tokens after the long prompt
+# is answered, and it must outlive the whole prefill, join included. With 1024 it ended 60-84%
+# into a 7,500-token prompt's wait, so the deepest chunks and the join (the worst step) went
+# unmeasured.
 GAP_STREAM_MAX_TOKENS = 7000  # under SmolLM2's 8192-token context with the short stream prompt
+GAP_TOKENS_AFTER = 32  # the stream's tokens after the long prompt's answer: its gap alone, later
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
@@ -112,11 +114,12 @@ def prefix_row(base_url: str, tokens: int) -> tuple[float, float]:
     return cold, warm
 
 
-def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float]:
+def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, float]:
     """Max inter-token gap of a stream while a long prompt is prefilled beside it, the stream's
-    median gap before that, and the share of the prompt's wait the stream lasted (under 1: the
+    median gap before that, the share of the prompt's wait the stream lasted (under 1: the
     stream reached its token limit first, so the end of the prefill, and the prompt joining the
-    decode batch, fell outside the measurement)."""
+    decode batch, fell outside the measurement), and the stream's median gap after the prompt is
+    answered (its own decode step, at the depth it reached meanwhile)."""
     started, finished = threading.Event(), threading.Event()
     window: list[float] = []
     after_finish = [0]
@@ -126,7 +129,7 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float]:
             started.set()
         if finished.is_set():
             after_finish[0] += 1
-        return after_finish[0] >= 8
+        return after_finish[0] >= GAP_TOKENS_AFTER
 
     def other() -> None:
         started.wait()
@@ -142,8 +145,10 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float]:
     pairs = list(zip(result.stamps, result.stamps[1:]))
     before = [b - a for a, b in pairs if b < window[0]]
     during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
+    after = [b - a for a, b in pairs if a > window[1]]
     covered = min(1.0, (result.stamps[-1] - window[0]) / (window[1] - window[0]))
-    return max(during), statistics.median(before), covered
+    median_after = statistics.median(after) if after else float("nan")
+    return max(during), statistics.median(before), covered, median_after
 
 
 def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ours) -> None:
@@ -172,9 +177,8 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
                 row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
                 print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
             row["prefix cold ttft"], row["prefix warm ttft"] = prefix_row(base_url, prefix_tokens)
-            row["gap max"], row["gap median"], row["gap covered"] = gap_row(
-                base_url, prefill_tokens
-            )
+            gaps = gap_row(base_url, prefill_tokens)
+            row["gap max"], row["gap median"], row["gap covered"], row["gap after"] = gaps
             print(f"{name}: {row}", file=sys.stderr)
         finally:
             stop_server(server)
@@ -216,7 +220,7 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ou
                 + (
                     f"; the stream ended {row['gap covered']:.0%} into the prompt's wait"
                     if row["gap covered"] < 1
-                    else ""
+                    else f"; median gap after it {row['gap after']:.3f} s"
                 ),
             )
         )
