@@ -26,7 +26,7 @@ import copy
 
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 _BATCH_LISTS = (
     "uids",
@@ -107,8 +107,6 @@ def _extract(cache: BatchKVCache, idx: int):
     buffer afterwards, and the copy would only delay the streams' next token."""
     if cache.keys is None or cache.offset.shape[0] != 1:
         return _mlx_lm_extract(cache, idx)
-    from mlx_lm.models.cache import KVCache
-
     padding = cache.left_padding.item()
     row = KVCache()
     row.keys = cache.keys[..., padding : cache._idx, :]

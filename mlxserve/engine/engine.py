@@ -854,9 +854,9 @@ class Engine:
         starts from a copy, taken a few layers per step (`RunningPromptCopies`), or at once when
         its waiting choices (n, best_of) start from it now."""
         entry = self._by_uid.get(uid)
-        batch = self._generator._generation_batch
         if self._prefix is None or entry is None or not entry[1].request.cache_prompt:
             return
+        batch = self._generator._generation_batch
         if uid not in batch.uids:  # removed meanwhile
             return
         self._prompt_copies.start(uid, batch.tokens[batch.uids.index(uid)])

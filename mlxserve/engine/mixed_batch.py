@@ -16,8 +16,13 @@ pass before it returns, and `paid_tokens` is exact. A kept chunk with no decode 
 (the batch emptied) runs on its own before the next step, and before the generator removes or
 extracts caches.
 
+The same forward pass attends the decode batch group by group when it is made of several KV
+caches (`batch_join.KVGroups`: a deep prompt joins as a group of its own rather than being copied
+into the batch's rectangular KV), so `MixedBatches` also routes the decode batch's `extend`
+through `batch_join.join_caches`.
+
 Llama-architecture models (mlx-lm's `llama` module, full attention) on one machine; anything else
-prefills as before.
+prefills, and joins the decode batch, as before.
 """
 
 from __future__ import annotations
