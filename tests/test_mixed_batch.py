@@ -114,6 +114,8 @@ def test_decoding_in_groups_is_mlx_lms(tiny_lm, monkeypatch):
     }
     monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
     monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 0)
+    monkeypatch.setattr(batch_join, "MERGE_SLACK_POSITIONS", 0)
+    monkeypatch.setattr(batch_join, "MERGE_SLACK_SHARE", 0)
     generator = BatchGenerator(tiny_lm, prefill_step_size=32)
     mixed_batch.MixedBatches(generator, max_chunk=64)
     seen_groups = []
