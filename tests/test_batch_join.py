@@ -124,13 +124,16 @@ def test_a_prompt_that_would_cost_a_big_copy_joins_as_a_group_of_its_own(monkeyp
     assert joined[0].nbytes == deep[0].nbytes
 
 
-def test_prompts_of_a_depth_alike_merge_however_big_the_copy(monkeypatch):
+def test_prompts_of_a_depth_alike_merge_up_to_a_bigger_copy(monkeypatch):
     monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 0)
     batch = _layers(8, 60, 256, seed=60)  # eight short streams, then eight short prompts
     joined = batch_join.join_caches(batch, _layers(8, 20, 256, seed=70))
     assert joined is batch and batch_join.rows_of(joined[0]) == 16
     joined = batch_join.join_caches(joined, _layers(1, 1500, 1536, seed=80))  # a deep one: apart
     assert [batch_join.rows_of(g[0]) for g in batch_join.groups_of(joined)] == [16, 1]
+    monkeypatch.setattr(batch_join, "MERGE_ALIKE_BYTES", 1000)  # alike, but a big copy: apart
+    joined = batch_join.join_caches(joined, _layers(1, 1400, 1536, seed=90))
+    assert [batch_join.rows_of(g[0]) for g in batch_join.groups_of(joined)] == [16, 1, 1]
 
 
 def _never_merged(monkeypatch):

@@ -15,9 +15,9 @@ before it gathers. Anything else falls through to mlx-lm's own code.
 Even one copy is a step of its own beside a deep prompt: its KV is rectangular with the batch's,
 so joining copies the prompt's whole KV and pads every running row to its depth, and leaving
 copies the rest back. Where `mixed_batch` runs the decode pass, the decode batch can instead be
-made of groups (`KVGroups`): a prompt whose join would copy more than `MERGE_BUDGET_BYTES` and
-pad the batch's rows (or its own) far past their depth joins as a group of its own, with no copy,
-and each group is attended apart. A group whose last row
+made of groups (`KVGroups`): a prompt whose join would copy more than `MERGE_BUDGET_BYTES` joins
+as a group of its own, with no copy (unless the depths are alike and the copy moderate), and each
+group is attended apart. A group whose last row
 leaves is dropped, again with no copy, and its row's KV is handed out as it is (`_extract`).
 """
 
@@ -48,11 +48,14 @@ _mlx_lm_extract = BatchKVCache.extract
 # 345 MB join (a 7,500-token prompt beside one stream, SmolLM2-135M in float32) was a 360 ms step
 # against ~75 ms decode steps; 32 MB is a few ms.
 MERGE_BUDGET_BYTES = 32 << 20
-# ...or when it pads the rows by at most this many positions each, or this share of what they use:
-# groups of similar depth are cheaper merged (one attention call per layer, not one per group;
-# kept apart, two groups of 8 short streams cost more per step than the one-time copy saves).
+# ...or when it pads the rows by at most this many positions each, or this share of what they use,
+# and copies at most MERGE_ALIKE_BYTES: groups of similar depth are cheaper merged (one attention
+# call per layer, not one per group). Kept apart, the two groups of 8 short streams at concurrency
+# 16 (a 188 MB merge) made 100-103 tok/s against 108-114 merged; merged, a 7,500-token prompt
+# joining a ~6,000-deep stream was a 0.93 s step (713 MB).
 MERGE_SLACK_POSITIONS = 256
 MERGE_SLACK_SHARE = 0.25
+MERGE_ALIKE_BYTES = 256 << 20
 # Each group is attended apart (a handful of small ops per layer): past this many, a joining
 # prompt merges whatever the copy costs.
 MAX_GROUPS = 4
@@ -189,11 +192,12 @@ def join_caches(mine: list, theirs: list) -> list:
     groups = groups_of(mine)
     last = groups[-1]
     groupable = all(type(c) is BatchKVCache and c.keys is not None for c in [*last, *theirs])
+    copy = sum(_merge_bytes(a, b) for a, b in zip(last, theirs)) if groupable else 0
     if (
         not groupable
         or len(groups) >= MAX_GROUPS
-        or _pads_little(last[0], theirs[0])
-        or sum(_merge_bytes(a, b) for a, b in zip(last, theirs)) <= MERGE_BUDGET_BYTES
+        or copy <= MERGE_BUDGET_BYTES
+        or (copy <= MERGE_ALIKE_BYTES and _pads_little(last[0], theirs[0]))
     ):
         for layer, other in zip(last, theirs):
             layer.extend(other)
