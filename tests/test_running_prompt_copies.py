@@ -15,6 +15,7 @@ def test_a_running_prompt_is_copied_a_layer_a_step(tiny_lm):
     rng = random.Random(3)
     prompt = [rng.randrange(3, 1024) for _ in range(70)]
     generator = BatchGenerator(tiny_lm, prefill_step_size=32)
+    generator.insert([list(range(3, 93))], max_tokens=[60])  # a longer row: ours is left-padded
     (uid,) = generator.insert([prompt], max_tokens=[40])
     batch = generator._generation_batch
     while uid not in batch.uids:

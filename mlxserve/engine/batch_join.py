@@ -17,8 +17,8 @@ so joining copies the prompt's whole KV and pads every running row to its depth,
 copies the rest back. Where `mixed_batch` runs the decode pass, the decode batch can instead be
 made of groups (`KVGroups`): a prompt whose join would copy more than `MERGE_BUDGET_BYTES` joins
 as a group of its own, with no copy (unless the depths are alike and the copy moderate), and each
-group is attended apart. A group whose last row
-leaves is dropped, again with no copy, and its row's KV is handed out as it is (`_extract`).
+group is attended apart. A group whose last row leaves is dropped, again with no copy, and its
+row's KV is handed out as it is (`_extract`).
 """
 
 from __future__ import annotations
@@ -116,10 +116,18 @@ def _extract(cache: BatchKVCache, idx: int):
     buffer afterwards, and the copy would only delay the streams' next token."""
     if cache.keys is None or cache.offset.shape[0] != 1:
         return _mlx_lm_extract(cache, idx)
-    padding = cache.left_padding.item()
+    return row_view(cache, idx)
+
+
+def row_view(cache, idx: int) -> KVCache:
+    """Row `idx` of a decode batch's layer (a `BatchKVCache` or `KVGroups`) as a `KVCache` that
+    views the batch's buffers: nothing is copied until something evaluates a copy of it."""
+    if isinstance(cache, KVGroups):
+        cache, idx = cache.locate(idx)
+    padding = cache.left_padding[idx].item()
     row = KVCache()
-    row.keys = cache.keys[..., padding : cache._idx, :]
-    row.values = cache.values[..., padding : cache._idx, :]
+    row.keys = cache.keys[idx : idx + 1, :, padding : cache._idx]
+    row.values = cache.values[idx : idx + 1, :, padding : cache._idx]
     row.offset = cache._idx - padding
     return row
 
@@ -150,12 +158,17 @@ class KVGroups:
                 kept.append(group)
         self.groups = kept
 
-    def extract(self, idx: int):
+    def locate(self, idx: int) -> tuple[BatchKVCache, int]:
+        """The group holding the batch's row `idx`, and the row's index in it."""
         for group in self.groups:
             if idx < rows_of(group):
-                return group.extract(idx)
+                return group, idx
             idx -= rows_of(group)
         raise IndexError("row out of the batch")
+
+    def extract(self, idx: int):
+        group, idx = self.locate(idx)
+        return group.extract(idx)
 
     @property
     def nbytes(self) -> int:

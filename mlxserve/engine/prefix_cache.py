@@ -18,6 +18,7 @@ from mlx_lm.models.cache import (
 )
 
 from ..settings import machine_memory_bytes
+from .batch_join import row_view
 
 MODEL_KEY = "active"  # one model per engine: the cache is dropped with it
 MAX_ENTRIES = 256
@@ -117,12 +118,12 @@ class RunningPromptCopies:
 
     def _copy(self, batch, uid: int, budget: int | None):
         tokens, copied = self._jobs[uid]
-        layers = batch.extract_cache(batch.uids.index(uid))  # views, or lazy copies of the row
+        layers, row = batch.prompt_cache, batch.uids.index(uid)
         fresh, spent = [], 0
         for layer in layers[len(copied) :]:
             if fresh and budget is not None and spent >= budget:
                 break
-            fresh.append(_prefix_copy(layer, len(tokens)))
+            fresh.append(_prefix_copy(row_view(layer, row), len(tokens)))
             spent += fresh[-1].nbytes
         mx.eval([(c.keys, c.values) for c in fresh])  # nothing may hold the batch's buffers
         copied += fresh
