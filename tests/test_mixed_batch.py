@@ -72,6 +72,8 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name):
     assert mx.abs(with_mixing[1] - plain[1]).max().item() < 1e-4
     carrier = with_mixing[2]
     assert carrier.carried_tokens >= (400 if name == "beside a stream" else 64)
+    if name == "beside a stream":  # the 400-token prompt's last token rode in a decode pass
+        assert carrier.joins_carried >= 1
     # a chunk kept when the decode batch empties (it ended or was removed) runs on its own
     assert (carrier.flushed_tokens > 0) == (name != "beside a stream")
 
@@ -86,18 +88,65 @@ def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatc
     steps = []
 
     def next_step(generator: BatchGenerator):
+        joins_before = carrier.joins_carried
         with generator.stats() as work:
             result = generator.next()
-        steps.append((work.prompt_tokens, carrier._taken, carrier.paid_tokens(work.prompt_tokens)))
+        paid = carrier.paid_tokens(work.prompt_tokens)
+        joins = carrier.joins_carried - joins_before
+        steps.append((work.prompt_tokens, carrier._taken, paid, joins))
         return result
 
     decode_all(generator, _scenarios()["beside a stream"], next_step, max_steps=500)
     assert carrier.carried_tokens >= 400
-    scheduled = sum(s for s, _, _ in steps)
-    assert sum(paid for _, _, paid in steps) == scheduled
-    for (_, taken_before, _), (now_scheduled, taken_now, paid) in zip(steps, steps[1:]):
-        if taken_before:  # kept last step: carried, computed and charged in this one
-            assert paid == now_scheduled - taken_now + taken_before
+    # mlx-lm schedules a prompt's last token in no chunk: it runs it when the prompt joins the
+    # decode batch; a pass that carried it is charged for it
+    scheduled, joins = sum(s[0] for s in steps), sum(s[3] for s in steps)
+    assert joins >= 1
+    assert sum(s[2] for s in steps) == scheduled + joins
+    for before, now in zip(steps, steps[1:]):
+        if before[1]:  # kept last step: carried, computed and charged in this one
+            assert now[2] == now[0] - now[1] + before[1] + now[3]
+
+
+def test_a_prompt_with_one_token_left_joins_beside_a_carried_one(tiny_lm, monkeypatch):
+    """A prompt whose last token rode in a decode pass joins without a pass of its own; a prompt
+    that arrives in that same step with only one token left (its prefix cached, say) still
+    gets mlx-lm's pass, and each decodes as with mlx-lm alone."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    rng = random.Random(5)
+    stream, long_prompt, one_token = _prompt(rng, 10), _prompt(rng, 150), _prompt(rng, 1)
+
+    def run(mixed: bool, one_token_at: int | None):
+        generator = BatchGenerator(tiny_lm, prefill_step_size=16)
+        carrier = mixed_batch.MixedBatches(generator, max_chunk=64) if mixed else None
+        inserts = {0: ([stream], [60]), 2: ([long_prompt], [12])}
+        if one_token_at is not None:
+            inserts[one_token_at] = ([one_token], [12])
+        steps, by_uid = [], {}
+
+        def next_step(generator: BatchGenerator):
+            joins = carrier.joins_carried if carrier else 0
+            result = generator.next()
+            steps.append(carrier is not None and carrier.joins_carried > joins)
+            for r in result[1]:
+                by_uid.setdefault(r.uid, []).append((r.token, r.logprobs))
+            return result
+
+        decode_all(generator, inserts, next_step, max_steps=500)
+        return steps.index(True) if any(steps) else None, by_uid
+
+    carried_at, _ = run(mixed=True, one_token_at=None)
+    assert carried_at is not None
+    joined_at = carried_at  # the step whose pass carried it moves the prompt to decoding, after
+    mixed_run = run(mixed=True, one_token_at=joined_at)[1]
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain_run = run(mixed=False, one_token_at=joined_at)[1]
+    assert sorted(mixed_run) == sorted(plain_run) == [0, 1, 2]
+    for uid, plain in plain_run.items():
+        mixed = mixed_run[uid]
+        assert [t for t, _ in mixed] == [t for t, _ in plain]
+        gaps = mx.stack([a for _, a in mixed]) - mx.stack([b for _, b in plain])
+        assert mx.abs(gaps).max().item() < 1e-4
 
 
 def test_decoding_in_groups_is_mlx_lms(tiny_lm, monkeypatch):
