@@ -10,6 +10,7 @@ from mlxserve.engine.pacing import (
     CHUNK_COST_IN_DECODE_STEPS,
     GRANULE,
     MAX_CHUNK,
+    MAX_GROWTH,
     MIN_CHUNK,
     PrefillPacer,
     prompt_tails,
@@ -45,7 +46,33 @@ def test_chunks_stay_within_bounds():
     pacer = PrefillPacer(calibrated=128)
     pacer.observe(0.1, prompt_tokens=0, prompts=0, decoded=True)
     assert pacer.observe(100.0, prompt_tokens=32, prompts=1, decoded=True) == MIN_CHUNK
-    assert pacer.observe(0.1001, prompt_tokens=32, prompts=1, decoded=True) == MAX_CHUNK
+    chunk = 32
+    for _ in range(12):  # nearly free tokens: the chunk doubles each step, up to MAX_CHUNK
+        chunk = pacer.observe(0.1001, prompt_tokens=chunk, prompts=1, decoded=True)
+    assert chunk == MAX_CHUNK
+
+
+def test_a_chunk_at_most_doubles_on_the_one_just_measured():
+    """One step's estimate of a prompt token's cost can be low (noise), and an over-long chunk is
+    a gap a stream waits through: beside decoding the chunk grows by MAX_GROWTH at most."""
+    pacer = PrefillPacer(calibrated=16)
+    pacer.observe(0.070, prompt_tokens=0, prompts=0, decoded=True)
+    # 8 tokens measured at 1 ms each would allow 70; the next chunk is 16
+    assert pacer.observe(0.078, prompt_tokens=8, prompts=1, decoded=True) == MAX_GROWTH * 8
+    # two prompts of 8 each: 35 tokens a prompt would fit; 16 each
+    assert pacer.observe(0.086, prompt_tokens=16, prompts=2, decoded=True) == MAX_GROWTH * 8
+
+
+def test_one_slow_decode_step_does_not_inflate_the_usual_gap():
+    """A slow decode-only step (149 ms among 70 ms ones, on the 2-core CPU) is not the usual gap:
+    taken into it, prompt tokens look cheap and chunks overrun."""
+    steady, spiked = PrefillPacer(calibrated=16), PrefillPacer(calibrated=16)
+    for step in [0.070] * 8:
+        steady.observe(step, prompt_tokens=0, prompts=0, decoded=True)
+    for step in [0.070] * 7 + [0.149]:
+        spiked.observe(step, prompt_tokens=0, prompts=0, decoded=True)
+    assert spiked.decode_step_s == pytest.approx(0.070)
+    assert spiked.observe(0.100, 8, 1, True) == steady.observe(0.100, 8, 1, True)
 
 
 def test_deep_in_a_long_prompt_chunks_go_below_the_granule():

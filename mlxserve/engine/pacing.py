@@ -15,7 +15,9 @@ gap plus the chunk's cost, hence the cost of a prompt token at the current depth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 # A chunk may take this many decode steps' time: a running stream's gap stays within
 # (1 + this) x its usual gap while a long prompt is prefilled beside it. At 1.5, steps beside a
@@ -33,7 +35,13 @@ GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
 # in 128, 18.3 s in 16 and 21.5 s in one pass (`mx.fast` attention): a pass's activations and
 # scores outgrow the caches. On a GPU, mlx-lm's own 2,048.
 CPU_PASS_TOKENS = 64
-SMOOTHING = 0.2  # weight of the newest decode-only step in the usual gap
+# The usual gap is the median of the latest decode-only steps: a smoothed mean took in one slow
+# step (149 ms among ~70 ms ones, just before a 7,500-token prompt arrived beside a stream), so a
+# prompt token looked cheap and the next chunks came out 24 and 56 tokens: 192-239 ms steps.
+DECODE_WINDOW = 9
+# Beside decoding, a chunk is at most this many times the one just measured: the cost of a prompt
+# token is an estimate from one step, and a step that over-runs is a gap a stream waits through.
+MAX_GROWTH = 2
 
 
 def pass_tokens(on_cpu: bool) -> int:
@@ -69,21 +77,19 @@ def clamp_chunk(tokens: float) -> int:
 class PrefillPacer:
     calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
-    decode_step_s: float | None = None  # the usual decode-only step, smoothed
+    decode_step_s: float | None = None  # the usual decode-only step (median of the latest)
     token_cost_s: float | None = None  # one prompt token's cost at the latest depth
     # The longest chunk beside decoding: a decode step's forward pass carries at most this many
     # prompt tokens (`mixed_batch`); a longer chunk would cost a pass of its own.
     beside_decode_max: int = MAX_CHUNK
+    _decode_steps: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
 
     def observe(self, step_s: float, prompt_tokens: int, prompts: int, decoded: bool) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
         decoded. Returns the chunk for the next step."""
         if decoded and not prompt_tokens:
-            self.decode_step_s = (
-                step_s
-                if self.decode_step_s is None
-                else (1 - SMOOTHING) * self.decode_step_s + SMOOTHING * step_s
-            )
+            self._decode_steps.append(step_s)
+            self.decode_step_s = statistics.median(self._decode_steps)
         elif prompt_tokens:
             usual = self.decode_step_s if decoded and self.decode_step_s is not None else 0.0
             self.token_cost_s = max(step_s - usual, 1e-6) / prompt_tokens
@@ -94,5 +100,8 @@ class PrefillPacer:
         else:
             budget = CHUNK_COST_IN_DECODE_STEPS * self.decode_step_s
             chunk = clamp_chunk(budget / (self.token_cost_s * max(prompts, 1)))
+            if prompt_tokens:
+                measured = prompt_tokens // max(prompts, 1)
+                chunk = min(chunk, max(GRANULE, MAX_GROWTH * measured))
             self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk
