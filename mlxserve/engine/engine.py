@@ -334,6 +334,11 @@ class Engine:
         self.loaded_name = self.model_name
         self._pacer = PrefillPacer(calibrated=self.loaded.prefill_chunk)
         self._generator = self._new_generator()
+        # Python's full collections walk every object (the server's, the model's, the
+        # tokenizer's): 71-85 ms with all threads held, a gap in every stream. Frozen, what
+        # is loaded by now is never walked again; a full collection then takes ~0 ms.
+        gc.collect()
+        gc.freeze()
         self._last_work = time.monotonic()
         self.loads += 1
         self.state = "ready"
@@ -353,6 +358,7 @@ class Engine:
         self._generator = None
         self._prefix = PrefixCache(self._prefix_budget) if self._prefix_budget > 0 else None
         self._count_prefix()
+        gc.unfreeze()  # the model's objects were frozen at load (see `_load`)
         gc.collect()
         release_freed_memory(trim=self.cluster is None)
         self.state = "unloaded"
