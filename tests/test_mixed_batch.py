@@ -29,6 +29,14 @@ def _scenarios() -> dict[str, dict]:
         },
         # the stream ends while the prompt is still being prefilled
         "the stream ends first": {0: ([_prompt(rng, 8)], [4]), 2: ([_prompt(rng, 300)], [10])},
+        # prompts arrive while a chunk is part-way through the layers (with passes > 1)
+        "prompts arrive during a chunk": {
+            0: ([_prompt(rng, 8)], [100]),
+            2: ([_prompt(rng, 300)], [10]),
+            5: ([_prompt(rng, 40)], [10]),
+            6: ([_prompt(rng, 30)], [10]),
+            7: ([_prompt(rng, 20)], [10]),
+        },
         # the stream is removed (a client left) with a chunk kept: the chunk runs alone first
         "the stream is removed": {0: ([_prompt(rng, 8)], [100]), 2: ([_prompt(rng, 300)], [10])},
     }
@@ -46,36 +54,51 @@ def _removing_the_first_at(step: int):
     return next_step
 
 
-def _decode(model, name: str, mixed: bool):
+def _decode(model, name: str, mixed: bool, passes: int = 1):
     generator = BatchGenerator(model, prefill_step_size=32)
     carrier = None
     if mixed:
         carrier = mixed_batch.MixedBatches(generator, max_chunk=64)
-    next_step = BatchGenerator.next
+        carrier.passes = passes
+    step = BatchGenerator.next
     if name == "the stream is removed":
-        next_step = _removing_the_first_at(6)
-    tokens, logprobs = decode_all(generator, _scenarios()[name], next_step, max_steps=500)
-    return tokens, logprobs, carrier
+        step = _removing_the_first_at(6)
+    logprobs = {}
+
+    def next_step(generator: BatchGenerator):  # logprobs by sequence: the steps may differ
+        result = step(generator)
+        for r in result[1]:
+            logprobs.setdefault(r.uid, []).append(r.logprobs)
+        return result
+
+    tokens, _ = decode_all(generator, _scenarios()[name], next_step, max_steps=500)
+    return tokens, {uid: mx.stack(rows) for uid, rows in logprobs.items()}, carrier
 
 
 def test_the_tiny_model_is_supported(tiny_lm):
     assert mixed_batch.supports(tiny_lm)
 
 
+@pytest.mark.parametrize("passes", [1, 3])
 @pytest.mark.parametrize("name", list(_scenarios()))
-def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name):
+def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name, passes):
+    """Chunks carried whole, or a third of the layers per decode pass (`passes` 3): mlx-lm
+    then takes no more of the prompt, and lets no prompt join the prompt batch, until the chunk
+    is through; a prompt that joins the decode batch, or a stream removed, meanwhile waits for
+    it, and a chunk left when the decode batch empties goes through its other layers alone."""
     monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
-    with_mixing = _decode(tiny_lm, name, mixed=True)
+    with_mixing = _decode(tiny_lm, name, mixed=True, passes=passes)
     monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
     plain = _decode(tiny_lm, name, mixed=False)
     assert with_mixing[0] == plain[0]
-    assert mx.abs(with_mixing[1] - plain[1]).max().item() < 1e-4
+    for uid, expected in plain[1].items():
+        assert mx.abs(with_mixing[1][uid] - expected).max().item() < 1e-4
     carrier = with_mixing[2]
-    assert carrier.carried_tokens >= (400 if name == "beside a stream" else 64)
+    assert carrier.carried_tokens >= (400 if name == "beside a stream" else 64 / passes)
     if name == "beside a stream":  # the 400-token prompt's last token rode in a decode pass
         assert carrier.joins_carried >= 1
     # a chunk kept when the decode batch empties (it ended or was removed) runs on its own
-    assert (carrier.flushed_tokens > 0) == (name != "beside a stream")
+    assert (carrier.flushed_tokens > 0) == name.startswith("the stream")
 
 
 def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatch):

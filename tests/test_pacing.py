@@ -8,9 +8,11 @@ from mlx_lm.generate import BatchGenerator
 
 from mlxserve.engine.pacing import (
     CHUNK_COST_IN_DECODE_STEPS,
+    COST_WINDOW,
     GRANULE,
     MAX_CHUNK,
     MAX_GROWTH,
+    MAX_PASSES,
     MIN_CHUNK,
     PrefillPacer,
     prompt_tails,
@@ -37,9 +39,25 @@ def test_chunks_follow_the_measured_cost_of_a_prompt_token(prompts):
     chunk = pacer.observe(0.600, prompt_tokens=1024, prompts=prompts, decoded=True)
     expected = int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.5 / 1024) / prompts)
     assert chunk == expected // GRANULE * GRANULE
-    # Deeper into the prompt a token costs twice as much: the chunk halves.
-    deeper = pacer.observe(0.100 + 2 * 0.5 * chunk * prompts / 1024, chunk * prompts, prompts, True)
+    # Deeper into the prompt a token costs twice as much: once most of the latest steps say so,
+    # the chunk halves.
+    deeper = chunk
+    for _ in range(COST_WINDOW // 2 + 1):
+        tokens = deeper * prompts
+        deeper = pacer.observe(0.100 + 2 * 0.5 * tokens / 1024, tokens, prompts, True)
     assert abs(deeper - chunk / 2) <= GRANULE
+
+
+def test_one_odd_step_does_not_move_the_chunk():
+    """A step that ran slow for reasons of its own (or fast) is one estimate among the latest
+    COST_WINDOW: their median sizes the chunk."""
+    pacer = PrefillPacer(calibrated=16)
+    pacer.observe(0.050, prompt_tokens=0, prompts=0, decoded=True)
+    for _ in range(COST_WINDOW):
+        chunk = pacer.observe(0.050 + 0.002 * 16, prompt_tokens=16, prompts=1, decoded=True)
+    assert chunk == 24  # 25 fit
+    assert pacer.observe(0.050 + 0.150, prompt_tokens=16, prompts=1, decoded=True) == chunk
+    assert pacer.observe(0.050 + 0.002 * 16, prompt_tokens=16, prompts=1, decoded=True) == chunk
 
 
 def test_chunks_stay_within_bounds():
@@ -119,3 +137,28 @@ def test_mlx_lm_joins_a_prompt_a_step_after_its_single_token_final_chunk(tiny_lm
         chunks.append(work.prompt_tokens)
     assert chunks[-1] == 1 and sum(chunks) >= 36
     generator.close()
+
+
+def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_steps():
+    """Where not one token fits a step (SmolLM2-135M at depth 7,000 on the CPU: 63 ms beside a
+    55 ms decode pass), a chunk of about GRANULE tokens is spread over passes that each cost
+    about the budget; without mixed batches a step carries the 1-token floor."""
+    for spread in (False, True):
+        pacer = PrefillPacer(calibrated=16, spread_layers=spread)
+        pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
+        chunk = pacer.observe(0.055 + 0.063, prompt_tokens=1, prompts=1, decoded=True)
+        if not spread:
+            assert (chunk, pacer.passes) == (MIN_CHUNK, 1)
+            continue
+        fits = CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.063
+        assert pacer.passes == -(-GRANULE // fits)  # ceil
+        assert chunk == int(fits * pacer.passes)
+        # measured again on a third of 8 tokens' layers: 8 share the KV reads, 20 ms each
+        for _ in range(COST_WINDOW):
+            chunk = pacer.observe(0.055 + 0.020 * 8 / 3, 8 / 3, prompts=1, decoded=True)
+        assert (chunk, pacer.passes) == (int(0.055 / 0.020 * 3), 3)
+        # shallower again, whole chunks
+        for _ in range(COST_WINDOW):
+            pacer.observe(0.055 + 0.001 * 8, prompt_tokens=8, prompts=1, decoded=True)
+        assert pacer.passes == 1
+    assert MAX_PASSES >= 30  # SmolLM2's layers: one a step at the most

@@ -443,6 +443,7 @@ class Engine:
                 generator, pass_tokens(mx.default_device() == mx.cpu)
             )
             self._pacer.beside_decode_max = self._mixed.max_chunk
+            self._pacer.spread_layers = True
         return generator
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
@@ -721,9 +722,11 @@ class Engine:
             if responses:  # a stream waits on the step a prompt joins in
                 chunk = spare_the_join(chunk, prompt_tails(self._generator))
             self._generator.prefill_step_size = chunk
+            if self._mixed is not None:
+                self._mixed.passes = self._pacer.passes
         log.debug(
-            "step %.1f ms: %d KV layers grown, %d prompt tokens (%d computed), %d decoded, "
-            "%d prompts ended, next chunk %d",
+            "step %.1f ms: %d KV layers grown, %d prompt tokens (%.1f computed), %d decoded, "
+            "%d prompts ended, next chunk %d in %d passes",
             step_s * 1000,
             grown,
             work.prompt_tokens,
@@ -731,6 +734,7 @@ class Engine:
             len(responses),
             sum(r.end_of_prompt for r in prompt_responses),
             self._generator.prefill_step_size,
+            self._pacer.passes,
         )
         for r in prompt_responses:
             if r.end_of_prompt:

@@ -27,7 +27,9 @@ prefills, and joins the decode batch, as before.
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 from itertools import accumulate
 
 import mlx.core as mx
@@ -50,29 +52,71 @@ def supports(model) -> bool:
     )
 
 
-def mixed_forward(model, decode_parts, prompt_part=None, prompt_logits=False) -> mx.array:
+@dataclass
+class PromptPart:
+    """A prompt chunk on its way through the model, some of its layers each forward pass."""
+
+    inputs: mx.array  # (P, C): C tokens of each of P prompts
+    caches: list  # one per layer
+    wants_logits: bool = False  # each row's last-position logits, once through every layer
+    hidden: mx.array | None = None  # (1, P * C, width) after the first `done` layers
+    done: int = 0
+    logits: mx.array | None = None  # (P, 1, V), once through every layer if `wants_logits`
+
+
+def mixed_forward(model, decode_parts, prompt: PromptPart | None = None, layers=None):
     """The decode rows' logits (B, 1, V) for `decode_parts`, a list of (inputs (b, 1), one cache
-    per layer) with b summing to B, and the prompt chunk `prompt_part` (inputs (P, C), caches),
-    if any, written into its caches: one pass over the weights, attention per part. With
-    `prompt_logits`, the logits of each prompt row's last position follow: (B + P, 1, V)."""
+    per layer) with b summing to B (None if there are none), and `prompt` taken through its next
+    `layers` layers (all that are left if None), written into its caches: one pass over the
+    weights, attention per part."""
     inner = model.model
-    parts = [*decode_parts, *([prompt_part] if prompt_part is not None else [])]
-    hidden = [inner.embed_tokens(inputs) for inputs, _ in parts]
-    masks = [create_attention_mask(h, caches[0]) for h, (_, caches) in zip(hidden, parts)]
-    shapes = [inputs.shape for inputs, _ in parts]
-    width = hidden[0].shape[-1]
+    total = len(inner.layers)
+    first = prompt.done if prompt is not None else total
+    stop = total if prompt is None or layers is None else min(total, first + layers)
+    shapes = [inputs.shape for inputs, _ in decode_parts]
+    hidden = [inner.embed_tokens(inputs) for inputs, _ in decode_parts]
+    masks = [create_attention_mask(h, caches[0]) for h, (_, caches) in zip(hidden, decode_parts)]
     rows = sum(inputs.size for inputs, _ in decode_parts)
-    h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1)
+    width = inner.embed_tokens.weight.shape[-1]
+    h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1) if rows else None
+    if prompt is not None:
+        batch, length = prompt.inputs.shape
+        prompt_h = prompt.hidden
+        if prompt_h is None:
+            prompt_h = inner.embed_tokens(prompt.inputs).reshape(1, -1, width)
+        prompt_mask = create_attention_mask(
+            prompt_h.reshape(batch, length, width), prompt.caches[first]
+        )
     for index, layer in enumerate(inner.layers):
-        caches = [layer_caches[index] for _, layer_caches in parts]
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), shapes, masks, caches)
+        with_prompt = first <= index < stop
+        if index == first and prompt is not None:
+            h = prompt_h if h is None else mx.concatenate([h, prompt_h], axis=1)
+        if h is None or not (rows or with_prompt):
+            continue
+        parts = [*shapes, (batch, length)] if with_prompt else shapes
+        part_masks = [*masks, prompt_mask] if with_prompt else masks
+        caches = [layer_caches[index] for _, layer_caches in decode_parts]
+        if with_prompt:
+            caches.append(prompt.caches[index])
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), parts, part_masks, caches)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    out = h[:, :rows]
-    if prompt_logits:
-        batch, length = shapes[-1]
-        last = rows + mx.arange(batch) * length + length - 1
-        out = mx.concatenate([out, h[:, last]], axis=1)
-    out = inner.norm(out).reshape(out.shape[1], 1, width)
+        if index == stop - 1 and prompt is not None:
+            h, prompt_h = h[:, :rows], h[:, rows:]
+    if prompt is None:
+        return _logits(model, h)
+    prompt.hidden, prompt.done = prompt_h, stop
+    if stop < total or not prompt.wants_logits:
+        return _logits(model, h) if rows else None
+    last = prompt_h[:, mx.arange(batch) * length + length - 1]  # logits for the last rows only
+    logits = _logits(model, mx.concatenate([h, last], axis=1) if rows else last)
+    prompt.logits, prompt.hidden = logits[rows:], None
+    return logits[:rows] if rows else None
+
+
+def _logits(model, h: mx.array) -> mx.array:
+    """(n, 1, V) for hidden states (1, n, width)."""
+    inner = model.model
+    out = inner.norm(h).reshape(h.shape[1], 1, h.shape[-1])
     if model.args.tie_word_embeddings:
         return inner.embed_tokens.as_linear(out)
     return model.lm_head(out)
@@ -108,8 +152,15 @@ class MixedBatches:
         self.generator = generator
         self.model = generator.model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
-        self.pending: tuple[PromptProcessingBatch, mx.array] | None = None
+        self.layers = len(self.model.model.layers)
+        # Forward passes a chunk taken from now on is spread over, some layers in each (the
+        # pacer's: deep in a long prompt one token through every layer is already more than a
+        # stream's step may carry)
+        self.passes = 1
+        self.pending: PromptPart | None = None
+        self._layers_per_pass = self.layers  # the pending chunk's
         self._pending_joins: list[int] | None = None  # uids whose last token `pending` carries
+        self._held_prefill_batch: int | None = None  # mlx-lm's, while a chunk spans passes
         self._join_logits: dict[int, mx.array] = {}  # uid: its last prompt token's logits (1, V)
         self.carried_tokens = self.flushed_tokens = 0  # totals: in decode passes, on their own
         self.joins_carried = 0  # prompts whose last token rode in a chunk's pass
@@ -125,9 +176,10 @@ class MixedBatches:
         generator._prompt_batch.split = self._split_for_generation(generator._prompt_batch.split)
         generator.extract_cache = self._flushed_first(generator.extract_cache)
 
-    def paid_tokens(self, scheduled: int) -> int:
+    def paid_tokens(self, scheduled: int) -> float:
         """The prompt tokens computed in the step just ended, of which `scheduled` were given to
-        the prompt batch in it (mlx-lm's count)."""
+        the prompt batch in it (mlx-lm's count); a chunk's pass through some of the layers counts
+        as that share of its tokens."""
         return scheduled - self._taken + self._carried + self._flushed
 
     def take(self, batch: PromptProcessingBatch, tokens: list[list[int]]) -> bool:
@@ -138,7 +190,8 @@ class MixedBatches:
         stream's last token by a prompt pass: 247 ms against ~140 ms steps).
 
         A chunk that leaves every prompt of the batch with only its last token also carries that
-        token (`_joining_tokens`)."""
+        token (`_joining_tokens`). A chunk spread over several passes holds mlx-lm's prompt
+        processing until its last one (`_hold_prompts`)."""
         lengths = {len(t) for t in tokens}
         if (
             batch is not self.generator._prompt_batch
@@ -153,21 +206,34 @@ class MixedBatches:
         last = self._joining_tokens(batch)
         self._pending_joins = list(batch.uids) if last else None
         chunk = [t + [token] for t, token in zip(tokens, last)] if last else tokens
-        self.pending = (batch, mx.array(chunk))
+        self.pending = PromptPart(mx.array(chunk), batch.prompt_cache, wants_logits=bool(last))
+        self._layers_per_pass = math.ceil(self.layers / max(1, min(self.passes, self.layers)))
+        self._hold_prompts(batch, math.ceil(self.layers / self._layers_per_pass) - 1)
         self._taken += len(tokens) * max(lengths)
         return True
+
+    def _hold_prompts(self, batch: PromptProcessingBatch, steps: int) -> None:
+        """Keep mlx-lm from giving the prompt batch more tokens, or more prompts, for `steps`
+        steps, while the pending chunk goes through the rest of its layers: an empty segment in
+        front of each prompt's (mlx-lm takes nothing from it, then drops it) delays its next
+        chunk, or its move to the decode batch, by a step; and no prompt joins the batch, whose
+        caches are part-way through a pass."""
+        if steps <= 0:
+            return
+        for processing in self.generator._currently_processing:
+            processing[0][0:0] = [[] for _ in range(steps)]
+        self._held_prefill_batch = self.generator.prefill_batch_size
+        self.generator.prefill_batch_size = len(batch)
 
     def flush(self) -> None:
         """Run a kept chunk on its own."""
         if self.pending is None:
             return
-        batch, tokens = self.pending
-        self.pending = None
-        logits = batch.model(tokens, cache=batch.prompt_cache)[:, -1:]
-        self._keep_join_logits(logits)
-        mx.eval(self._join_logits, [c.state for c in batch.prompt_cache])
-        self._flushed += tokens.size
-        self.flushed_tokens += tokens.size
+        part = self.pending
+        _, computed = self._run(part, [], None)
+        mx.eval(self._join_logits, [c.state for c in part.caches])
+        self._flushed += computed
+        self.flushed_tokens += computed
 
     def _step(self):
         self._carried = self._taken = self._flushed = 0
@@ -191,17 +257,24 @@ class MixedBatches:
             if len(decode_parts) == 1:
                 return self.model(inputs, cache=groups[0])
             return mixed_forward(self.model, decode_parts)
-        batch, tokens = self.pending
-        self.pending = None
-        self._carried = tokens.size
-        self.carried_tokens += tokens.size
-        joining = self._pending_joins is not None
-        logits = mixed_forward(
-            self.model, decode_parts, (tokens, batch.prompt_cache), prompt_logits=joining
-        )
-        rows = inputs.shape[0]
-        self._keep_join_logits(logits[rows:])
-        return logits[:rows]
+        logits, computed = self._run(self.pending, decode_parts, self._layers_per_pass)
+        self._carried += computed
+        self.carried_tokens += computed
+        return logits
+
+    def _run(self, part: PromptPart, decode_parts, layers: int | None):
+        """The pending chunk through its next `layers` layers (all if None), with the decode
+        rows if any: their logits, and the chunk's share computed, in tokens."""
+        before = part.done
+        logits = mixed_forward(self.model, decode_parts, part, layers)
+        if part.done == self.layers:
+            self.pending = None
+            if part.logits is not None:
+                self._keep_join_logits(part.logits)
+            if self._held_prefill_batch is not None:
+                self.generator.prefill_batch_size = self._held_prefill_batch
+                self._held_prefill_batch = None
+        return logits, part.inputs.size * (part.done - before) / self.layers
 
     def _joining_tokens(self, batch: PromptProcessingBatch) -> list[int]:
         """Each prompt's last token, if mlx-lm has only that left of every prompt in `batch`

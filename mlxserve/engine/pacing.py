@@ -15,6 +15,7 @@ gap plus the chunk's cost, hence the cost of a prompt token at the current depth
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +43,16 @@ DECODE_WINDOW = 9
 # Beside decoding, a chunk is at most this many times the one just measured: the cost of a prompt
 # token is an estimate from one step, and a step that over-runs is a gap a stream waits through.
 MAX_GROWTH = 2
+# A prompt token's cost is the median of the latest few steps' estimates: one step that ran slow
+# for reasons of its own (~+110 ms, now and then, on the 2-core VM) had made the next chunk a
+# third of its size, and one that ran fast had nearly doubled it.
+COST_WINDOW = 3
+# Where fewer than GRANULE tokens fit a step, a chunk of about GRANULE tokens goes through the
+# layers over several steps (`mixed_batch`): deep in a long prompt a token's attention reads its
+# whole KV, which more tokens share. SmolLM2-135M at depth 7,000 beside one decode row on the
+# 2-core CPU (`/tmp` script, medians of 8): 1 token +63 ms, 2 +81, 4 +108, 8 +162, 16 +290 on a
+# 55 ms decode pass: 8 tokens cost 20 ms each, one alone 63.
+MAX_PASSES = 32
 
 
 def pass_tokens(on_cpu: bool) -> int:
@@ -63,9 +74,14 @@ def spare_the_join(chunk: int, tails: list[int]) -> int:
 
 def prompt_tails(generator) -> list[int]:
     """Each prompt's tokens left before its last one, in mlx-lm 0.32's `BatchGenerator` (a
-    prompt's segments end with its last token alone); empty if those internals change."""
+    prompt's segments end with its last token alone; `mixed_batch` may put empty ones in
+    front); empty if those internals change."""
     processing = getattr(generator, "_currently_processing", None) or []
-    return [len(p[0][0]) for p in processing if isinstance(p[0], list) and len(p[0]) == 2]
+    return [
+        sum(len(segment) for segment in p[0][:-1])
+        for p in processing
+        if isinstance(p[0], list) and len(p[0]) >= 2 and len(p[0][-1]) == 1
+    ]
 
 
 def clamp_chunk(tokens: float) -> int:
@@ -78,11 +94,16 @@ class PrefillPacer:
     calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
     decode_step_s: float | None = None  # the usual decode-only step (median of the latest)
-    token_cost_s: float | None = None  # one prompt token's cost at the latest depth
+    token_cost_s: float | None = None  # one prompt token's cost at the latest depth (median)
     # The longest chunk beside decoding: a decode step's forward pass carries at most this many
     # prompt tokens (`mixed_batch`); a longer chunk would cost a pass of its own.
     beside_decode_max: int = MAX_CHUNK
+    # Whether a chunk may go through the layers over several steps (`mixed_batch`), and over
+    # how many the next one goes
+    spread_layers: bool = False
+    passes: int = 1
     _decode_steps: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
+    _token_costs: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
 
     def observe(self, step_s: float, prompt_tokens: int, prompts: int, decoded: bool) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
@@ -92,16 +113,21 @@ class PrefillPacer:
             self.decode_step_s = statistics.median(self._decode_steps)
         elif prompt_tokens:
             usual = self.decode_step_s if decoded and self.decode_step_s is not None else 0.0
-            self.token_cost_s = max(step_s - usual, 1e-6) / prompt_tokens
+            self._token_costs.append(max(step_s - usual, 1e-6) / prompt_tokens)
+            self.token_cost_s = statistics.median(self._token_costs)
+        self.passes = 1
         if not decoded:
             self.chunk = MAX_CHUNK  # no stream waits on this step
         elif self.decode_step_s is None or self.token_cost_s is None:
             self.chunk = self.calibrated
         else:
             budget = CHUNK_COST_IN_DECODE_STEPS * self.decode_step_s
-            chunk = clamp_chunk(budget / (self.token_cost_s * max(prompts, 1)))
+            fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
             if prompt_tokens:
-                measured = prompt_tokens // max(prompts, 1)
-                chunk = min(chunk, max(GRANULE, MAX_GROWTH * measured))
+                fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
+            chunk = clamp_chunk(fits)
+            if fits < GRANULE and self.spread_layers:
+                self.passes = min(MAX_PASSES, math.ceil(GRANULE / fits))
+                chunk = max(MIN_CHUNK, int(fits * self.passes))
             self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk
