@@ -719,7 +719,9 @@ class Engine:
                 prompts=sum(not r.end_of_prompt for r in prompt_responses),
                 decoded=bool(responses),
             )
-            if responses:  # a stream waits on the step a prompt joins in
+            # a stream waits on the step a prompt joins in; a chunk spread over passes costs
+            # a share of the layers in each, its final one too (cut to 1 token, it took 30)
+            if responses and self._pacer.passes == 1:
                 chunk = spare_the_join(chunk, prompt_tails(self._generator))
             self._generator.prefill_step_size = chunk
             if self._mixed is not None:

@@ -61,11 +61,11 @@ def pass_tokens(on_cpu: bool) -> int:
 
 
 def spare_the_join(chunk: int, tails: list[int]) -> int:
-    """`chunk`, cut so that a prompt's final chunk is a single token. In the step a prompt joins
-    the decode batch, mlx-lm runs its last token in a forward pass of its own, and that step also
-    carries the chunk scheduled before it: with a full chunk there, the join was a running
-    stream's worst gap (202 ms against a 68 ms median, beside a 4,000-token prompt on the 2-core
-    CPU). `tails`: each prompt's tokens still to prefill before its last one."""
+    """`chunk`, cut so that a prompt's final chunk is a single token. The step a prompt joins
+    the decode batch in computes its last token besides its final chunk (in the decode pass with
+    mixed batches, else in a forward pass of mlx-lm's own): with a full chunk there, the join was
+    a running stream's worst gap (202 ms against a 68 ms median, beside a 4,000-token prompt on
+    the 2-core CPU). `tails`: each prompt's tokens still to prefill before its last one."""
     for tail in tails:
         if 1 < tail <= chunk:
             chunk = tail - 1
