@@ -443,7 +443,7 @@ class Engine:
                 generator, pass_tokens(mx.default_device() == mx.cpu)
             )
             self._pacer.beside_decode_max = self._mixed.max_chunk
-            self._pacer.spread_layers = True
+            self._pacer.layers = self._mixed.layers
         return generator
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
@@ -721,14 +721,14 @@ class Engine:
             )
             # a stream waits on the step a prompt joins in; a chunk spread over passes costs
             # a share of the layers in each, its final one too (cut to 1 token, it took 30)
-            if responses and self._pacer.passes == 1:
+            if responses and self._pacer.layers_per_pass is None:
                 chunk = spare_the_join(chunk, prompt_tails(self._generator))
             self._generator.prefill_step_size = chunk
             if self._mixed is not None:
-                self._mixed.passes = self._pacer.passes
+                self._mixed.layers_per_pass = self._pacer.layers_per_pass
         log.debug(
             "step %.1f ms: %d KV layers grown, %d prompt tokens (%.1f computed), %d decoded, "
-            "%d prompts ended, next chunk %d in %d passes",
+            "%d prompts ended, next chunk %d (%s layers a pass)",
             step_s * 1000,
             grown,
             work.prompt_tokens,
@@ -736,7 +736,7 @@ class Engine:
             len(responses),
             sum(r.end_of_prompt for r in prompt_responses),
             self._generator.prefill_step_size,
-            self._pacer.passes,
+            self._pacer.layers_per_pass or "all",
         )
         for r in prompt_responses:
             if r.end_of_prompt:

@@ -23,8 +23,8 @@ the prompt joins, after the decode pass (beside a 7,500-token prompt on the 2-co
 
 Deep in a long prompt not one token fits a step (at depth 7,000 a token's attention reads 322 MB
 of KV), but many tokens share those reads: 8 tokens cost 20 ms each beside a decode pass, one
-alone 63. So the pacer may spread a chunk over several passes (`MixedBatches.passes`), some of
-its layers in each (`PromptPart`); mlx-lm is held meanwhile (`MixedBatches._hold_prompts`).
+alone 63. So the pacer may spread a chunk over several passes, some of its layers in each
+(`MixedBatches.layers_per_pass`, `PromptPart`); mlx-lm is held meanwhile (`_hold_prompts`).
 
 The same forward pass attends the decode batch group by group when it is made of several KV
 caches (`batch_join.KVGroups`: a deep prompt joins as a group of its own rather than being copied
@@ -163,10 +163,10 @@ class MixedBatches:
         self.model = generator.model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
         self.layers = len(self.model.model.layers)
-        # Forward passes a chunk taken from now on is spread over, some layers in each (the
-        # pacer's: deep in a long prompt one token through every layer is already more than a
-        # stream's step may carry)
-        self.passes = 1
+        # The layers a chunk taken from now on goes through in each forward pass, None for all
+        # (the pacer's: deep in a long prompt one token through every layer is already more than
+        # a stream's step may carry)
+        self.layers_per_pass: int | None = None
         self.pending: PromptPart | None = None
         self._layers_per_pass = self.layers  # the pending chunk's
         self._pending_joins: list[int] | None = None  # uids whose last token `pending` carries
@@ -217,7 +217,7 @@ class MixedBatches:
         self._pending_joins = list(batch.uids) if last else None
         chunk = [t + [token] for t, token in zip(tokens, last)] if last else tokens
         self.pending = PromptPart(mx.array(chunk), batch.prompt_cache, wants_logits=bool(last))
-        self._layers_per_pass = math.ceil(self.layers / max(1, min(self.passes, self.layers)))
+        self._layers_per_pass = max(1, min(self.layers_per_pass or self.layers, self.layers))
         self._hold_prompts(batch, math.ceil(self.layers / self._layers_per_pass) - 1)
         self._taken += len(tokens) * max(lengths)
         return True
