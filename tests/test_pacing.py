@@ -13,7 +13,6 @@ from mlxserve.engine.pacing import (
     MAX_CHUNK,
     MAX_GROWTH,
     MIN_CHUNK,
-    SPREAD_BELOW,
     PrefillPacer,
     prompt_tails,
     spare_the_join,
@@ -48,21 +47,16 @@ def test_chunks_follow_the_measured_cost_of_a_prompt_token(prompts):
     assert abs(deeper - chunk / 2) <= GRANULE
 
 
-def test_chunks_are_sized_on_the_costliest_of_the_latest_steps():
-    """Steps doing the same work vary (+-30 ms on the 2-core VM): a chunk sized on one that ran
-    fast runs long. So the costliest of the latest COST_WINDOW estimates sizes the chunk."""
+def test_one_odd_step_does_not_move_the_chunk():
+    """Steps doing the same work vary (+-30 ms on the 2-core VM, and now and then one runs
+    ~110 ms long): the median of the latest COST_WINDOW estimates sizes the chunk."""
     pacer = PrefillPacer(calibrated=16)
     pacer.observe(0.050, prompt_tokens=0, prompts=0, decoded=True)
     for _ in range(COST_WINDOW):
         chunk = pacer.observe(0.050 + 0.002 * 16, prompt_tokens=16, prompts=1, decoded=True)
     assert chunk == 24  # 25 fit
-    # a step that ran fast does not grow the chunk
+    assert pacer.observe(0.050 + 0.110, prompt_tokens=16, prompts=1, decoded=True) == chunk
     assert pacer.observe(0.050 + 0.001 * 16, prompt_tokens=16, prompts=1, decoded=True) == chunk
-    # one that ran slow shrinks it, until it is older than the window
-    assert pacer.observe(0.050 + 0.004 * 16, prompt_tokens=16, prompts=1, decoded=True) == 8
-    for _ in range(COST_WINDOW - 1):
-        assert pacer.observe(0.050 + 0.002 * 16, 16, prompts=1, decoded=True) < chunk
-    assert pacer.observe(0.050 + 0.002 * 16, 16, prompts=1, decoded=True) == chunk
 
 
 def test_chunks_stay_within_bounds():
@@ -145,9 +139,10 @@ def test_mlx_lm_joins_a_prompt_a_step_after_its_single_token_final_chunk(tiny_lm
 
 
 def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_steps():
-    """Where not one token fits a step (SmolLM2-135M at depth 7,000 on the CPU: 63 ms beside a
-    55 ms decode pass), a chunk of GRANULE tokens goes through as many of the 30 layers a step
-    as fit the budget; without mixed batches a step carries the 1-token floor."""
+    """Where fewer than GRANULE tokens fit a step (SmolLM2-135M at depth 7,000 on the CPU: one
+    token costs 63 ms beside a 55 ms decode pass), a chunk of GRANULE tokens goes through as many
+    of the 30 layers a step as fit the budget; without mixed batches a step carries the 1-token
+    floor."""
     for layers in (0, 30):
         pacer = PrefillPacer(calibrated=16, layers=layers)
         pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
@@ -156,16 +151,12 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
             assert (chunk, pacer.layers_per_pass) == (MIN_CHUNK, None)
             continue
         fits = CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.063
-        assert (chunk, pacer.layers_per_pass) == (GRANULE, int(30 * fits / GRANULE))  # 3
+        assert (chunk, pacer.layers_per_pass) == (GRANULE, round(30 * fits / GRANULE))  # 3
         # 8 tokens through 10 layers a step share the KV reads: 20 ms each
         for _ in range(COST_WINDOW):
             chunk = pacer.observe(0.055 + 0.020 * 8 / 3, 8 / 3, prompts=1, decoded=True)
-        assert (chunk, pacer.layers_per_pass) == (GRANULE, int(30 * 0.055 / 0.020 / GRANULE))
-        # a little shallower: more than GRANULE fit, twice as many go through half the layers
+        assert (chunk, pacer.layers_per_pass) == (GRANULE, round(30 * 0.055 / 0.020 / GRANULE))
+        # shallower: whole chunks
         for _ in range(COST_WINDOW):
-            chunk = pacer.observe(0.055 + 0.005 * 10, 10, prompts=1, decoded=True)
-        assert (chunk, pacer.layers_per_pass) == (SPREAD_BELOW, 30 * 11 // SPREAD_BELOW)
-        # shallow: whole chunks
-        for _ in range(COST_WINDOW):
-            pacer.observe(0.055 + 0.001 * 16, prompt_tokens=16, prompts=1, decoded=True)
+            pacer.observe(0.055 + 0.004 * 8, prompt_tokens=8, prompts=1, decoded=True)
         assert pacer.layers_per_pass is None

@@ -15,7 +15,6 @@ gap plus the chunk's cost, hence the cost of a prompt token at the current depth
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,18 +42,16 @@ DECODE_WINDOW = 9
 # Beside decoding, a chunk is at most this many times the one just measured: the cost of a prompt
 # token is an estimate from one step, and a step that over-runs is a gap a stream waits through.
 MAX_GROWTH = 2
-# A prompt token's cost is the highest of the latest few steps' estimates: steps doing the same
-# work vary by +-30 ms on the 2-core VM, and a chunk sized on a step that ran fast is a step
-# that runs long (up to 3x the usual gap, beside a 4,000-token prompt).
+# A prompt token's cost is the median of the latest few steps' estimates: steps doing the same
+# work vary by +-30 ms on the 2-core VM. (Their highest made chunks so small beside a 4,000-token
+# prompt that a step's fixed cost of carrying one, ~17 ms, ate the budget: the prefill took
+# several times as long.)
 COST_WINDOW = 3
-# Where fewer than SPREAD_BELOW tokens fit a step, a chunk of GRANULE tokens (2 x GRANULE where
-# more than GRANULE fit) goes through the layers over several steps, some layers each
-# (`mixed_batch`): deep in a long prompt a token's attention reads its whole KV, which more
-# tokens share. SmolLM2-135M at depth 7,000 beside one decode row on the 2-core CPU (`/tmp`
-# script, medians of 8): 1 token +63 ms, 2 +81, 4 +108, 8 +162, 16 +290 on a 55 ms decode pass:
-# 8 tokens cost 20 ms each, one alone 63. Near GRANULE, whole chunks sized on the cost measured
-# in spread ones overran (8 tokens in 143-164 ms steps beside a 4,000-token prompt).
-SPREAD_BELOW = 2 * GRANULE
+# Where fewer than GRANULE tokens fit a step, a chunk of GRANULE tokens goes through the layers
+# over several steps, some layers each (`mixed_batch`): deep in a long prompt a token's attention
+# reads its whole KV, which more tokens share. SmolLM2-135M at depth 7,000 beside one decode row
+# on the 2-core CPU (`/tmp` script, medians of 8): 1 token +63 ms, 2 +81, 4 +108, 8 +162, 16 +290
+# on a 55 ms decode pass: 8 tokens cost 20 ms each, one alone 63.
 
 
 def pass_tokens(on_cpu: bool) -> int:
@@ -96,7 +93,7 @@ class PrefillPacer:
     calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
     decode_step_s: float | None = None  # the usual decode-only step (median of the latest)
-    token_cost_s: float | None = None  # one prompt token's cost at the latest depth (highest)
+    token_cost_s: float | None = None  # one prompt token's cost at the latest depth (median)
     # The longest chunk beside decoding: a decode step's forward pass carries at most this many
     # prompt tokens (`mixed_batch`); a longer chunk would cost a pass of its own.
     beside_decode_max: int = MAX_CHUNK
@@ -116,7 +113,7 @@ class PrefillPacer:
         elif prompt_tokens:
             usual = self.decode_step_s if decoded and self.decode_step_s is not None else 0.0
             self._token_costs.append(max(step_s - usual, 1e-6) / prompt_tokens)
-            self.token_cost_s = max(self._token_costs)
+            self.token_cost_s = statistics.median(self._token_costs)
         self.layers_per_pass = None
         if not decoded:
             self.chunk = MAX_CHUNK  # no stream waits on this step
@@ -128,9 +125,9 @@ class PrefillPacer:
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
             chunk = clamp_chunk(fits)
-            if fits < SPREAD_BELOW and self.layers:
-                chunk = GRANULE if fits < GRANULE else SPREAD_BELOW
-                share = max(1, math.floor(self.layers * fits / chunk))
+            if fits < GRANULE and self.layers:
+                chunk = GRANULE
+                share = max(1, round(self.layers * fits / chunk))
                 self.layers_per_pass = share if share < self.layers else None
             self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk
