@@ -205,3 +205,29 @@ def test_decoding_in_groups_is_mlx_lms(tiny_lm, monkeypatch):
     assert max(seen_groups) == batch_join.MAX_GROUPS
     assert grouped[0] == plain[0]
     assert mx.abs(grouped[1] - plain[1]).max().item() < 1e-4
+
+
+def test_a_prompt_removed_with_its_last_token_pending_leaves_nothing_behind(tiny_lm, monkeypatch):
+    """A client that leaves while its prompt's final chunk, last token included, waits for a
+    pass (or is part-way through the layers): the chunk is run for the caches' sake, and the
+    logits it leaves for the prompt's move to the decode batch go with the prompt."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    rng = random.Random(9)
+    stream, long_prompt = _prompt(rng, 10), _prompt(rng, 150)
+    for layers_per_pass in (None, 1):
+        generator = BatchGenerator(tiny_lm, prefill_step_size=16)
+        carrier = mixed_batch.MixedBatches(generator, max_chunk=64)
+        carrier.layers_per_pass = layers_per_pass
+        generator.insert([stream], [100])
+        generator.next()
+        (uid,) = generator.insert([long_prompt], [5])
+        for _ in range(100):
+            generator.next()
+            if carrier.pending is not None and carrier.pending.wants_logits:
+                break
+        assert carrier.pending is not None and carrier.pending.wants_logits
+        generator.remove([uid])
+        assert carrier.pending is None and carrier._join_logits == {}
+        for _ in range(3):  # the stream goes on
+            assert [r.uid for r in generator.next()[1]] == [0]
+        generator.close()

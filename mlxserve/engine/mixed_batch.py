@@ -182,7 +182,7 @@ class MixedBatches:
         generator._generation_batch.extend = self._extend
         self._next = generator._next
         generator._next = self._step
-        generator.remove = self._flushed_first(generator.remove)
+        generator.remove = self._flushed_first(self._removing(generator.remove))
         generator._prompt_batch.split = self._split_for_generation(generator._prompt_batch.split)
         generator.extract_cache = self._flushed_first(generator.extract_cache)
 
@@ -345,6 +345,17 @@ class MixedBatches:
             mine.prompt_cache = batch_join.join_caches(mine.prompt_cache, joining.prompt_cache)
             joining.prompt_cache = []  # joined: mlx-lm's extend keeps the batch's as they are
         self._mlx_lm_extend(joining)
+
+    def _removing(self, remove):
+        """`remove`, which also forgets the carried logits of prompts removed before they
+        joined the decode batch."""
+
+        def removing(uids, *args, **kwargs):
+            for uid in uids:
+                self._join_logits.pop(uid, None)
+            return remove(uids, *args, **kwargs)
+
+        return removing
 
     def _flushed_first(self, method):
         def flushed_first(*args, **kwargs):
