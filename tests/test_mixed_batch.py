@@ -103,6 +103,25 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name, layers_per_pass):
     assert (carrier.flushed_tokens > 0) == name.startswith("the stream")
 
 
+@pytest.mark.parametrize("layers_per_pass", [None, 1])
+def test_a_quantized_model_decodes_as_with_mlx_lm(tiny_model, monkeypatch, layers_per_pass):
+    """On a Mac a 4-bit model stays quantized: its embedding's weight is packed, so nothing may
+    read the hidden size from it."""
+    import mlx.nn as nn
+    import mlx_lm
+
+    model = mlx_lm.load(str(tiny_model))[0]
+    nn.quantize(model, group_size=32, bits=4)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    with_mixing = _decode(model, "beside a stream", mixed=True, layers_per_pass=layers_per_pass)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain = _decode(model, "beside a stream", mixed=False)
+    assert with_mixing[0] == plain[0]
+    for uid, expected in plain[1].items():
+        assert mx.abs(with_mixing[1][uid] - expected).max().item() < 1e-4
+    assert with_mixing[2].carried_tokens >= 400
+
+
 def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatch):
     """The pacer sizes chunks from step times, so a step must be charged for exactly the prompt
     tokens it computed: a chunk kept in one step rides in the next step's decode pass, which

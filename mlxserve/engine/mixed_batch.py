@@ -87,7 +87,7 @@ def mixed_forward(model, decode_parts, prompt: PromptPart | None = None, layers=
     hidden = [inner.embed_tokens(inputs) for inputs, _ in decode_parts]
     masks = [create_attention_mask(h, caches[0]) for h, (_, caches) in zip(hidden, decode_parts)]
     rows = sum(inputs.size for inputs, _ in decode_parts)
-    width = inner.embed_tokens.weight.shape[-1]
+    width = model.args.hidden_size  # not the embedding's weight: packed when quantized
     h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1) if rows else None
     if prompt is not None:
         batch, length = prompt.inputs.shape
