@@ -205,12 +205,12 @@ def join_caches(mine: list, theirs: list) -> list:
     groups = groups_of(mine)
     last = groups[-1]
     groupable = all(type(c) is BatchKVCache and c.keys is not None for c in [*last, *theirs])
-    copy = sum(_merge_bytes(a, b) for a, b in zip(last, theirs)) if groupable else 0
+    merge_bytes = sum(_merge_bytes(a, b) for a, b in zip(last, theirs)) if groupable else 0
     if (
         not groupable
         or len(groups) >= MAX_GROUPS
-        or copy <= MERGE_BUDGET_BYTES
-        or (copy <= MERGE_ALIKE_BYTES and _pads_little(last[0], theirs[0]))
+        or merge_bytes <= MERGE_BUDGET_BYTES
+        or (merge_bytes <= MERGE_ALIKE_BYTES and _pads_little(last[0], theirs[0]))
     ):
         for layer, other in zip(last, theirs):
             layer.extend(other)

@@ -324,8 +324,9 @@ class MixedBatches:
         generate = moving.generate
 
         def generate_from_carried(last_tokens: list[list[int]]):
-            carried = [i for i, uid in enumerate(moving.uids) if uid in self._join_logits]
-            others = [i for i in range(len(moving.uids)) if i not in set(carried)]
+            carried, others = [], []
+            for i, uid in enumerate(moving.uids):
+                (carried if uid in self._join_logits else others).append(i)
             rest = PromptProcessingBatch.split(moving, others) if others else None
             logits = mx.stack([self._join_logits.pop(uid) for uid in moving.uids])
             model, moving.model = moving.model, lambda inputs, cache: logits
