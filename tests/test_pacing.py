@@ -14,6 +14,7 @@ from mlxserve.engine.pacing import (
     MAX_GROWTH,
     MIN_CHUNK,
     PrefillPacer,
+    even_share,
     prompt_tails,
     spare_the_join,
 )
@@ -160,3 +161,14 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
         for _ in range(COST_WINDOW):
             pacer.observe(0.055 + 0.004 * 8, prompt_tokens=8, prompts=1, decoded=True)
         assert pacer.layers_per_pass is None
+
+
+def test_a_chunk_spread_over_the_layers_goes_in_even_passes():
+    """As many passes as the budget allows, each the same share: 28 layers and then 2 made every
+    other step the costliest the budget allowed."""
+    assert [even_share(30, s) for s in (28, 21, 15, 14, 9, 3, 1)] == [15, 15, 15, 10, 8, 3, 1]
+    pacer = PrefillPacer(calibrated=16, layers=30)
+    pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
+    for _ in range(COST_WINDOW):  # 7.4 tokens fit a step: 28 of 30 layers for a chunk of 8
+        chunk = pacer.observe(0.055 + 0.0074 * 7.5, prompt_tokens=7.5, prompts=1, decoded=True)
+    assert (chunk, pacer.layers_per_pass) == (GRANULE, 15)
