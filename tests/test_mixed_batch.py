@@ -250,3 +250,37 @@ def test_a_prompt_removed_with_its_last_token_pending_leaves_nothing_behind(tiny
         for _ in range(3):  # the stream goes on
             assert [r.uid for r in generator.next()[1]] == [0]
         generator.close()
+
+
+def test_a_sequence_at_its_last_token_sits_out_the_pass_that_would_compute_one_more(
+    tiny_lm, monkeypatch
+):
+    """mlx-lm computes a token ahead, so a sequence's last step ran a forward pass for a token
+    it never emits: beside a 7,500-token prompt answering one token, the running stream's longest
+    gap. A group whose rows all end sits that pass out; its KV and `all_tokens` (the prefix
+    cache's key) then both stop a token short, and the stream beside it is unaffected."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    monkeypatch.setattr(batch_join, "MERGE_BUDGET_BYTES", 0)  # the long prompt: a group of its own
+    monkeypatch.setattr(batch_join, "MERGE_SLACK_POSITIONS", 0)
+    monkeypatch.setattr(batch_join, "MERGE_SLACK_SHARE", 0)
+    rng = random.Random(5)
+    stream, long_prompt = _prompt(rng, 10), _prompt(rng, 200)
+    inserts = {0: ([stream], [40]), 2: ([long_prompt], [1])}
+    finished = {}
+
+    def next_step(generator: BatchGenerator):
+        result = generator.next()
+        finished.update((r.uid, r) for r in result[1] if r.finish_reason is not None)
+        return result
+
+    generator = BatchGenerator(tiny_lm, prefill_step_size=32)
+    mixed_batch.MixedBatches(generator, max_chunk=64)
+    tokens, logprobs = decode_all(generator, inserts, next_step, max_steps=300)
+    assert len(finished[1].all_tokens) == len(long_prompt)  # its one token had no pass
+    assert len(finished[0].all_tokens) == len(stream) + 40 - 1
+    for r in finished.values():
+        assert all(layer.offset == len(r.all_tokens) for layer in r.prompt_cache)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain = decode_all(BatchGenerator(tiny_lm, prefill_step_size=32), inserts, max_steps=300)
+    assert tokens == plain[0]
+    assert mx.abs(logprobs - plain[1]).max().item() < 1e-4
