@@ -249,6 +249,7 @@ class MixedBatches:
     def _step(self):
         self._carried = self._taken = self._flushed = 0
         self._decoded = False
+        self._skipped.clear()
         if len(self.generator._generation_batch) == 0:
             self.flush()
         responses = self._next()
@@ -315,12 +316,9 @@ class MixedBatches:
     def _trim_skipped(self, responses) -> None:
         """A row left out of its last pass has no KV for its last token: its `all_tokens`
         (which the prefix cache keys that KV by) ends a token earlier."""
-        if not self._skipped:
-            return
         for r in responses:
             if r.uid in self._skipped and r.all_tokens:
                 r.all_tokens = r.all_tokens[:-1]
-        self._skipped.clear()
 
     def _run(self, part: PromptPart, decode_parts, layers: int | None):
         """The pending chunk through its next `layers` layers (all if None), with the decode
