@@ -9,6 +9,10 @@ ops MLX vectorises; `mx.compile` fuses them into one loop (0.8 ms for those 504k
 `mx.compile` leaves out of the fused loop on the CPU. `scripts/cpu_training_ops.py` trains with it.
 Grouped-query heads share their key/value heads by reshaping the queries, never by copying keys.
 
+That fused loop is still scalar (1.5-2.0 ms for those 504k scores with the max, measured again on
+2026-11-26), so a prompt chunk's softmax, which has scores enough to pay for waiting on them in
+every layer, runs in numpy instead (`NUMPY_MIN_SCORES`): 0.8 ms.
+
 Metal keeps `mx.fast.scaled_dot_product_attention`, a fused kernel; so do quantized KV caches and
 attention sinks here.
 """
@@ -78,6 +82,15 @@ def _causal(queries: int, keys: int) -> mx.array:
     return mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]
 
 
+# From this many scores of a prompt chunk (more than one query a sequence), softmax runs in numpy,
+# which waits for the scores in every layer: MLX's compiled loop above costs ~3 ns a score (one
+# thread, no SIMD: 2.0 ms for 8 queries x 9 heads x 7,000 keys), numpy's whole softmax 0.8 ms.
+# In SmolLM2-135M's forward pass beside a decode row (`/tmp` A/B, medians of 20): 8 prompt tokens
+# at depth 7,000 through 30 layers 231 -> 198 ms, through 15 layers 139 -> 124; at depth 3,000
+# through 30 layers 144 -> 133. Decoding (one query a sequence) keeps MLX's path, so its layers
+# never wait on the Python thread.
+NUMPY_MIN_SCORES = 1 << 16
+
 # Scores per block of queries: softmax's passes then stay in the CPU's cache (at 8 queries x
 # 7,000 keys, 2 MB of scores, a pass costs ~2 ns a score; at 32 queries, ~8 ns).
 BLOCK_SCORES = 1 << 19
@@ -124,9 +137,23 @@ def _attention(queries, keys, values, scale, mask) -> mx.array:
         else:
             scores = scores + mask.astype(mx.float32)
         scores = scores.reshape(batch, kv_heads, repeats * length, total)
-    weights = _softmax(_plain_parts(scores))
-    out = weights @ values.astype(mx.float32)
+    if length > 1 and scores.size >= NUMPY_MIN_SCORES:
+        weights, row_scale = _numpy_softmax(scores)
+        out = (weights @ values.astype(mx.float32)) * row_scale
+    else:
+        weights = _softmax(_plain_parts(scores))
+        out = weights @ values.astype(mx.float32)
     return out.reshape(batch, heads, length, values.shape[-1]).astype(dtype)
+
+
+def _numpy_softmax(scores: mx.array) -> tuple[mx.array, mx.array]:
+    """Softmax's weights before normalisation, and 1 / their sum per row (applied to the far
+    smaller output instead), computed by numpy. Waits for `scores`."""
+    mx.eval(scores)
+    plain = np.asarray(scores)
+    shifted = plain - plain.max(axis=-1, keepdims=True)
+    np.exp(shifted, out=shifted)
+    return mx.array(shifted), mx.array(1.0 / shifted.sum(axis=-1, keepdims=True))
 
 
 # Below this many keys MLX's own kernel is as fast (and a compiled reduction over one key
