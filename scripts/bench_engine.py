@@ -31,6 +31,10 @@ CONCURRENCY = (1, 4, 16)
 # unmeasured.
 GAP_STREAM_MAX_TOKENS = 7000  # under SmolLM2's 8192-token context with the short stream prompt
 GAP_TOKENS_AFTER = 32  # the stream's tokens after the long prompt's answer: its gap alone, later
+# The stream's tokens before the long prompt is sent: its median gap, the row's yardstick, is
+# taken over these. Over 16 (one second) it measured 0.050-0.072 s from run to run on the 2-core
+# VM, whose speed drifts, and moved the ratio as much as the worst gap did.
+GAP_TOKENS_BEFORE = 64
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
@@ -125,7 +129,7 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, fl
     after_finish = [0]
 
     def on_token(n: int) -> bool:
-        if n == 16:
+        if n == GAP_TOKENS_BEFORE:
             started.set()
         if finished.is_set():
             after_finish[0] += 1
