@@ -8,8 +8,9 @@ import random
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import BatchKVCache
 
-from mlxserve.engine.kv_reserve import reserve_for_generator
+from mlxserve.engine.kv_reserve import reserve, reserve_for_generator
 
 from .batch_decoding import decode_all
 
@@ -67,3 +68,20 @@ def test_reserved_caches_never_grow_inside_a_step_and_decode_the_same(tiny_lm, b
     assert mx.array_equal(reserved_logprobs, plain_logprobs)
     assert grown_plain > 0  # without it mlx-lm grows the caches mid-step
     assert grown_reserved == 0
+
+
+def test_a_grown_layer_is_copied_in_the_step_that_grows_it():
+    """Not left lazy for whichever later forward pass first reaches it: a chunk spread over
+    passes reaches some layers steps later, and their copies then fell into one step."""
+    layers = []
+    for _ in range(4):
+        layer = BatchKVCache([0])
+        layer.update_and_fetch(mx.ones((1, 2, 40, 8)), mx.ones((1, 2, 40, 8)))
+        layers.append(layer)
+    mx.eval([(layer.keys, layer.values) for layer in layers])
+    mx.synchronize()
+    before = mx.get_active_memory()
+    assert reserve(layers, needed=5000, size=5000, budget=1) == 1  # one layer this step
+    mx.synchronize()  # waits for queued work; runs nothing that was left lazy
+    grown = 2 * 5000 * 2 * 8 * layers[0].keys.itemsize
+    assert mx.get_active_memory() - before > 0.9 * grown  # less the old, smaller buffers
