@@ -55,7 +55,7 @@ def test_one_odd_step_does_not_move_the_chunk():
     pacer.observe(0.050, prompt_tokens=0, prompts=0, decoded=True)
     for _ in range(COST_WINDOW):
         chunk = pacer.observe(0.050 + 0.002 * 16, prompt_tokens=16, prompts=1, decoded=True)
-    assert chunk == 24  # 25 fit
+    assert chunk == int(CHUNK_COST_IN_DECODE_STEPS * 0.050 / 0.002) // GRANULE * GRANULE
     assert pacer.observe(0.050 + 0.110, prompt_tokens=16, prompts=1, decoded=True) == chunk
     assert pacer.observe(0.050 + 0.001 * 16, prompt_tokens=16, prompts=1, decoded=True) == chunk
 
@@ -152,11 +152,15 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
             assert (chunk, pacer.layers_per_pass) == (MIN_CHUNK, None)
             continue
         fits = CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.063
-        assert (chunk, pacer.layers_per_pass) == (GRANULE, round(30 * fits / GRANULE))  # 3
+        assert (chunk, pacer.layers_per_pass) == (
+            GRANULE,
+            even_share(30, round(30 * fits / GRANULE)),
+        )
         # 8 tokens through 10 layers a step share the KV reads: 20 ms each
         for _ in range(COST_WINDOW):
             chunk = pacer.observe(0.055 + 0.020 * 8 / 3, 8 / 3, prompts=1, decoded=True)
-        assert (chunk, pacer.layers_per_pass) == (GRANULE, round(30 * 0.055 / 0.020 / GRANULE))
+        share = round(30 * CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.020 / GRANULE)
+        assert (chunk, pacer.layers_per_pass) == (GRANULE, even_share(30, share))
         # shallower: whole chunks
         for _ in range(COST_WINDOW):
             pacer.observe(0.055 + 0.004 * 8, prompt_tokens=8, prompts=1, decoded=True)
