@@ -25,7 +25,7 @@ should be small next to one forward pass of a real model). This script only prin
 nothing.
 
     python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
-                            [--skip-engine | --engine-only] [--prefill-tokens 7500]
+                            [--skip-engine | --engine-only] [--prefill-tokens 8000]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--engine-max-tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--prefix-tokens", type=int, default=2000, help="repeated prompt length")
     parser.add_argument(
-        "--prefill-tokens", type=int, default=7500, help="prompt prefilled beside a stream"
+        "--prefill-tokens", type=int, default=8000, help="prompt prefilled beside a stream"
     )
     parser.add_argument("--skip-distributed", action="store_true", help="leave out the 2-rank row")
     parser.add_argument(
