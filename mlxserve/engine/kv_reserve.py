@@ -57,7 +57,8 @@ def reserve(caches: list, needed: int, size: int, budget: int = STEP_BUDGET_BYTE
     # Queued now, not waited for. Left lazy, a layer was copied by the first forward pass that
     # reached it: with a chunk spread over passes, several layers grown in earlier steps at once
     # (8 layers, 181 ms: `/tmp` script), in steps of 170-240 ms among ~90 ms ones beside a stream.
-    mx.async_eval([(cache.keys, cache.values) for cache in grown])
+    if grown:
+        mx.async_eval([(cache.keys, cache.values) for cache in grown])
     return len(grown)
 
 
