@@ -176,3 +176,13 @@ def test_a_chunk_spread_over_the_layers_goes_in_even_passes():
     for _ in range(COST_WINDOW):  # 7.4 tokens fit a step: 28 of 30 layers for a chunk of 8
         chunk = pacer.observe(0.055 + 0.0074 * 7.5, prompt_tokens=7.5, prompts=1, decoded=True)
     assert (chunk, pacer.layers_per_pass) == (GRANULE, 15)
+
+
+def test_a_spread_chunk_always_makes_progress():
+    """A stream that deepens beside the prefill spends the (stale) budget on its own attention:
+    the chunk still goes through a tenth of the layers a step, never a single one."""
+    pacer = PrefillPacer(calibrated=16, layers=30)
+    pacer.observe(0.052, prompt_tokens=0, prompts=0, decoded=True)
+    for _ in range(COST_WINDOW):  # each step's cost is nearly all the stream's own
+        chunk = pacer.observe(0.100, 8 / 30, prompts=1, decoded=True)
+    assert (chunk, pacer.layers_per_pass) == (GRANULE, 3)

@@ -55,6 +55,13 @@ COST_WINDOW = 3
 # reads its whole KV, which more tokens share. SmolLM2-135M at depth 7,000 beside one decode row
 # on the 2-core CPU (`/tmp` script, medians of 8): 1 token +63 ms, 2 +81, 4 +108, 8 +162, 16 +290
 # on a 55 ms decode pass: 8 tokens cost 20 ms each, one alone 63.
+# A spread chunk goes through at least this share of the layers a step, whatever the budget says:
+# the usual gap is measured before the chunks start and goes stale while they run, so a stream
+# that deepens meanwhile spends the budget on its own attention. Beside an 8,000-token prompt a
+# stream's decode step grew from 52 ms to ~100, the chunks fell to 8 tokens through 1 layer of 30
+# a step, and the last third of the prompt went at 2.7-5.8 tokens/s: the prefill took 689 s,
+# deepening the stream further. (A stream that never ends would starve the prompt.)
+MIN_LAYER_SHARE = 0.1
 
 
 def pass_tokens(on_cpu: bool) -> int:
@@ -138,7 +145,8 @@ class PrefillPacer:
             chunk = clamp_chunk(fits)
             if fits < GRANULE and self.layers:
                 chunk = GRANULE
-                share = max(1, round(self.layers * fits / chunk))
+                floor = math.ceil(self.layers * MIN_LAYER_SHARE)
+                share = max(floor, round(self.layers * fits / chunk))
                 if share < self.layers:
                     self.layers_per_pass = even_share(self.layers, share)
             self.chunk = min(chunk, self.beside_decode_max)
