@@ -9,9 +9,10 @@ ops MLX vectorises; `mx.compile` fuses them into one loop (0.8 ms for those 504k
 `mx.compile` leaves out of the fused loop on the CPU. `scripts/cpu_training_ops.py` trains with it.
 Grouped-query heads share their key/value heads by reshaping the queries, never by copying keys.
 
-That fused loop is still scalar (1.5-2.0 ms for those 504k scores with the max, measured again on
-2026-11-26), so a prompt chunk's softmax, which has scores enough to pay for waiting on them in
-every layer, runs in numpy instead (`NUMPY_MIN_SCORES`): 0.8 ms.
+That fused loop is still slow (1.5-2.0 ms for those 504k scores with the max, measured again on
+2026-11-26; a plain MLX add over them takes 0.16 ms), so a prompt chunk's softmax, which has
+scores enough to pay for waiting on them in every layer, runs in numpy instead
+(`NUMPY_MIN_SCORES`): 0.8 ms.
 
 Metal keeps `mx.fast.scaled_dot_product_attention`, a fused kernel; so do quantized KV caches and
 attention sinks here.
@@ -83,8 +84,8 @@ def _causal(queries: int, keys: int) -> mx.array:
 
 
 # From this many scores of a prompt chunk (more than one query a sequence), softmax runs in numpy,
-# which waits for the scores in every layer: MLX's compiled loop above costs ~3 ns a score (one
-# thread, no SIMD: 2.0 ms for 8 queries x 9 heads x 7,000 keys), numpy's whole softmax 0.8 ms.
+# which waits for the scores in every layer: MLX's compiled loop above costs ~3 ns a score (2.0 ms
+# for 8 queries x 9 heads x 7,000 keys, ten times a plain MLX add), numpy's whole softmax 0.8 ms.
 # In SmolLM2-135M's forward pass beside a decode row (`/tmp` A/B, medians of 20): 8 prompt tokens
 # at depth 7,000 through 30 layers 231 -> 198 ms, through 15 layers 139 -> 124; at depth 3,000
 # through 30 layers 144 -> 133. Decoding (one query a sequence) keeps MLX's path, so its layers
