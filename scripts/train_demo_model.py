@@ -87,6 +87,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument(
+        "--optimizer",
+        choices=("adamw", "muon"),
+        default="adamw",
+        help="muon: Muon for the layers' weight matrices, AdamW (--lr) for the rest",
+    )
+    parser.add_argument("--muon-lr", type=float, default=0.02)
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--fim-rate", type=float, default=FIM_RATE)
@@ -290,6 +297,21 @@ def evaluate(model, stream: np.ndarray, windows: int = 64) -> float:
     return total / windows
 
 
+def make_optimizer(args: argparse.Namespace, schedule):
+    """AdamW; or MLX's Muon (momentum orthogonalised by Newton-Schulz) for the transformer
+    layers' weight matrices, on the same schedule scaled to --muon-lr, and AdamW for the
+    embedding (tied to the output) and the norms, as Muon's authors advise."""
+    import mlx.optimizers as optim
+
+    adamw = optim.AdamW(learning_rate=schedule, weight_decay=0.1)
+    if args.optimizer == "adamw":
+        return adamw
+    muon = optim.Muon(learning_rate=lambda step: schedule(step) * (args.muon_lr / args.lr))
+    return optim.MultiOptimizer(
+        [muon, adamw], [lambda name, weight: name.startswith("model.layers.") and weight.ndim == 2]
+    )
+
+
 def train(args: argparse.Namespace) -> None:
     import mlx.core as mx
     import mlx.nn as nn
@@ -333,7 +355,7 @@ def train(args: argparse.Namespace) -> None:
         ],
         [args.warmup],
     )
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.1)
+    optimizer = make_optimizer(args, schedule)
     step = 0
     log_path = out / "loss_log.jsonl"
     if (ckpt / "state.json").exists():
@@ -437,7 +459,13 @@ def train(args: argparse.Namespace) -> None:
         "tokens_seen": args.steps * tokens_per_step,
         "learning_rate": args.lr,
         "warmup_steps": args.warmup,
-        "schedule": "linear warm-up, then cosine decay to 10%; AdamW, weight decay 0.1, clip 1.0",
+        "schedule": "linear warm-up, then cosine decay to 10%; clip 1.0",
+        "optimizer": (
+            "AdamW, weight decay 0.1"
+            if args.optimizer == "adamw"
+            else f"Muon (lr {args.muon_lr}) for the layers' matrices, AdamW (weight decay 0.1) "
+            "for the embedding and norms"
+        ),
         "test_share": args.test_share,
         "fim_rate": args.fim_rate,
         "middle_loss_weight": args.middle_weight,
