@@ -101,6 +101,18 @@ def shapes(infill: dict) -> str:
     )
 
 
+def optimizer(training: dict) -> str:
+    """Older records name the optimizer in the schedule."""
+    return f"; {training['optimizer']}" if "optimizer" in training else ""
+
+
+def middle_weight(training: dict) -> str:
+    weight = training.get("middle_loss_weight", 1.0)
+    if weight == 1.0:
+        return ""
+    return f" A middle's loss, and its end token's, weighs {weight:g}x the other tokens'."
+
+
 def card(config: dict, training: dict, evaluation: dict, parameters: int, size_bytes: int) -> str:
     model, bigram = evaluation["model_infill"], evaluation["bigram_infill"]
     counts = ", ".join(f"{n} line(s) {p:.0%}" for n, p in training["line_counts"].items())
@@ -128,12 +140,12 @@ held out and never seen in training.
 
 - {training["steps"]:,} steps of {training["batch"]} sequences x {training["context"]} tokens =
   {training["tokens_seen"]:,} tokens seen; learning rate {training["learning_rate"]},
-  {training["schedule"]}.
+  {training["schedule"]}{optimizer(training)}.
 - Fill-in-the-middle: {training["fim_rate"]:.0%} of sequences in prefix-suffix-middle order
   (`<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>`), the rest left to right. Of the FIM
   middles, {training["line_span_rate"]:.0%} are whole lines ({counts}), and
   {training["newline_in_suffix_rate"]:.0%} of those leave their last newline to the suffix, as an
-  editor's emptied line does; the others are random character spans.
+  editor's emptied line does; the others are random character spans.{middle_weight(training)}
 - Seed {training["seed"]}; {training["minutes"]} minutes on {training["cpu_count"]} CPU cores
   ({training["platform"]}), MLX's CPU build with OpenBLAS. `loss_log.jsonl` holds every step.
 
