@@ -8,9 +8,12 @@ Reports:
   completion in place still passes `ast.parse`);
 - how many completions were empty, and how many non-empty ones sat at the removed line's depth;
 - the same for a bigram baseline (most likely next token given the previous one,
-  counted on the training split), which sees only the prefix.
+  counted on the training split), which sees only the prefix;
+- with --reference, the same for any mlx-lm model without FIM tokens (a pretrained one, to see
+  where the bars sit), which also sees only the prefix.
 
     python scripts/eval_demo_model.py [--model mlxserve/models/mlxserve-demo-coder] [--tasks 200]
+        [--reference ../shared/models/smollm2-135m-instruct-4bit]
 """
 
 from __future__ import annotations
@@ -182,6 +185,37 @@ class BigramInfiller:
         return first_line(tokenizer.decode(generated, skip_special_tokens=True))
 
 
+class PrefixInfiller:
+    """A model with no FIM tokens, given the prefix only, without its last newline: the model
+    writes that newline and the next line's indentation itself. Byte-level BPE tokenizers merge a
+    newline with the indentation after it, so a prompt ending in a bare newline is one such a
+    model rarely saw (SmolLM2-135M then wrote 110 empty lines of 200 and no exact match)."""
+
+    CONTEXT = 512  # prefix tokens
+
+    def __init__(self, path: Path):
+        import mlx_lm
+
+        from mlxserve.engine.model_host import fit_to_device
+
+        self.model, self.tokenizer = mlx_lm.load(str(path))
+        fit_to_device(self.model)
+
+    def complete(self, task: InfillTask) -> str:
+        from mlx_lm.generate import stream_generate
+
+        ids = self.tokenizer.encode(task.before[:-1], add_special_tokens=False)
+        text = ""
+        for response in stream_generate(
+            self.model, self.tokenizer, ids[-self.CONTEXT :], max_tokens=MAX_NEW_TOKENS
+        ):
+            text += response.text
+            if text.count("\n") >= 2 or response.finish_reason:
+                break
+        # the line after the prefix's last one (none if the model never ended that one)
+        return text.split("\n")[1] if "\n" in text else ""
+
+
 def indentation(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
@@ -215,6 +249,9 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=400, help="held-out windows for the loss")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--reference", type=Path, help="also score this mlx-lm model, prefix only (no FIM)"
+    )
     args = parser.parse_args()
 
     train_files, held_out = split_files()
@@ -235,6 +272,9 @@ def main() -> None:
     train_stream = token_stream(train_files, infiller.encode, file_sep)
     vocab = infiller.config["vocab_size"]
     results["bigram_infill"] = score("bigram", BigramInfiller(train_stream, vocab, infiller), tasks)
+    if args.reference:
+        reference = score("reference", PrefixInfiller(args.reference), tasks)
+        results["reference_infill"] = {"model": str(args.reference), **reference}
     print(json.dumps(results, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

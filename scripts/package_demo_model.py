@@ -113,6 +113,18 @@ def middle_weight(training: dict) -> str:
     return f" A middle's loss, and its end token's, weighs {weight:g}x the other tokens'."
 
 
+def reference_row(evaluation: dict) -> str:
+    """A pretrained model's score (eval_demo_model.py --reference), where one was run."""
+    if "reference_infill" not in evaluation:
+        return ""
+    reference = evaluation["reference_infill"]
+    name = Path(reference["model"]).name
+    return (
+        f"| {name} (pretrained, for reference; prefix only) | {reference['exact_match']:.1%} "
+        f"| {reference['parse_rate']:.1%} |\n"
+    )
+
+
 def card(config: dict, training: dict, evaluation: dict, parameters: int, size_bytes: int) -> str:
     model, bigram = evaluation["model_infill"], evaluation["bigram_infill"]
     counts = ", ".join(f"{n} line(s) {p:.0%}" for n, p in training["line_counts"].items())
@@ -160,7 +172,7 @@ held out and never seen in training.
 |---|---|---|
 | this model | **{model["exact_match"]:.1%}** | **{model["parse_rate"]:.1%}** |
 | bigram baseline (prefix only) | {bigram["exact_match"]:.1%} | {bigram["parse_rate"]:.1%} |
-
+{reference_row(evaluation)}
 Of the {evaluation["tasks"]} completions, this model's: {shapes(model)}; the bigram's:
 {shapes(bigram)}.
 
