@@ -103,16 +103,36 @@ def first_line(text: str) -> str:
     return text.split("\n", 1)[0]
 
 
+def load_for_eval(path: Path):
+    """(model, tokenizer) as the server runs them (`fit_to_device`)."""
+    import mlx_lm
+
+    from mlxserve.engine.model_host import fit_to_device
+
+    model, tokenizer = mlx_lm.load(str(path))
+    fit_to_device(model)
+    return model, tokenizer
+
+
+def greedy_text(model, tokenizer, ids: list[int], newlines: int) -> str:
+    """Greedy text from `ids` until it holds `newlines` newlines, ends, or reaches
+    MAX_NEW_TOKENS."""
+    from mlx_lm.generate import stream_generate
+
+    text = ""
+    for response in stream_generate(model, tokenizer, ids, max_tokens=MAX_NEW_TOKENS):
+        text += response.text
+        if text.count("\n") >= newlines or response.finish_reason:
+            break
+    return text
+
+
 class ModelInfiller:
     def __init__(self, path: Path):
         import mlx.core as mx
-        import mlx_lm
 
         self.mx = mx
-        from mlxserve.engine.model_host import fit_to_device
-
-        self.model, self.tokenizer = mlx_lm.load(str(path))
-        fit_to_device(self.model)  # the same weights the server runs
+        self.model, self.tokenizer = load_for_eval(path)
         self.tokenizer._tokenizer.model_max_length = 10**9  # whole files are encoded here
         self.config = json.loads((path / "config.json").read_text())
         ids = self.tokenizer.convert_tokens_to_ids
@@ -138,16 +158,7 @@ class ModelInfiller:
         )
 
     def complete(self, task: InfillTask) -> str:
-        from mlx_lm.generate import stream_generate
-
-        text = ""
-        for response in stream_generate(
-            self.model, self.tokenizer, self.prompt(task), max_tokens=MAX_NEW_TOKENS
-        ):
-            text += response.text
-            if "\n" in text or response.finish_reason:
-                break
-        return first_line(text)
+        return first_line(greedy_text(self.model, self.tokenizer, self.prompt(task), newlines=1))
 
     def validation_loss(self, stream: np.ndarray, windows: int) -> float:
         import mlx.nn as nn
@@ -194,24 +205,11 @@ class PrefixInfiller:
     CONTEXT = 512  # prefix tokens
 
     def __init__(self, path: Path):
-        import mlx_lm
-
-        from mlxserve.engine.model_host import fit_to_device
-
-        self.model, self.tokenizer = mlx_lm.load(str(path))
-        fit_to_device(self.model)
+        self.model, self.tokenizer = load_for_eval(path)
 
     def complete(self, task: InfillTask) -> str:
-        from mlx_lm.generate import stream_generate
-
         ids = self.tokenizer.encode(task.before[:-1], add_special_tokens=False)
-        text = ""
-        for response in stream_generate(
-            self.model, self.tokenizer, ids[-self.CONTEXT :], max_tokens=MAX_NEW_TOKENS
-        ):
-            text += response.text
-            if text.count("\n") >= 2 or response.finish_reason:
-                break
+        text = greedy_text(self.model, self.tokenizer, ids[-self.CONTEXT :], newlines=2)
         # the line after the prefix's last one (none if the model never ended that one)
         return text.split("\n")[1] if "\n" in text else ""
 
