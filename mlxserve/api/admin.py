@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, current_app
 from quart_schema import document_request
 
@@ -14,9 +15,15 @@ from ..engine import EngineError
 from .errors import InvalidRequest
 from .models import STARTED, known_model, served_model_id
 from .parsing import read_json_object, validate
-from .schemas import LoadRequest
 
 blueprint = Blueprint("admin", __name__)
+
+
+class LoadRequest(BaseModel):
+    """POST /admin/load: a model by its id from GET /v1/models (never a path)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=1024, description="an id from GET /v1/models")
 
 
 def status() -> dict:

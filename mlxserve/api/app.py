@@ -12,9 +12,12 @@ from werkzeug.exceptions import HTTPException
 
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
-from . import admin, completions, health, metrics, models, native, openapi
+from . import admin, health, metrics, models, openapi
 from .auth import check_api_key
 from .errors import APIError, error_body
+from .llamacpp import completion as llamacpp_completion
+from .llamacpp import infill as llamacpp_infill
+from .openai import completions as openai_completions
 
 log = logging.getLogger("mlxserve.api")
 
@@ -45,7 +48,15 @@ def create_app(settings: Settings, engine) -> Quart:
     app.config[models.STARTED] = int(time.time())
     openapi.install(app, settings)
     app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
-    for module in (admin, completions, health, metrics, models, native):
+    for module in (
+        admin,
+        openai_completions,
+        health,
+        metrics,
+        models,
+        llamacpp_completion,
+        llamacpp_infill,
+    ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)
     if settings.cors_origins:

@@ -1,4 +1,4 @@
-"""Every dialect's way of constraining output, mapped onto one Constraint (or none).
+"""Every dialect's way of constraining output: its fields' shapes, mapped onto one Constraint.
 
 llama.cpp: `grammar` (GBNF), `json_schema`. mistral.rs: `grammar: {type, value}`, `tools` +
 `tool_choice`. OpenAI / Fireworks / llama.cpp: `response_format`. vLLM: `guided_json`,
@@ -8,11 +8,58 @@ llama.cpp: `grammar` (GBNF), `json_schema`. mistral.rs: `grammar: {type, value}`
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..sampling.grammars import Constraint
 from .errors import InvalidRequest
-from .schemas import CompletionRequest, NamedToolChoice, Tool
+
+if TYPE_CHECKING:
+    from .protocol import CompletionRequest
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's, Fireworks' and llama.cpp's response_format."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # Fireworks, llama.cpp
+    json_schema: dict[str, Any] | None = None  # OpenAI: {"name", "schema", "strict"}
+
+
+class TypedGrammar(BaseModel):
+    """mistral.rs's grammar: {"type": ..., "value": ...}."""
+
+    type: Literal["regex", "json_schema", "lark", "llguidance"]
+    value: str | dict[str, Any]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs (the newer spelling of its guided_* fields)."""
+
+    model_config = ConfigDict(extra="allow")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
 
 
 def constraint_of(request: CompletionRequest) -> Constraint | None:

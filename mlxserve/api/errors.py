@@ -35,6 +35,17 @@ class InvalidRequest(APIError):
     status = 400
 
 
+class FieldError(ValueError):
+    """A request model's rule that pydantic's types cannot state. Raised in a validator, it
+    reaches the client with this message, param and code (parsing.validate unwraps it)."""
+
+    def __init__(self, message: str, param: str, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
 class AuthenticationError(APIError):
     status = 401
     type = "authentication_error"

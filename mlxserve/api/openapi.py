@@ -9,7 +9,8 @@ from quart_schema import QuartSchema
 from quart_schema.openapi import OpenAPIProvider
 
 from ..settings import Settings
-from .schemas import LIMITED_FIELDS, CompletionRequest, NativeCompletionRequest
+from .llamacpp.protocol import NativeCompletionRequest
+from .protocol import LIMITED_FIELDS, CompletionRequest
 
 
 def install(app, settings: Settings) -> QuartSchema:

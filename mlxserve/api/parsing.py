@@ -8,10 +8,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from quart import current_app, request
 
-from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS
 from ..settings import Limits
-from .errors import APIError, InvalidRequest
-from .schemas import NOT_YET_SUPPORTED, CompletionRequest
+from .errors import APIError, FieldError, InvalidRequest
+from .protocol import CompletionRequest
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -34,9 +33,10 @@ async def read_json_object() -> dict[str, Any]:
 async def read_completion_request(
     model: type[CompletionRequest] = CompletionRequest,
 ) -> CompletionRequest:
-    """A completion route's body, validated against this server's limits."""
+    """A completion route's body (`model`: its request class), validated against this server's
+    limits."""
     data = await read_json_object()
-    return parse_completion_request(data, model, current_app.config["SETTINGS"].limits)
+    return validate(model, data, current_app.config["SETTINGS"].limits)
 
 
 def _no_constant(name: str) -> Any:
@@ -90,10 +90,14 @@ def _check_unicode(data: Any) -> None:
 
 
 def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = None) -> Model:
+    """`data` as a `model`, or a 400 naming the first field at fault."""
     try:
         return model.model_validate(data, context={"limits": limits})
     except ValidationError as error:
         first = error.errors()[0]
+        rule = first.get("ctx", {}).get("error")
+        if isinstance(rule, FieldError):
+            raise InvalidRequest(rule.message, param=rule.param, code=rule.code) from error
         param = ".".join(str(part) for part in first["loc"]) or None
         message = first["msg"]
         if first.get("input") is not None and first["type"] not in ("missing",):
@@ -103,62 +107,6 @@ def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = N
             param=param,
             code="invalid_value" if first["type"] != "missing" else "missing_field",
         ) from error
-
-
-def parse_completion_request(
-    data: dict[str, Any],
-    model: type[CompletionRequest] = CompletionRequest,
-    limits: Limits | None = None,
-) -> CompletionRequest:
-    """A completion body of any route (`model`: its request class) after the checks that span
-    several fields."""
-    for name, off_values in NOT_YET_SUPPORTED.items():
-        if name in data and not any(data[name] is off for off in off_values):
-            raise InvalidRequest(
-                f"'{name}' is not supported by this server yet; remove it or send its default.",
-                param=name,
-                code="unsupported_parameter",
-            )
-    request = validate(model, data, limits)
-    if request.best_of is not None and request.best_of < request.n:
-        raise InvalidRequest(
-            f"best_of ({request.best_of}) must be at least n ({request.n}).", param="best_of"
-        )
-    if request.stream and request.best_of is not None and request.best_of > request.n:
-        raise InvalidRequest(
-            "best_of > n cannot be streamed: the best choices are known only at the end.",
-            param="best_of",
-        )
-    if request.max_tokens is not None and 0 < request.max_tokens < request.min_tokens:
-        raise InvalidRequest(
-            f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({request.max_tokens}).",
-            param="min_tokens",
-        )
-    if request.dry_multiplier > 0 and request.dry_base < 1:
-        raise InvalidRequest(
-            f"dry_base must be at least 1 when DRY is on (dry_multiplier > 0), got "
-            f"{request.dry_base}.",
-            param="dry_base",
-        )
-    sampler_names(request.samplers)  # raises on unknown names
-    return request
-
-
-def sampler_names(samplers: list[str] | str | None) -> tuple[str, ...]:
-    """llama.cpp's `samplers`: a list of names, or a string of one-letter codes."""
-    if samplers is None:
-        return DEFAULT_SAMPLERS
-    names = [SAMPLER_LETTERS.get(c, c) for c in samplers] if isinstance(samplers, str) else samplers
-    names = [SAMPLER_ALIASES.get(n, n) for n in names]
-    known = {*DEFAULT_SAMPLERS, "infill"}
-    for name in names:
-        if name not in known:
-            raise InvalidRequest(
-                f"Unknown sampler {name!r} in 'samplers'; known: {', '.join(DEFAULT_SAMPLERS)} "
-                f"(or llama.cpp's letters {''.join(SAMPLER_LETTERS)}).",
-                param="samplers",
-            )
-    return tuple(names)
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -1,8 +1,9 @@
-"""Request models: every dialect's field names mapped onto one canonical shape.
+"""The shared request model: every dialect's field names mapped onto one canonical shape.
 
 Each alias sits next to the field it maps to (OpenAI first, then llama.cpp, mistral.rs, Fireworks,
 vLLM). Unknown fields are accepted and ignored; known fields whose feature has not landed yet are
-refused by name when they would change the output (see NOT_YET_SUPPORTED).
+refused by name when they would change the output (see NOT_YET_SUPPORTED). Every rule, the ones
+spanning fields included, is checked here, so a front door gets a request that is whole or a 400.
 """
 
 from __future__ import annotations
@@ -22,16 +23,32 @@ from pydantic import (
     model_validator,
 )
 
-from ..sampling.breakers import DEFAULT_BREAKERS
-from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS
+from ..engine import StopSpec
+from ..sampling.breakers import DEFAULT_BREAKERS, resolve_breakers
+from ..sampling.params import (
+    DEFAULT_SAMPLERS,
+    SAMPLER_ALIASES,
+    SAMPLER_LETTERS,
+    DryParams,
+    SamplingParams,
+)
 from ..settings import Limits
+from .constraints import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, TypedGrammar
+from .errors import FieldError
+from .schema_docs import (
+    KNOWN_SAMPLERS,
+    LOGIT_BIAS_SCHEMA,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_STRINGS,
+    PROMPT_SCHEMA,
+    SAMPLERS_SCHEMA,
+    STOP_SCHEMA,
+    documented,
+)
 
 DEFAULT_MAX_TOKENS = 16
-MAX_STOP_STRINGS = 16
-MAX_LOGIT_BIAS = 100.0
 MAX_BREAKERS = 32
 MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
-MAX_EXTRA_CHUNKS = 256
 MAX_WINDOW = 2**31 - 1  # penalty windows: MLX slices with 32-bit indices; "all" needs no more
 
 PromptPart = str | StrictInt
@@ -42,93 +59,6 @@ def alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
-def documented(*examples: dict[str, Any]):
-    """A request model's JSON-schema hook: its aliases (below) and `examples` (fuzzers start
-    from them)."""
-
-    def extra(schema: dict[str, Any], model: type[BaseModel]) -> None:
-        for name in _NULL_IS_DEFAULT & schema.get("properties", {}).keys():
-            _allow_null(schema["properties"][name])
-        document_aliases(schema, model)
-        if examples:
-            schema["examples"] = list(examples)
-
-    return extra
-
-
-def _allow_null(prop: dict[str, Any]) -> None:
-    """`"n": null` means the default (OpenAI's clients send it): say so in the schema."""
-    meta = {"title", "description", "default", "examples"}
-    core = {k: prop.pop(k) for k in list(prop) if k not in meta}
-    branches = core["anyOf"] if list(core) == ["anyOf"] else [core]
-    if {"type": "null"} not in branches:
-        branches = [*branches, {"type": "null"}]
-    prop["anyOf"] = branches
-
-
-def document_aliases(schema: dict[str, Any], model: type[BaseModel]) -> None:
-    """Every name a field accepts appears in the JSON schema, so /openapi.json lists
-    `n_predict`, `repeat_penalty`, `mirostat_lr`... beside the canonical name."""
-    properties = schema.get("properties", {})
-    for name, info in model.model_fields.items():
-        choices = info.validation_alias.choices if info.validation_alias else []
-        names = [name, *(c for c in choices if isinstance(c, str))]
-        shown = next((n for n in names if n in properties), None)
-        if shown is None:
-            continue
-        for other in names:
-            if other not in properties:
-                properties[other] = {
-                    **properties[shown],
-                    "title": other,
-                    "description": f"Alias of `{shown}`.",
-                }
-
-
-# JSON-schema facts the validators below enforce, written out for /openapi.json.
-STOP_SCHEMA = {
-    "anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_STRINGS},
-        {"type": "null"},
-    ]
-}
-LOGIT_BIAS_SCHEMA = {
-    "anyOf": [
-        {
-            "type": "object",
-            "propertyNames": {"pattern": "^-?[0-9]+$"},
-            "additionalProperties": {
-                "type": "number",
-                "minimum": -MAX_LOGIT_BIAS,
-                "maximum": MAX_LOGIT_BIAS,
-            },
-        },
-        {"type": "null"},
-    ]
-}
-_TOKEN_ID = {"type": "integer", "minimum": 0}
-_PIECES = {  # one prompt: token ids, or llama.cpp's mix of text and ids
-    "type": "array",
-    "minItems": 1,
-    "items": {"anyOf": [{"type": "string"}, _TOKEN_ID]},
-}
-PROMPT_SCHEMA = {
-    "anyOf": [
-        {"type": "string"},
-        _PIECES,
-        {"type": "array", "minItems": 1, "items": {"type": "string"}},  # several prompts
-        {"type": "array", "minItems": 1, "items": _PIECES},  # several, as ids
-    ]
-}
-SAMPLER_NAMES = sorted({*DEFAULT_SAMPLERS, "infill", *SAMPLER_ALIASES})
-SAMPLERS_SCHEMA = {
-    "anyOf": [
-        {"type": "array", "items": {"enum": SAMPLER_NAMES}},
-        {"type": "string", "pattern": f"^[{''.join(sorted(SAMPLER_LETTERS))}]*$"},
-        {"type": "null"},
-    ]
-}
 # Limits a server's flags set (settings.Limits); /openapi.json shows the values it runs with.
 LIMITED_FIELDS = {
     "max_tokens": "max_tokens",
@@ -149,49 +79,6 @@ NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
 }
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's, Fireworks' and llama.cpp's response_format."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    type: Literal["text", "json_object", "json_schema"]
-    schema_: dict[str, Any] | None = Field(None, alias="schema")  # Fireworks, llama.cpp
-    json_schema: dict[str, Any] | None = None  # OpenAI: {"name", "schema", "strict"}
-
-
-class TypedGrammar(BaseModel):
-    """mistral.rs's grammar: {"type": ..., "value": ...}."""
-
-    type: Literal["regex", "json_schema", "lark", "llguidance"]
-    value: str | dict[str, Any]
-
-
-class StructuredOutputs(BaseModel):
-    """vLLM's structured_outputs (the newer spelling of its guided_* fields)."""
-
-    model_config = ConfigDict(extra="allow")
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = Field(None, min_length=1)
-    grammar: str | None = None
-
-
-class ToolFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-
-
-class Tool(BaseModel):
-    type: Literal["function"] = "function"
-    function: ToolFunction
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"] = "function"
-    function: dict[str, str]
 
 
 class CompletionRequest(BaseModel):
@@ -272,9 +159,10 @@ class CompletionRequest(BaseModel):
     )
     samplers: list[str] | str | None = Field(
         None,
+        validate_default=True,
         description="llama.cpp's sampler order: names or one letter each",
         json_schema_extra=SAMPLERS_SCHEMA,
-    )
+    )  # a tuple of canonical names once validated
     logit_bias: dict[str, StrictFloat] | None = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
     seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
     presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
@@ -334,13 +222,21 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        """OpenAI's clients send `"n": null` and the like for "use the default".
+    def _screen(cls, data: Any) -> Any:
+        """Refuse fields whose feature has not landed; drop nulls that mean "use the default"
+        (OpenAI's clients send `"n": null` and the like).
 
         max_tokens is the exception: null there means "until the context window is full".
         """
         if not isinstance(data, dict):
             return data
+        for name, off_values in NOT_YET_SUPPORTED.items():
+            if name in data and not any(data[name] is off for off in off_values):
+                raise FieldError(
+                    f"'{name}' is not supported by this server yet; remove it or send its default.",
+                    param=name,
+                    code="unsupported_parameter",
+                )
         return {k: v for k, v in data.items() if not (v is None and k in _NULL_IS_DEFAULT)}
 
     @field_validator("prompt")
@@ -368,6 +264,18 @@ class CompletionRequest(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
         return [s for s in stops if s]
 
+    @field_validator("samplers")
+    @classmethod
+    def _sampler_names(cls, samplers: list[str] | str | None) -> tuple[str, ...]:
+        """llama.cpp's `samplers`, names or one-letter codes, as canonical names (checked by
+        `_fields_agree`, after every field's own checks)."""
+        if samplers is None:
+            return DEFAULT_SAMPLERS
+        names = (
+            [SAMPLER_LETTERS.get(c, c) for c in samplers] if isinstance(samplers, str) else samplers
+        )
+        return tuple(SAMPLER_ALIASES.get(n, n) for n in names)
+
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, bias: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
@@ -377,6 +285,43 @@ class CompletionRequest(BaseModel):
             if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
         return bias
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> CompletionRequest:
+        """The rules that span fields, each naming the field to change."""
+        if self.best_of is not None and self.best_of < self.n:
+            raise FieldError(
+                f"best_of ({self.best_of}) must be at least n ({self.n}).", param="best_of"
+            )
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise FieldError(
+                "best_of > n cannot be streamed: the best choices are known only at the end.",
+                param="best_of",
+            )
+        if self.max_tokens is not None and 0 < self.max_tokens < self.min_tokens:
+            raise FieldError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).",
+                param="min_tokens",
+            )
+        if self.dry_multiplier > 0 and self.dry_base < 1:
+            raise FieldError(
+                f"dry_base must be at least 1 when DRY is on (dry_multiplier > 0), got "
+                f"{self.dry_base}.",
+                param="dry_base",
+            )
+        unknown = next((name for name in self.samplers if name not in KNOWN_SAMPLERS), None)
+        if unknown is not None:
+            raise FieldError(
+                f"Unknown sampler {unknown!r} in 'samplers'; known: {', '.join(DEFAULT_SAMPLERS)} "
+                f"(or llama.cpp's letters {''.join(SAMPLER_LETTERS)}).",
+                param="samplers",
+            )
+        return self
+
+    @classmethod
+    def null_is_default(cls) -> frozenset[str]:
+        """The names (aliases too) whose `null` means the field's default, for every dialect."""
+        return _NULL_IS_DEFAULT
 
     @property
     def stop_strings(self) -> list[str]:
@@ -390,6 +335,65 @@ class CompletionRequest(BaseModel):
             or self.truncate_prompt_tokens is not None
         )
 
+    @property
+    def token_bias(self) -> dict[int, float]:
+        """logit_bias by token id."""
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+    def to_sampling_params(
+        self, tokenizer: Any, infill_end_ids: tuple[int, ...] = (), grammar: str | None = None
+    ) -> SamplingParams:
+        """The sampler chain's settings. The loaded model's `tokenizer` resolves DRY's breakers;
+        `infill_end_ids` end the middle for the "infill" sampler; `grammar` is compiled."""
+        dry = None
+        if self.dry_multiplier > 0 and self.dry_penalty_last_n != 0:
+            dry = DryParams(
+                multiplier=self.dry_multiplier,
+                base=self.dry_base,
+                allowed_length=self.dry_allowed_length,
+                penalty_last_n=self.dry_penalty_last_n,
+                breakers=tuple(self.dry_sequence_breakers),
+            )
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=max(self.top_k, 0),
+            top_p=self.top_p,
+            min_p=self.min_p,
+            typical_p=self.typical_p,
+            top_n_sigma=self.top_n_sigma,
+            xtc_probability=self.xtc_probability,
+            xtc_threshold=self.xtc_threshold,
+            dynatemp_range=self.dynatemp_range,
+            dynatemp_exponent=self.dynatemp_exponent,
+            mirostat=self.mirostat,
+            mirostat_tau=self.mirostat_tau,
+            mirostat_eta=self.mirostat_eta,
+            dry=dry,
+            dry_breakers=resolve_breakers(tokenizer, dry.breakers) if dry else None,
+            samplers=self.samplers,
+            infill_end_ids=infill_end_ids if "infill" in self.samplers else (),
+            logit_bias=self.token_bias,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            repeat_last_n=self.repeat_last_n,
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids else None,
+            grammar=grammar,
+        )
+
+    def to_stop_spec(self, deadline: float | None = None) -> StopSpec:
+        """Where each sequence ends; `deadline` (time.monotonic) is the server's request timeout."""
+        return StopSpec(
+            strings=tuple(self.stop_strings),
+            token_ids=tuple(self.stop_token_ids or ()),
+            include_in_output=self.include_stop_str_in_output,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            min_indent=self.n_indent,
+            max_predict_ms=self.t_max_predict_ms or None,
+            deadline=deadline,
+        )
+
 
 def _keys_where_null_is_default() -> frozenset[str]:
     keys = set()
@@ -400,74 +404,3 @@ def _keys_where_null_is_default() -> frozenset[str]:
 
 
 _NULL_IS_DEFAULT = _keys_where_null_is_default()
-
-
-# ---- llama.cpp's native routes: /completion and /infill ----------------------------------------
-
-
-class NativeCompletionRequest(CompletionRequest):
-    """POST /completion: llama.cpp's field names and its defaults (n_predict -1 = until the
-    context is full; temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
-
-    model_config = ConfigDict(
-        json_schema_extra=documented(
-            {"prompt": "def add(a, b):\n", "n_predict": 16, "n_probs": 2, "cache_prompt": True},
-            {"prompt": "x", "n_predict": 8, "stream": True, "samplers": "kpt"},
-        )
-    )
-
-    max_tokens: StrictInt | None = Field(
-        -1,
-        ge=-1,
-        validation_alias=alias("n_predict", "max_tokens"),
-        description="-1: until the context window is full",
-    )
-    temperature: StrictFloat = Field(0.8, ge=0.0, le=10.0)
-    top_k: StrictInt = Field(40, ge=-1)
-    top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
-    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
-    response_fields: list[str] | None = Field(
-        None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
-    )
-
-
-class InfillChunk(BaseModel):
-    """One chunk of another file an editor sends as context."""
-
-    model_config = ConfigDict(extra="allow")
-    filename: str = Field("tmp", max_length=4096)
-    text: str = Field("", max_length=MAX_TEXT_CHARS)
-
-
-class InfillRequest(NativeCompletionRequest):
-    """POST /infill as llama.vim and llama.vscode send it."""
-
-    model_config = ConfigDict(
-        json_schema_extra=documented(
-            {
-                "input_prefix": "def add(a, b):\n",
-                "input_suffix": "\n",
-                "input_extra": [{"filename": "util.py", "text": "import math\n"}],
-                "prompt": "    return ",
-                "n_predict": 16,
-                "n_indent": 4,
-                "t_max_predict_ms": 500,
-                "samplers": ["top_k", "top_p", "infill"],
-                "cache_prompt": True,
-            }
-        )
-    )
-
-    prompt: str = Field(
-        "", max_length=MAX_TEXT_CHARS, description="the current line up to the cursor"
-    )
-    input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
-    input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
-    input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
-
-
-class LoadRequest(BaseModel):
-    """POST /admin/load: a model by its id from GET /v1/models (never a path)."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1, max_length=1024, description="an id from GET /v1/models")

@@ -1,0 +1,1 @@
+"""llama.cpp's native routes, so editors' llama.cpp providers work as is."""

@@ -1,0 +1,71 @@
+"""llama.cpp's request shapes: the shared request model with its defaults and extra fields."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from ..protocol import MAX_TEXT_CHARS, CompletionRequest, alias
+from ..schema_docs import documented
+
+MAX_EXTRA_CHUNKS = 256
+
+
+class NativeCompletionRequest(CompletionRequest):
+    """POST /completion: llama.cpp's field names and its defaults (n_predict -1 = until the
+    context is full; temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=documented(
+            {"prompt": "def add(a, b):\n", "n_predict": 16, "n_probs": 2, "cache_prompt": True},
+            {"prompt": "x", "n_predict": 8, "stream": True, "samplers": "kpt"},
+        )
+    )
+
+    max_tokens: StrictInt | None = Field(
+        -1,
+        ge=-1,
+        validation_alias=alias("n_predict", "max_tokens"),
+        description="-1: until the context window is full",
+    )
+    temperature: StrictFloat = Field(0.8, ge=0.0, le=10.0)
+    top_k: StrictInt = Field(40, ge=-1)
+    top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
+    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
+    response_fields: list[str] | None = Field(
+        None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
+    )
+
+
+class InfillChunk(BaseModel):
+    """One chunk of another file an editor sends as context."""
+
+    model_config = ConfigDict(extra="allow")
+    filename: str = Field("tmp", max_length=4096)
+    text: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
+class InfillRequest(NativeCompletionRequest):
+    """POST /infill as llama.vim and llama.vscode send it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=documented(
+            {
+                "input_prefix": "def add(a, b):\n",
+                "input_suffix": "\n",
+                "input_extra": [{"filename": "util.py", "text": "import math\n"}],
+                "prompt": "    return ",
+                "n_predict": 16,
+                "n_indent": 4,
+                "t_max_predict_ms": 500,
+                "samplers": ["top_k", "top_p", "infill"],
+                "cache_prompt": True,
+            }
+        )
+    )
+
+    prompt: str = Field(
+        "", max_length=MAX_TEXT_CHARS, description="the current line up to the cursor"
+    )
+    input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
+    input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
+    input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)

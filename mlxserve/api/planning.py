@@ -1,0 +1,272 @@
+"""The one planning step every front door shares: a validated request -> the engine's work.
+
+Prompts (text, token ids, or llama.cpp's mix) become token ids; `suffix` and /infill become the
+model's fill-in-the-middle prompt; the context policy fits each prompt; and prompts x best_of
+become one GenerationRequest per sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from quart import current_app
+
+from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec
+from ..fim import FimError, InfillParts, build_infill
+from ..prompt import (
+    Prompt,
+    PromptError,
+    first_out_of_vocabulary,
+    fit_context,
+    split_prompts,
+    tokenize,
+)
+from ..sampling.grammars import Constraint, GrammarError
+from ..settings import Settings
+from .admission import admit, refuse_if_draining
+from .constraints import constraint_of
+from .errors import InvalidRequest, ServiceUnavailable
+from .metrics import timed
+from .models import check_model_name
+from .protocol import CompletionRequest
+
+LOAD_WAIT_S = 30.0  # a request waits this long for a model being (re)loaded, then gets 503
+
+
+@dataclass
+class Plan:
+    """What one HTTP request asks of the engine: per prompt, `per_prompt` sequences."""
+
+    body: CompletionRequest
+    prompts: list[Prompt]
+    sequences: list[GenerationRequest]
+    per_prompt: int
+    truncated: list[bool] = field(default_factory=list)  # per prompt: something did not fit
+
+    def prompt_of(self, index: int) -> Prompt:
+        """The prompt the sequence at `index` continues."""
+        return self.prompts[index // self.per_prompt]
+
+
+async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
+    """The checks and planning every front door shares: (engine, loaded model, plan)."""
+    refuse_if_draining(current_app.config)
+    check_model_name(body.model)
+    engine = current_app.config["ENGINE"]
+    settings = current_app.config["SETTINGS"]
+    await engine.ensure_loaded(timeout=LOAD_WAIT_S)
+    try:
+        loaded = engine.check_ready()
+    except EngineError as error:
+        raise ServiceUnavailable(
+            str(error), code="model_loading", headers={"Retry-After": "1"}
+        ) from error
+    constraint = constraint_of(body)
+    timeout = settings.limits.grammar_timeout_s
+    grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
+    plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
+    admit(engine, loaded, plan.sequences, settings)
+    return engine, loaded, plan
+
+
+def submit(engine, plan: Plan) -> AsyncIterator[GenerationEvent]:
+    """The plan's sequences handed to the engine, timed for /metrics (call it inside the
+    request: a stream runs outside the app context)."""
+    return timed(engine.submit(plan.sequences))
+
+
+async def compile_constraint(loaded, constraint: Constraint, timeout_s: float) -> str:
+    """The constraint's llguidance grammar, compiled off the event loop and bounded in time."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.to_thread(loaded.grammars.compile, constraint), timeout_s
+        )
+    except GrammarError as error:
+        raise InvalidRequest(
+            f"Invalid {constraint.field}: {error}", param=constraint.field, code="invalid_grammar"
+        ) from error
+    except asyncio.TimeoutError as error:
+        raise InvalidRequest(
+            f"{constraint.field} took more than {timeout_s:g} s to compile; simplify it.",
+            param=constraint.field,
+            code="invalid_grammar",
+        ) from error
+
+
+def make_plan(
+    body: CompletionRequest,
+    loaded,
+    settings: Settings,
+    grammar: str | None = None,
+    infill: InfillParts | None = None,
+) -> Plan:
+    """Tokenize (a FIM prompt for `suffix` or /infill's `infill`), fit the context, and expand
+    prompts x best_of into GenerationRequests."""
+    try:
+        return _make_plan(body, loaded, settings, grammar, infill)
+    except PromptError as error:
+        raise InvalidRequest(str(error), param="prompt", code=error.code) from error
+
+
+def _make_plan(
+    body: CompletionRequest,
+    loaded,
+    settings: Settings,
+    grammar: str | None,
+    infill: InfillParts | None,
+) -> Plan:
+    filling = infill is not None or bool(body.suffix)
+    if filling:
+        _check_filling(body, loaded, infill)
+    pieces = [infill.prompt] if infill is not None else split_prompts(body.prompt)
+    per_prompt = body.best_of or body.n
+    limit = settings.limits.max_sequences_per_request
+    if len(pieces) * per_prompt > limit:
+        raise InvalidRequest(
+            f"{len(pieces)} prompts x {per_prompt} choices = {len(pieces) * per_prompt} sequences; "
+            f"the limit is {limit} per request.",
+            param="n",
+        )
+    vocab = loaded.vocab_size
+    _check_token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
+    _check_token_ids(body.allowed_token_ids or [], vocab, "allowed_token_ids")
+    _check_token_ids(list(body.token_bias), vocab, "logit_bias")
+    sampling = body.to_sampling_params(loaded.tokenizer, _end_of_infill(loaded), grammar)
+    stop = body.to_stop_spec(_deadline(settings.limits.request_timeout_s))
+    needs_scores = body.best_of is not None and body.best_of > body.n
+    logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
+    base_seed = body.seed if body.seed not in (None, -1) else secrets.randbits(64)
+    document_start = (
+        loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_ids[0]
+    )
+    plan = Plan(body, [], [], per_prompt)
+    for piece in pieces:
+        prompt = tokenize(piece, loaded.tokenizer, vocab, document_start)
+        cut = False
+        if filling:
+            prompt, cut = _fill_in_the_middle(loaded, body, prompt, piece, infill)
+        budget = fit_context(
+            prompt.ids,
+            body.max_tokens,
+            loaded.context_length,
+            body.truncate,
+            body.truncate_prompt_tokens,
+            settings.limits.max_prompt_tokens,
+            settings.limits.max_tokens,
+        )
+        prompt_stop = _stop_for(loaded, stop, budget.ids, budget.max_tokens, filling)
+        plan.prompts.append(Prompt(budget.ids, prompt.text))
+        plan.truncated.append(cut or budget.truncated)
+        for choice in range(per_prompt):
+            plan.sequences.append(
+                GenerationRequest(
+                    prompt_ids=budget.ids,
+                    max_tokens=budget.max_tokens,
+                    sampling=sampling,
+                    # Choices of one request differ; the same seed repeats the same choices.
+                    seed=(base_seed + choice) % 2**64,
+                    stop=prompt_stop,
+                    logprobs=logprobs,
+                    prompt_logprobs=body.echo and body.logprobs is not None,
+                    skip_special_tokens=body.skip_special_tokens,
+                    cache_prompt=body.cache_prompt,
+                )
+            )
+    return plan
+
+
+def _check_filling(body: CompletionRequest, loaded, infill: InfillParts | None) -> None:
+    """A fill-in-the-middle request needs a model with FIM tokens, and cannot echo logprobs."""
+    if loaded.fim is None:
+        raise InvalidRequest(
+            f"The model {loaded.model_id} has no fill-in-the-middle tokens, so it cannot fill in "
+            "between a prefix and a suffix. Serve a code model with FIM (Qwen2.5-Coder, "
+            "StarCoder2, CodeLlama, ...), or send the text before the cursor alone as the prompt.",
+            param="input_suffix" if infill is not None else "suffix",
+            code="fim_not_supported",
+        )
+    if body.echo and body.logprobs is not None:
+        raise InvalidRequest(
+            "echo with logprobs cannot be combined with suffix: the model's prompt is the "
+            "fill-in-the-middle template, not your text.",
+            param="echo",
+        )
+
+
+def _stop_for(loaded, stop: StopSpec, ids: tuple[int, ...], max_tokens: int, filling: bool):
+    """One prompt's stop spec: min_tokens within its budget; a FIM prompt's middle also ends
+    at the template's own end tokens."""
+    prompt_stop = replace(stop, min_tokens=min(stop.min_tokens, max_tokens))
+    fim = loaded.fim
+    if fim is not None and (filling or _is_fim_prompt(fim, ids)):
+        ends = tuple(t for t in fim.stop_ids if t not in prompt_stop.token_ids)
+        prompt_stop = replace(prompt_stop, token_ids=prompt_stop.token_ids + ends)
+    return prompt_stop
+
+
+def _deadline(timeout_s: float | None) -> float | None:
+    return time.monotonic() + timeout_s if timeout_s else None
+
+
+def _fill_in_the_middle(
+    loaded, body: CompletionRequest, prompt: Prompt, piece, infill: InfillParts | None
+) -> tuple[Prompt, bool]:
+    """The FIM prompt for `suffix` (prompt = the text before the cursor) or /infill. Echo
+    still returns the user's prompt, not the template."""
+    leading = _leading_ids(loaded)
+    if infill is None:
+        ids = list(prompt.ids)
+        if ids[: len(leading)] == leading:
+            ids = ids[len(leading) :]
+        before = piece if isinstance(piece, str) else ids
+        infill = InfillParts(prefix=before, suffix=body.suffix or "")
+    max_tokens = body.max_tokens if body.max_tokens is not None else -1
+    try:
+        built = build_infill(
+            loaded.fim,
+            lambda text: _plain_ids(loaded, text),
+            infill,
+            loaded.context_length,
+            max_tokens,
+            leading,
+        )
+    except FimError as error:
+        raise InvalidRequest(str(error), param="suffix") from error
+    return Prompt(built.ids, prompt.text), built.truncated
+
+
+def _plain_ids(loaded, text: str) -> list[int]:
+    """Token ids of user code: special-token text in it stays text."""
+    return list(loaded.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def _leading_ids(loaded) -> list[int]:
+    """What the tokenizer puts before any text (BOS for Llama-style tokenizers)."""
+    return [t for t in loaded.tokenizer.encode("") if t not in loaded.eos_token_ids]
+
+
+def _is_fim_prompt(fim, ids: tuple[int, ...]) -> bool:
+    """A raw FIM prompt (Continue, Twinny): the template's last token is in it."""
+    marker = fim.middle if fim.middle is not None else fim.prefix
+    return marker in ids
+
+
+def _end_of_infill(loaded) -> tuple[int, ...]:
+    """What the infill sampler treats as the end of the middle: EOS first, then FIM ends."""
+    ends = list(loaded.eos_token_ids)
+    if loaded.fim is not None:
+        ends += [t for t in loaded.fim.stop_ids if t not in ends]
+    return tuple(ends)
+
+
+def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = first_out_of_vocabulary(ids, vocab_size)
+    if bad is not None:
+        raise InvalidRequest(
+            f"token id {bad} in '{param}' is outside the vocabulary [0, {vocab_size}).",
+            param=param,
+        )

@@ -1,0 +1,149 @@
+"""The one response builder every front door shares: engine events -> per-sequence results, and
+the pieces each wire format is made of (usage, logprobs, llama.cpp timings, SSE framing, errors).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import GenerationEvent, Timings, TokenLogprob
+from .errors import ServerError, ServiceUnavailable
+from .planning import Plan
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE_DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class SequenceResult:
+    """One sequence's output so far: what its events added up to, and how it ended."""
+
+    text: str = ""
+    tokens: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: list[TokenLogprob] | None = None
+    token_chars: int = 0  # characters of token text so far, the prompt's included (text_offset)
+    finish_reason: str | None = None
+    stopping_word: str | None = None
+    completion_tokens: int = 0
+    cumulative_logprob: float = 0.0
+    cached_tokens: int = 0
+    timings: Timings | None = None
+
+    def add(self, event: GenerationEvent) -> None:
+        self.text += event.text
+        self.tokens += event.tokens
+        self.token_ids += event.token_ids
+        if event.prompt_tokens is not None:
+            self.prompt_tokens = event.prompt_tokens
+        self.token_chars += sum(len(t.text) for t in event_tokens(event))
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+            self.completion_tokens = event.completion_tokens
+            self.cumulative_logprob = event.cumulative_logprob
+            self.cached_tokens = event.cached_tokens
+            self.timings = event.timings
+            self.stopping_word = event.stopping_word
+
+
+def event_tokens(event: GenerationEvent) -> list[TokenLogprob]:
+    """The scored tokens an event carries: the prompt's (once, first) and the generated ones."""
+    return (event.prompt_tokens or []) + event.tokens
+
+
+async def collect(events: AsyncIterator[GenerationEvent], plan: Plan) -> list[SequenceResult]:
+    """Every sequence's text, tokens and ending, once all have finished; an engine error becomes
+    the request's 500 or 503."""
+    results = [SequenceResult() for _ in plan.sequences]
+    async for event in events:
+        raise_on_error(event)
+        results[event.index].add(event)
+    return results
+
+
+def raise_on_error(event: GenerationEvent) -> None:
+    if event.error and event.unavailable:
+        raise ServiceUnavailable(event.error, code="server_unavailable")
+    if event.error:
+        raise ServerError(event.error, code="generation_failed")
+
+
+def usage(plan: Plan, results: list[SequenceResult]) -> dict[str, Any]:
+    """Prompt tokens count once per prompt; so do cached ones (the best of its sequences)."""
+    prompt_tokens = sum(len(p.ids) for p in plan.prompts)
+    completion_tokens = sum(r.completion_tokens for r in results)
+    cached = [0] * len(plan.prompts)
+    for index, result in enumerate(results):
+        prompt = index // plan.per_prompt
+        cached[prompt] = max(cached[prompt], result.cached_tokens)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached)},
+    }
+
+
+def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, list]:
+    """OpenAI's legacy completions logprobs: four parallel lists."""
+    offsets, position = [], start_offset
+    for token in tokens:
+        offsets.append(position)
+        position += len(token.text)
+    return {
+        "tokens": [t.text for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [t.top if t.logprob is not None else None for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+def completion_probabilities(tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama.cpp's `completion_probabilities` (n_probs)."""
+
+    def entry(text: str, logprob: float | None) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [
+        {
+            "id": t.token_id,
+            **entry(t.text, t.logprob),
+            "top_logprobs": [entry(text, lp) for text, lp in t.top.items()],
+        }
+        for t in tokens
+    ]
+
+
+def llama_timings(timings: list[Timings]) -> dict[str, Any]:
+    """llama.cpp's `timings` over a request's sequences (they prefill and decode side by side)."""
+    prompt_n = sum(t.prompt_tokens for t in timings)
+    prompt_ms = max((t.prompt_ms for t in timings), default=0.0)
+    predicted_n = sum(t.generated_tokens for t in timings)
+    predicted_ms = max((t.decode_ms for t in timings), default=0.0)
+    return {
+        "cache_n": sum(t.cached_tokens for t in timings),
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / max(prompt_n, 1), 3),
+        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / max(predicted_n, 1), 3),
+        "predicted_per_second": round(predicted_n / predicted_ms * 1000, 3)
+        if predicted_ms
+        else 0.0,
+    }
+
+
+def error_chunk(message: str, unavailable: bool = False) -> dict[str, Any]:
+    """A stream's last chunk when generation fails after the 200 went out."""
+    kind = "service_unavailable" if unavailable else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def sse(payload: dict[str, Any]) -> str:
+    """One server-sent event: compact JSON, text as is (not \\u-escaped)."""
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
