@@ -8,8 +8,8 @@ import os
 import sys
 from typing import NoReturn
 
-from .blas import reexec_for_cpu
 from .fim import TEMPLATE_NAMES, TEMPLATES
+from .platform import reexec_for_cpu
 from .settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_QUEUED_SEQUENCES,

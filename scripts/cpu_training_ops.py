@@ -1,7 +1,7 @@
 """Training a Llama on MLX's CPU backend without its scalar `exp`.
 
 MLX's CPU `exp` (and so logsumexp and sigmoid) is a scalar loop at ~9.5 ns an element. Here the
-loss's logsumexp and SwiGLU's sigmoid use `cpu_attention.fast_exp` (a polynomial `mx.compile`
+loss's logsumexp and SwiGLU's sigmoid use `platform.attention.fast_exp` (a polynomial `mx.compile`
 fuses), each with its gradient written out, so the backward pass needs no exp of its own beyond
 the forward's. Values and gradients are MLX's own to float32 precision
 (tests/test_cpu_training_ops.py).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxserve.engine.cpu_attention import fast_exp
+from mlxserve.platform.attention import fast_exp
 
 
 def _largest(x: mx.array) -> mx.array:

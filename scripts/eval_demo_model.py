@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.blas import reexec_for_cpu
+from mlxserve.platform import reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
@@ -104,13 +104,13 @@ def first_line(text: str) -> str:
 
 
 def load_for_eval(path: Path):
-    """(model, tokenizer) as the server runs them (`fit_to_device`)."""
+    """(model, tokenizer) as the server runs them (the platform policy's `prepare_model`)."""
     import mlx_lm
 
-    from mlxserve.engine.model_host import fit_to_device
+    from mlxserve.platform import current_policy
 
     model, tokenizer = mlx_lm.load(str(path))
-    fit_to_device(model)
+    current_policy().prepare_model(model)
     return model, tokenizer
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.blas import flush_denormals, reexec_for_cpu
+from mlxserve.platform import flush_denormals, reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
+from mlxserve.engine.mlx_lm_compat import ServerBatchGenerator
+
 
 def decode_all(
     generator: BatchGenerator,
@@ -31,3 +33,17 @@ def decode_all(
             break
     generator.close()
     return tokens, mx.stack(logprobs)
+
+
+def mixed_generator(model, prefill_step_size: int, max_chunk: int = 64):
+    """The engine's generator with mixed batches, in mlx-lm's shape: chunks of
+    `prefill_step_size` run in passes of that size, and decode passes carry up to `max_chunk`.
+    Returns (generator, its MixedBatches)."""
+    generator = ServerBatchGenerator(
+        model,
+        prefill_chunk=prefill_step_size,
+        pass_tokens=prefill_step_size,
+        mixed_max_chunk=max_chunk,
+    )
+    assert generator.mixed is not None, "the model has no mixed forward pass"
+    return generator, generator.mixed

@@ -1,6 +1,7 @@
 """The engine: one thread that owns every MLX call and decodes all sequences in one batch."""
 
-from .engine import MAX_BATCH, Engine, EngineError
+from .engine import Engine, EngineError
+from .mlx_lm_compat import MAX_BATCH
 from .requests import (
     FinishReason,
     GenerationEvent,

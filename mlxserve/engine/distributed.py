@@ -11,12 +11,26 @@ same tokens even if their logits differed in the last bit.
 
 from __future__ import annotations
 
+import logging
 import pickle
-from typing import Any
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.generate import GenerationBatch, generation_stream
+from mlx_lm.generate import generation_stream
+
+from .inbox import Add
+from .model_host import ModelLoadError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("mlxserve.engine")
 
 
 class DistributedError(RuntimeError):
@@ -76,33 +90,89 @@ class Cluster:
         return sharded_load(path, return_config=True, **groups)
 
 
-def broadcast_sampled_tokens(cluster: Cluster) -> None:
-    """Make every rank continue from rank 0's sampled tokens.
+class LockStep:
+    """Rank 0's side of the lock-step: a tick before each step, and a watchdog for lost ranks.
 
-    mlx-lm keeps a batch's sampled tokens in `GenerationBatch._next_tokens` until the next
-    forward pass reads them (it samples at the end of prefill and of every decode step). In a
-    distributed process that attribute becomes a property whose setter replaces the tokens with
-    an all_sum of rank 0's (zeros elsewhere): one collective per step for the whole batch.
-    Process-wide, and only when there are several ranks; mlx-lm is pinned to 0.32.x, whose
-    GenerationBatch this relies on.
+    A tick says what the other ranks must do the same before stepping: the inbox messages rank 0
+    applies, the sequences its own stop rules ended, its prefill chunk. None (one small
+    collective) when nothing changed.
     """
-    if cluster.size < 2 or isinstance(vars(GenerationBatch).get("_next_tokens"), property):
-        return
 
-    def get(batch):
-        return batch.__dict__.get("_lockstep_next_tokens")
+    def __init__(
+        self, cluster: Cluster, rank_timeout_s: float, on_lost: Callable[[Exception], None]
+    ):
+        self.cluster = cluster
+        # A lost rank can leave a collective waiting for ever: rank 0 gives a step this long.
+        self.rank_timeout_s = rank_timeout_s
+        self.on_lost = on_lost
+        self.removed: list[int] = []  # ended by rank 0's own rules since the last tick
+        self._sent_prefill: int | None = None
+        self._waiting_since: float | None = None
 
-    def set_(batch, tokens) -> None:
-        if isinstance(tokens, mx.array) and tokens.size:  # (an empty batch has none)
-            with mx.stream(generation_stream):  # where the model's collectives run
-                # Times 0 elsewhere, not zeros: a filtered or joined batch re-broadcasts lazily,
-                # and only a graph that still depends on the earlier broadcasts runs them on
-                # every rank (with zeros rank 0 alone did, and the ring paired mismatched sums).
-                mine = tokens * mx.array(int(cluster.leader), dtype=tokens.dtype)
-                tokens = mx.distributed.all_sum(mine, group=cluster.group)
-        batch.__dict__["_lockstep_next_tokens"] = tokens
+    @contextmanager
+    def waiting(self):
+        """Around a collective: the watchdog counts from here."""
+        self._waiting_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._waiting_since = None
 
-    GenerationBatch._next_tokens = property(get, set_)
+    def tick(self, messages: list, prefill: int | None, stop: bool) -> None:
+        """Send the tick; added groups go without their event loop and queue."""
+        messages = [
+            Add(replace(m.group, loop=None, events=None)) if isinstance(m, Add) else m
+            for m in messages
+        ]
+        removed, self.removed = self.removed, []
+        changed = messages or removed or stop or prefill != self._sent_prefill
+        self._sent_prefill = prefill
+        with self.waiting():
+            self.cluster.broadcast(
+                {"messages": messages, "removed": removed, "prefill": prefill, "stop": stop}
+                if changed
+                else None
+            )
+
+    def start_watchdog(self, stopped: Callable[[], bool]) -> None:
+        threading.Thread(
+            target=self._watch, args=(stopped,), name="mlxserve-ranks", daemon=True
+        ).start()
+
+    def _watch(self, stopped: Callable[[], bool]) -> None:
+        """A step or tick stuck past `rank_timeout_s` means a rank is gone (the ring backend
+        does not always report it): fail as for a reported loss."""
+        while not stopped():
+            time.sleep(0.5)
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self.rank_timeout_s:
+                self.on_lost(
+                    TimeoutError(f"no answer from the other ranks for {self.rank_timeout_s:g} s")
+                )
+                return
+
+
+def follow(engine: Engine) -> int:
+    """The loop of a rank other than 0: load the shard, then apply rank 0's ticks and step with
+    it until it stops. Returns the process's exit code."""
+    try:
+        engine.slot.load(engine.slot.source)
+    except ModelLoadError as error:
+        log.error("%s", error)
+        return 1
+    while True:
+        tick = engine.cluster.broadcast()
+        if tick is not None:
+            engine.remove_uids(tick["removed"])
+            engine.apply(tick["messages"])
+            if tick["prefill"] is not None:
+                engine.generator.prefill_step_size = tick["prefill"]
+            if tick["stop"]:
+                break
+        if engine.has_live_sequences:
+            engine.step()
+    mx.synchronize()
+    return 0
 
 
 def _local(path: str):

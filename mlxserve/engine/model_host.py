@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from ..fim import Fim, FimError, detect_fim
+from ..platform import PlatformPolicy, current_policy
 from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
-from ..settings import machine_memory_bytes
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 log = logging.getLogger("mlxserve.engine")
@@ -69,12 +68,19 @@ def check_model_source(path_or_repo: str) -> None:
             raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
 
 
-def load_model(path_or_repo: str, fim_template: str | None = None, cluster=None) -> LoadedModel:
+def load_model(
+    path_or_repo: str,
+    fim_template: str | None = None,
+    cluster=None,
+    policy: PlatformPolicy | None = None,
+) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
-    detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py)."""
+    detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py).
+    `policy`: how this platform runs the model (None: `current_policy()`)."""
     import mlx_lm
 
     check_model_source(path_or_repo)
+    policy = policy if policy is not None else current_policy()
     try:
         if cluster is not None and cluster.size > 1:
             model, tokenizer, config = cluster.load(path_or_repo)
@@ -87,10 +93,7 @@ def load_model(path_or_repo: str, fim_template: str | None = None, cluster=None)
         fim = detect_fim(tokenizer.get_vocab(), fim_template)
     except FimError as error:
         raise ModelLoadError(f"--fim-template for {path_or_repo}: {error}") from error
-    if cluster is None or cluster.size < 2:
-        fit_to_device(model)
-    else:
-        upcast_on_cpu(model)  # sharded quantized layers stay as they are
+    policy.prepare_model(model, sharded=cluster is not None and cluster.size > 1)
     vocab_size = _vocab_size(config, tokenizer)
     eos = tuple(sorted(tokenizer.eos_token_ids))
     return LoadedModel(
@@ -151,72 +154,6 @@ def kv_bytes_per_token(model: nn.Module) -> int:
         mx.eval(keys, values)
         total += (keys.nbytes + values.nbytes) // keys.shape[-2]
     return total
-
-
-def fit_to_device(model: nn.Module) -> None:
-    """The model as the server runs it: on MLX's CPU backend, float32 weights where memory
-    allows and attention with a vectorised exp (`cpu_attention`)."""
-    from mlxserve.engine.cpu_attention import use_on_cpu
-
-    dequantize_on_cpu(model, machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE)
-    upcast_on_cpu(model)
-    use_on_cpu(model)
-
-
-# A quantized model is widened on the CPU only while its float32 weights take at most this share
-# of the machine's memory (1/8: SmolLM2-135M's 0.5 GB, not a 7B model's 28 GB).
-DEQUANTIZE_MEMORY_SHARE = 8
-
-
-def dequantize_on_cpu(model: nn.Module, budget_bytes: int) -> bool:
-    """On MLX's CPU backend a quantized matmul is MLX's own loop, so a batch costs what its
-    sequences cost one by one (SmolLM2-135M 4-bit: one token 140 ms, 16 tokens 1,962 ms), while
-    float32 weights go through BLAS, where that batch of 16 takes 366 ms (with OpenBLAS). Batched
-    decoding only pays off with float weights, so a quantized model that fits `budget_bytes` as
-    float32 is dequantized here. Metal keeps its fast quantized kernels."""
-    import mlx.core as mx
-    from mlx_lm.utils import dequantize_model
-
-    if mx.default_device() != mx.cpu:
-        return False
-    quantized = [m for _, m in model.named_modules() if hasattr(m, "bits") and "scales" in m]
-    if not quantized:
-        return False
-    quantized_elements = sum(m.weight.size * 32 // m.bits for m in quantized)
-    packed = sum(m.weight.size for m in quantized)
-    others = sum(v.size for _, v in tree_flatten(model.parameters())) - packed
-    float_bytes = 4 * (quantized_elements + others)
-    if float_bytes > budget_bytes:
-        log.info(
-            "CPU backend: keeping quantized weights (%.1f GB as float32 is over %.1f GB)",
-            float_bytes / 1e9,
-            budget_bytes / 1e9,
-        )
-        return False
-    dequantize_model(model)
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    log.info(
-        "CPU backend: quantized weights widened to float32 (%.2f GB) for batching",
-        float_bytes / 1e9,
-    )
-    return True
-
-
-def upcast_on_cpu(model: nn.Module) -> bool:
-    """On MLX's CPU backend half-precision matmuls are several times slower than float32
-    (measured: 73-98 vs 280 tok/s on the demo model), so half-precision weights and quantization
-    scales are widened there. Metal keeps the model as stored."""
-    import mlx.core as mx
-
-    if mx.default_device() != mx.cpu:
-        return False
-    half = {mx.float16, mx.bfloat16}
-    if not any(v.dtype in half for _, v in tree_flatten(model.parameters())):
-        return False
-    model.set_dtype(mx.float32, predicate=lambda dtype: dtype in half)
-    log.info("CPU backend: half-precision weights widened to float32 for speed")
-    return True
 
 
 def _context_length(config: dict[str, Any], path: Path) -> int:

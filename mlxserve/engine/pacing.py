@@ -33,11 +33,6 @@ CHUNK_COST_IN_DECODE_STEPS = 0.8
 # they come out far larger.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
 GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
-# A step's chunk runs as forward passes of at most this many tokens. On the 2-core CPU
-# (SmolLM2-135M in float32, OpenBLAS) a 2,048-token prompt took 12.1 s in passes of 64, 13.4 s
-# in 128, 18.3 s in 16 and 21.5 s in one pass (`mx.fast` attention): a pass's activations and
-# scores outgrow the caches. On a GPU, mlx-lm's own 2,048.
-CPU_PASS_TOKENS = 64
 # The usual gap is the median of the latest decode-only steps: a smoothed mean took in one slow
 # step (149 ms among ~70 ms ones, just before a 7,500-token prompt arrived beside a stream), so a
 # prompt token looked cheap and the next chunks came out 24 and 56 tokens: 192-239 ms steps.
@@ -64,11 +59,6 @@ COST_WINDOW = 3
 MIN_LAYER_SHARE = 0.1
 
 
-def pass_tokens(on_cpu: bool) -> int:
-    """The longest forward pass of a prompt chunk; the same on every rank of a cluster."""
-    return CPU_PASS_TOKENS if on_cpu else MAX_CHUNK
-
-
 def spare_the_join(chunk: int, tails: list[int]) -> int:
     """`chunk`, cut so that a prompt's final chunk is a single token. The step a prompt joins
     the decode batch in computes its last token besides its final chunk (in the decode pass with
@@ -79,18 +69,6 @@ def spare_the_join(chunk: int, tails: list[int]) -> int:
         if 1 < tail <= chunk:
             chunk = tail - 1
     return chunk
-
-
-def prompt_tails(generator) -> list[int]:
-    """Each prompt's tokens left before its last one, in mlx-lm 0.32's `BatchGenerator` (a
-    prompt's segments end with its last token alone; `mixed_batch` may put empty ones in
-    front); empty if those internals change."""
-    processing = getattr(generator, "_currently_processing", None) or []
-    return [
-        sum(len(segment) for segment in p[0][:-1])
-        for p in processing
-        if isinstance(p[0], list) and len(p[0]) >= 2 and len(p[0][-1]) == 1
-    ]
 
 
 def even_share(layers: int, share: int) -> int:

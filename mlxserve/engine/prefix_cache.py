@@ -18,7 +18,7 @@ from mlx_lm.models.cache import (
 )
 
 from ..settings import machine_memory_bytes
-from .batch_join import row_view
+from .mlx_lm_compat.batch_join import row_view
 
 MODEL_KEY = "active"  # one model per engine: the cache is dropped with it
 MAX_ENTRIES = 256

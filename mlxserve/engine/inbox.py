@@ -1,0 +1,43 @@
+"""What reaches the engine thread through its inbox: typed messages, and the groups they add."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .requests import GenerationEvent, GenerationRequest
+
+
+@dataclass
+class Group:
+    """One submitted request's sequences, and where their events go (None on other ranks)."""
+
+    group_id: int
+    requests: Sequence[GenerationRequest]
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue | None = None
+
+    def post(self, event: GenerationEvent) -> None:
+        if self.loop is not None:  # nobody listens on ranks other than 0
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass(frozen=True)
+class Add:
+    group: Group
+
+
+@dataclass(frozen=True)
+class Cancel:
+    group_id: int
+
+
+@dataclass(frozen=True)
+class ModelChanged:
+    """The slot has a change pending: wake the thread to apply it when idle."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass

@@ -1,0 +1,426 @@
+"""Mixed batches: a step's prompt chunk runs inside the next decode step's forward pass.
+
+mlx-lm prefills in a forward pass of its own, so a step beside a long prompt reads every weight
+twice. On the 2-core CPU (SmolLM2-135M, float32) a decode step took ~45 ms and a step with 1-3
+prompt tokens beside it ~110 ms at the median, ~165 ms at worst: more than the 3x bound on a
+running stream's gap. Here the prompt's rows join the decode rows in every projection and MLP
+matmul of one forward pass; only attention runs per batch, each against its own KV cache.
+
+How it plugs into mlx-lm's `BatchGenerator` (0.32): the prompt batch's `prompt(tokens)` keeps the
+chunk instead of running it when a decode step will follow and the chunk fits one pass; the
+decode batch's model call then runs both. mlx-lm starts each decode step's forward pass before
+waiting for the previous one, so a carried chunk would be paid a step or two later, in a step the
+pacer would not charge for it: with that lag the pacer swung between 1 and 64 tokens a step, and
+64 tokens deep in a prompt cost ~1 s. So a step whose forward pass carries a chunk waits for that
+pass before it returns, and `paid_tokens` is exact. A kept chunk with no decode step to carry it
+(the batch emptied) runs on its own before the next step, and before the generator removes or
+extracts caches.
+
+A prompt's last token rides in the pass that carries its final chunk, and the decode batch
+starts it from that pass's logits: mlx-lm would run it in a forward pass of its own in the step
+the prompt joins, after the decode pass (beside a 7,500-token prompt on the 2-core CPU, 148 +
+118 ms, against 161 ms for one pass carrying both).
+
+Deep in a long prompt not one token fits a step (at depth 7,000 a token's attention reads 322 MB
+of KV), but many tokens share those reads: 8 tokens cost 20 ms each beside a decode pass, one
+alone 63. So the pacer may spread a chunk over several passes, some of its layers in each
+(`MixedBatches.layers_per_pass`, `PromptPart`); mlx-lm is held meanwhile (`_hold_prompts`).
+
+The same forward pass attends the decode batch group by group when it is made of several KV
+caches (`batch_join.KVGroups`: a deep prompt joins as a group of its own rather than being copied
+into the batch's rectangular KV), so `MixedBatches` also routes the decode batch's `extend`
+through `batch_join.join_caches`.
+
+Llama-architecture models (mlx-lm's `llama` module, full attention) on one machine; anything else
+prefills, and joins the decode batch, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+from mlx_lm.models import base
+from mlx_lm.models.base import create_attention_mask
+
+from . import batch_join
+
+_mlx_lm_prompt = PromptProcessingBatch.prompt
+
+
+def supports(model) -> bool:
+    """Whether `mixed_forward` knows the model's layers."""
+    inner = getattr(model, "model", None)
+    return (
+        type(model).__module__ == "mlx_lm.models.llama"
+        and inner is not None
+        and getattr(inner, "swa_idx", 0) is None
+        and all(hasattr(layer.self_attn, "q_proj") for layer in inner.layers)
+    )
+
+
+@dataclass
+class PromptPart:
+    """A prompt chunk on its way through the model, some of its layers each forward pass."""
+
+    inputs: mx.array  # (P, C): C tokens of each of P prompts
+    caches: list  # one per layer
+    wants_logits: bool = False  # each row's last-position logits, once through every layer
+    hidden: mx.array | None = None  # (1, P * C, width) after the first `done` layers
+    done: int = 0
+    logits: mx.array | None = None  # (P, 1, V), once through every layer if `wants_logits`
+
+
+def mixed_forward(
+    model,
+    decode_parts,
+    prompt: PromptPart | None = None,
+    layers=None,
+    attention: Callable = base.scaled_dot_product_attention,
+):
+    """The decode rows' logits (B, 1, V) for `decode_parts`, a list of (inputs (b, 1), one cache
+    per layer) with b summing to B (None if there are none), and `prompt` taken through its next
+    `layers` layers (all that are left if None), written into its caches: one pass over the
+    weights, attention per part (by `attention`, mlx-lm's `scaled_dot_product_attention` or
+    the platform's)."""
+    inner = model.model
+    total = len(inner.layers)
+    first = prompt.done if prompt is not None else total
+    stop = total if prompt is None or layers is None else min(total, first + layers)
+    shapes = [inputs.shape for inputs, _ in decode_parts]
+    hidden = [inner.embed_tokens(inputs) for inputs, _ in decode_parts]
+    masks = [create_attention_mask(h, caches[0]) for h, (_, caches) in zip(hidden, decode_parts)]
+    rows = sum(inputs.size for inputs, _ in decode_parts)
+    width = model.args.hidden_size  # not the embedding's weight: packed when quantized
+    h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1) if rows else None
+    if prompt is not None:
+        batch, length = prompt.inputs.shape
+        prompt_h = prompt.hidden
+        if prompt_h is None:
+            prompt_h = inner.embed_tokens(prompt.inputs).reshape(1, -1, width)
+        prompt_mask = create_attention_mask(
+            prompt_h.reshape(batch, length, width), prompt.caches[first]
+        )
+    for index, layer in enumerate(inner.layers):
+        with_prompt = first <= index < stop
+        if index == first and prompt is not None:
+            h = prompt_h if h is None else mx.concatenate([h, prompt_h], axis=1)
+        if h is None or not (rows or with_prompt):
+            continue
+        parts = [*shapes, (batch, length)] if with_prompt else shapes
+        part_masks = [*masks, prompt_mask] if with_prompt else masks
+        caches = [layer_caches[index] for _, layer_caches in decode_parts]
+        if with_prompt:
+            caches.append(prompt.caches[index])
+        x = layer.input_layernorm(h)
+        h = h + _attention(layer.self_attn, x, parts, part_masks, caches, attention)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if index == stop - 1 and prompt is not None:
+            h, prompt_h = h[:, :rows], h[:, rows:]
+    if prompt is None:
+        return _logits(model, h)
+    prompt.hidden, prompt.done = prompt_h, stop
+    if stop < total or not prompt.wants_logits:
+        return _logits(model, h) if rows else None
+    last = prompt_h[:, mx.arange(batch) * length + length - 1]  # logits for the last rows only
+    logits = _logits(model, mx.concatenate([h, last], axis=1) if rows else last)
+    prompt.logits, prompt.hidden = logits[rows:], None
+    return logits[:rows] if rows else None
+
+
+def _logits(model, h: mx.array) -> mx.array:
+    """(n, 1, V) for hidden states (1, n, width)."""
+    inner = model.model
+    out = inner.norm(h).reshape(h.shape[1], 1, h.shape[-1])
+    if model.args.tie_word_embeddings:
+        return inner.embed_tokens.as_linear(out)
+    return model.lm_head(out)
+
+
+def _attention(attn, x: mx.array, shapes, masks, caches, sdpa: Callable) -> mx.array:
+    """mlx-lm's llama `Attention` over rows of several batches: projections once, attention
+    apart."""
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outputs, start = [], 0
+    for (batch, length), mask, cache in zip(shapes, masks, caches):
+        rows = slice(start, start + batch * length)
+        q = _heads(queries[:, rows], batch, length, attn.n_heads)
+        k = _heads(keys[:, rows], batch, length, attn.n_kv_heads)
+        v = _heads(values[:, rows], batch, length, attn.n_kv_heads)
+        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+        outputs.append(out.transpose(0, 2, 1, 3).reshape(1, batch * length, -1))
+        start = rows.stop
+    return attn.o_proj(mx.concatenate(outputs, axis=1))
+
+
+def _heads(rows: mx.array, batch: int, length: int, heads: int) -> mx.array:
+    return rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+
+class MixedBatches:
+    """Carries each step's prompt chunk in the next decode step of one `BatchGenerator`."""
+
+    def __init__(
+        self,
+        generator: BatchGenerator,
+        max_chunk: int,
+        attention: Callable = base.scaled_dot_product_attention,
+    ):
+        self.generator = generator
+        self.attention = attention
+        self.model = generator.model
+        self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
+        self.layers = len(self.model.model.layers)
+        # The layers a chunk taken from now on goes through in each forward pass, None for all
+        # (the pacer's: deep in a long prompt one token through every layer is already more than
+        # a stream's step may carry)
+        self.layers_per_pass: int | None = None
+        self.pending: PromptPart | None = None
+        self._layers_per_pass = self.layers  # the pending chunk's
+        self._pending_joins: list[int] | None = None  # uids whose last token `pending` carries
+        self._held_prefill_batch: int | None = None  # mlx-lm's, while a chunk spans passes
+        self._join_logits: dict[int, mx.array] = {}  # uid: its last prompt token's logits (1, V)
+        self.carried_tokens = self.flushed_tokens = 0  # totals: in decode passes, on their own
+        self.joins_carried = 0  # prompts whose last token rode in a chunk's pass
+        self._carried = self._taken = self._flushed = 0  # this step's
+        self._decoded = False  # whether this step ran a decode pass
+        self._skipped: set[int] = set()  # uids left out of this step's pass (`_rows_ending`)
+        generator._prompt_batch._mixed_batches = self
+        generator._generation_batch.model = self._decode_forward
+        self._mlx_lm_extend = generator._generation_batch.extend
+        generator._generation_batch.extend = self._extend
+        generator._prompt_batch.split = self._split_for_generation(generator._prompt_batch.split)
+
+    def paid_tokens(self, scheduled: int) -> float:
+        """The prompt tokens computed in the step just ended, of which `scheduled` were given to
+        the prompt batch in it (mlx-lm's count); a chunk's pass through some of the layers counts
+        as that share of its tokens."""
+        return scheduled - self._taken + self._carried + self._flushed
+
+    def take(self, batch: PromptProcessingBatch, tokens: list[list[int]]) -> bool:
+        """`prompt(tokens)` of the generator's prompt batch: keep the chunk for the next decode
+        step (and do mlx-lm's bookkeeping), or say no and let mlx-lm run it now. A chunk is kept
+        too when this step's decode emptied the batch: it then runs alone at the start of the
+        next step, after the last tokens of this one are out (run now, it delayed a finishing
+        stream's last token by a prompt pass: 247 ms against ~140 ms steps).
+
+        A chunk that leaves every prompt of the batch with only its last token also carries that
+        token (`_joining_tokens`). A chunk spread over several passes holds mlx-lm's prompt
+        processing until its last one (`_hold_prompts`)."""
+        lengths = {len(t) for t in tokens}
+        if (
+            batch is not self.generator._prompt_batch
+            or self.pending is not None
+            or not (len(self.generator._generation_batch) or self._decoded)
+            or len(lengths) != 1  # unequal chunks need mlx-lm's padding
+            or not 0 < max(lengths) <= self.max_chunk
+        ):
+            return False
+        for kept, new in zip(batch.tokens, tokens):
+            kept += new
+        last = self._joining_tokens(batch)
+        self._pending_joins = list(batch.uids) if last else None
+        chunk = [t + [token] for t, token in zip(tokens, last)] if last else tokens
+        self.pending = PromptPart(mx.array(chunk), batch.prompt_cache, wants_logits=bool(last))
+        self._layers_per_pass = max(1, min(self.layers_per_pass or self.layers, self.layers))
+        self._hold_prompts(batch, math.ceil(self.layers / self._layers_per_pass) - 1)
+        self._taken += len(tokens) * max(lengths)
+        return True
+
+    def _hold_prompts(self, batch: PromptProcessingBatch, steps: int) -> None:
+        """Keep mlx-lm from giving the prompt batch more tokens, or more prompts, for `steps`
+        steps, while the pending chunk goes through the rest of its layers: an empty segment in
+        front of each prompt's (mlx-lm takes nothing from it, then drops it) delays its next
+        chunk, or its move to the decode batch, by a step; and no prompt joins the batch, whose
+        caches are part-way through a pass."""
+        if steps <= 0:
+            return
+        for processing in self.generator._currently_processing:
+            processing[0][0:0] = [[] for _ in range(steps)]
+        self._held_prefill_batch = self.generator.prefill_batch_size
+        self.generator.prefill_batch_size = len(batch)
+
+    def flush(self) -> None:
+        """Run a kept chunk on its own."""
+        if self.pending is None:
+            return
+        part = self.pending
+        _, computed = self._run(part, [], None)
+        mx.eval(self._join_logits, [c.state for c in part.caches])
+        self._flushed += computed
+        self.flushed_tokens += computed
+
+    def step(self, next_step: Callable):
+        """The generator's step (`next_step`, mlx-lm's `_next`) with this step's chunk carried."""
+        self._carried = self._taken = self._flushed = 0
+        self._decoded = False
+        self._skipped.clear()
+        if len(self.generator._generation_batch) == 0:
+            self.flush()
+        responses = next_step()
+        self._trim_skipped(responses[1])
+        pass_outputs = getattr(self.generator._generation_batch, "_next_tokens", None)
+        if self._carried and pass_outputs is not None:  # the step pays for its chunk (see above)
+            mx.eval(pass_outputs)
+        return responses
+
+    def _decode_forward(self, inputs: mx.array, cache) -> mx.array:
+        self._decoded = True
+        groups = batch_join.groups_of(cache)
+        starts = [0, inputs.shape[0]]
+        if len(groups) > 1:
+            starts = list(accumulate((batch_join.rows_of(g[0]) for g in groups), initial=0))
+        decode_parts = [(inputs[a:b], g) for a, b, g in zip(starts, starts[1:], groups)]
+        ending = self._rows_ending()
+        idle = [all(ending[a:b]) for a, b in zip(starts, starts[1:])]
+        if not any(idle):
+            return self._forward(decode_parts)
+        uids = self.generator._generation_batch.uids
+        for a, b, skipped in zip(starts, starts[1:], idle):
+            if skipped:
+                self._skipped.update(uids[a:b])
+        live = [part for part, skipped in zip(decode_parts, idle) if not skipped]
+        return self._with_idle_rows(self._forward(live), starts, idle)
+
+    def _rows_ending(self) -> list[bool]:
+        """Per decode row, whether the token this pass reads is its last (`max_tokens`): mlx-lm
+        computes a token ahead, so such a row's pass is wasted. Beside a 7,500-token prompt
+        answering one token, that pass was the stream's longest gap (171 ms, 3.0x)."""
+        batch = self.generator._generation_batch
+        return [n + 1 >= most for n, most in zip(batch._num_tokens, batch.max_tokens)]
+
+    def _with_idle_rows(self, logits: mx.array | None, starts: list[int], idle: list[bool]):
+        """`logits` of the live groups, with rows of zeros for the groups left out (sampled,
+        then dropped: their sequences end in this step)."""
+        vocabulary = self.model.args.vocab_size
+        dtype = mx.float32 if logits is None else logits.dtype
+        pieces, at = [], 0
+        for a, b, skipped in zip(starts, starts[1:], idle):
+            if skipped:
+                pieces.append(mx.zeros((b - a, 1, vocabulary), dtype))
+            else:
+                pieces.append(logits[at : at + b - a])
+                at += b - a
+        return mx.concatenate(pieces)
+
+    def _forward(self, decode_parts) -> mx.array | None:
+        """The decode rows' logits for `decode_parts` (None if there are none), carrying the
+        pending chunk if any."""
+        if not decode_parts and self.pending is None:
+            return None
+        if self.pending is None:
+            if len(decode_parts) == 1:
+                inputs, caches = decode_parts[0]
+                return self.model(inputs, cache=caches)
+            return mixed_forward(self.model, decode_parts, attention=self.attention)
+        logits, computed = self._run(self.pending, decode_parts, self._layers_per_pass)
+        self._carried += computed
+        self.carried_tokens += computed
+        return logits
+
+    def _trim_skipped(self, responses) -> None:
+        """A row left out of its last pass has no KV for its last token: its `all_tokens`
+        (which the prefix cache keys that KV by) ends a token earlier."""
+        for r in responses:
+            if r.uid in self._skipped and r.all_tokens:
+                r.all_tokens = r.all_tokens[:-1]
+
+    def _run(self, part: PromptPart, decode_parts, layers: int | None):
+        """The pending chunk through its next `layers` layers (all if None), with the decode
+        rows if any: their logits, and the chunk's share computed, in tokens."""
+        before = part.done
+        logits = mixed_forward(self.model, decode_parts, part, layers, self.attention)
+        if part.done == self.layers:
+            self.pending = None
+            if part.logits is not None:
+                self._keep_join_logits(part.logits)
+            if self._held_prefill_batch is not None:
+                self.generator.prefill_batch_size = self._held_prefill_batch
+                self._held_prefill_batch = None
+        return logits, part.inputs.size * (part.done - before) / self.layers
+
+    def _joining_tokens(self, batch: PromptProcessingBatch) -> list[int]:
+        """Each prompt's last token, if mlx-lm has only that left of every prompt in `batch`
+        (it then moves them to the decode batch in the next step, in a forward pass of their own:
+        beside a 7,500-token prompt on the 2-core CPU, a 118 ms pass after a 148 ms decode pass
+        that carried the chunk, against 161 ms for the decode pass carrying both); else []."""
+        processing = getattr(self.generator, "_currently_processing", None) or []
+        if len(processing) != len(batch.uids):
+            return []
+        segments = [p[0] for p in processing]
+        if not all(len(s) == 1 and len(s[0]) == 1 for s in segments):
+            return []
+        return [s[0][0] for s in segments]
+
+    def _keep_join_logits(self, logits: mx.array) -> None:
+        if self._pending_joins is not None:
+            self._join_logits.update(zip(self._pending_joins, logits))
+            self.joins_carried += len(self._pending_joins)
+            self._pending_joins = None
+
+    def _split_for_generation(self, split):
+        """The prompt batch's `split`, which mlx-lm calls only to move prompts to the decode
+        batch: the ones whose last token a pass already carried start from its logits."""
+
+        def split_for_generation(indices):
+            moving = split(indices)
+            if any(uid in self._join_logits for uid in moving.uids):
+                moving.generate = self._generation_from_carried_logits(moving)
+            return moving
+
+        return split_for_generation
+
+    def _generation_from_carried_logits(self, moving: PromptProcessingBatch):
+        """`moving.generate`: rows whose last prompt token was carried take its logits instead of
+        a forward pass (which would write that token's KV a second time); any others (a prompt
+        that arrived with one token left) go through mlx-lm's pass and follow them."""
+        generate = moving.generate
+
+        def generate_from_carried(last_tokens: list[list[int]]):
+            carried, others = [], []
+            for i, uid in enumerate(moving.uids):
+                (carried if uid in self._join_logits else others).append(i)
+            rest = PromptProcessingBatch.split(moving, others) if others else None
+            logits = mx.stack([self._join_logits.pop(uid) for uid in moving.uids])
+            model, moving.model = moving.model, lambda inputs, cache: logits
+            generation = generate([last_tokens[i] for i in carried])
+            generation.model = model
+            if rest is not None:
+                generation.extend(rest.generate([last_tokens[i] for i in others]))
+            return generation
+
+        return generate_from_carried
+
+    def _extend(self, joining) -> None:
+        """The decode batch's `extend`: a joining prompt's KV goes in by `batch_join.join_caches`
+        (a group of its own when merging would copy too much); mlx-lm does the rest."""
+        mine = self.generator._generation_batch
+        if mine.prompt_cache and joining.prompt_cache:
+            mine.prompt_cache = batch_join.join_caches(mine.prompt_cache, joining.prompt_cache)
+            joining.prompt_cache = []  # joined: mlx-lm's extend keeps the batch's as they are
+        self._mlx_lm_extend(joining)
+
+    def before_remove(self, uids) -> None:
+        """Run a kept chunk, and forget the carried logits of prompts removed before they joined
+        the decode batch."""
+        self.flush()
+        for uid in uids:
+            self._join_logits.pop(uid, None)
+
+
+def _prompt(batch: PromptProcessingBatch, tokens: list[list[int]]) -> None:
+    mixed = getattr(batch, "_mixed_batches", None)
+    if mixed is None or not mixed.take(batch, tokens):
+        _mlx_lm_prompt(batch, tokens)
+
+
+def install() -> None:
+    """Route mlx-lm's `PromptProcessingBatch.prompt` through `MixedBatches.take` where a
+    generator has one (idempotent)."""
+    PromptProcessingBatch.prompt = _prompt

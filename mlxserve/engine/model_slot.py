@@ -1,0 +1,165 @@
+"""The active model's life: first load, switch (rolling back on failure), unload, idle unload.
+
+The engine thread calls `load`, `apply_change` and `unload`; any thread may ask for a change or
+wait for one. What depends on the model (the batch, the pacer, the prefix cache) is rebuilt by
+the engine's `on_loaded` / `on_unloaded` callbacks.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from ..platform import PlatformPolicy
+from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
+
+log = logging.getLogger("mlxserve.engine")
+
+EngineState = Literal["starting", "loading", "ready", "unloaded", "error", "stopped"]
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    source: str
+
+
+@dataclass(frozen=True)
+class UnloadModel:
+    pass
+
+
+ModelChange = LoadModel | UnloadModel
+
+
+class ModelSlot:
+    """One model at a time, and what clients see of it (name, state, the last error)."""
+
+    def __init__(
+        self,
+        source: str,
+        policy: PlatformPolicy,
+        fim_template: str | None = None,
+        idle_unload_s: float | None = None,
+        cluster=None,
+        on_loaded: Callable[[LoadedModel], None] = lambda loaded: None,
+        on_unloaded: Callable[[], None] = lambda: None,
+    ):
+        self.source = source  # the model loaded, or being loaded
+        self.name = model_id_for(source)  # the name clients use for it
+        self.loaded_name = self.name  # the name of the model loaded last
+        self.policy = policy
+        self.fim_template = fim_template
+        self.idle_unload_s = idle_unload_s
+        self.cluster = cluster
+        self.state: EngineState = "starting"
+        self.error: str | None = None
+        self.load_error: str | None = None  # the last switch that failed (the old model stayed)
+        self.loaded: LoadedModel | None = None
+        self.loads = 0  # models loaded so far, the first one included
+        self.loading_since: float | None = None
+        self.pending: ModelChange | None = None  # asked for, applied once no work is in flight
+        self.last_work = time.monotonic()
+        self.ready = threading.Event()
+        self._on_loaded = on_loaded
+        self._on_unloaded = on_unloaded
+
+    # ---- the engine thread ------------------------------------------------------------------
+
+    def load(self, source: str) -> None:
+        """Load `source` (raises ModelLoadError, whatever went wrong, in one line)."""
+        started = self.loading_since = time.monotonic()
+        self.state = "loading"
+        log.info("loading model %s", source)
+        try:
+            self.loaded = load_model(source, self.fim_template, self.cluster, self.policy)
+        except ModelLoadError:
+            raise
+        except Exception as error:
+            raise ModelLoadError(f"could not load model {source}: {error}") from error
+        finally:
+            self.loading_since = None
+        self.source = source
+        self.loaded_name = self.name
+        self._on_loaded(self.loaded)
+        # Python's full collections walk every object, with all threads held: a gap in every
+        # stream. Frozen, what is loaded by now is never walked again.
+        gc.collect()
+        gc.freeze()
+        self.last_work = time.monotonic()
+        self.loads += 1
+        self.state = "ready"
+        if self.pending is None:
+            self.ready.set()
+        log.info(
+            "model %s ready in %.1f s (context %d tokens, prefill chunks of %d tokens; %s)",
+            self.loaded.model_id,
+            time.monotonic() - started,
+            self.loaded.context_length,
+            self.loaded.prefill_chunk,
+            self.policy.description,
+        )
+
+    def unload(self) -> None:
+        """Free the model and what depends on it."""
+        self.loaded = None
+        self._on_unloaded()
+        gc.unfreeze()  # the model's objects were frozen at load
+        gc.collect()
+        self.policy.release_freed_memory(trim=self.cluster is None)
+        self.state = "unloaded"
+
+    def apply_change(self) -> None:
+        """Apply the switch or unload asked for, now that no request is in flight. A model that
+        fails to load is replaced by the previous one again, and `load_error` says why."""
+        change, self.pending = self.pending, None
+        previous = self.loaded.path if self.loaded is not None else None
+        self.unload()
+        if isinstance(change, LoadModel):
+            try:
+                self.load(change.source)
+                self.load_error = None
+            except ModelLoadError as error:
+                self.load_error = str(error)
+                log.error("%s; going back to %s", error, previous)
+                self.source = previous or change.source
+                self.name = self.loaded_name
+                if previous is None:
+                    self.fail(str(error), quiet=True)
+                else:
+                    try:
+                        self.load(previous)
+                    except ModelLoadError as again:
+                        self.fail(str(again), quiet=True)
+        self.ready.set()
+
+    def fail(self, message: str, quiet: bool = False) -> None:
+        self.state = "error"
+        self.error = message
+        self.ready.set()
+        if not quiet:
+            log.error(message)
+
+    def idle_wait(self, busy: bool) -> float | None:
+        """How long the engine may wait for work: until the idle unload is due, or for ever."""
+        if self.idle_unload_s is None or self.loaded is None or busy:
+            return None
+        return max(0.0, self.last_work + self.idle_unload_s - time.monotonic())
+
+    def idle_for_too_long(self) -> bool:
+        return (
+            self.idle_unload_s is not None
+            and self.loaded is not None
+            and time.monotonic() - self.last_work >= self.idle_unload_s
+        )
+
+    # ---- any thread -------------------------------------------------------------------------
+
+    def ask(self, change: ModelChange) -> None:
+        """Note a change for the engine thread, which applies it once the work in flight ends."""
+        self.ready.clear()
+        self.pending = change

@@ -1,0 +1,54 @@
+"""How a sequence enters the batch: from the prefix cache's KV, from its own scored prompt (echo
+with logprobs), or as a warm-up that only prefills."""
+
+from __future__ import annotations
+
+from mlx_lm.generate import StopSequences
+
+from .mlx_lm_compat import ServerBatchGenerator
+from .model_host import LoadedModel
+from .prefix_keeper import PrefixKeeper
+from .prompt_scoring import score_prompt
+from .requests import GenerationEvent, GenerationRequest
+from .sequence import SequenceState, sampling_setup
+
+
+def start_sequence(
+    index: int,
+    request: GenerationRequest,
+    post,
+    loaded: LoadedModel,
+    generator: ServerBatchGenerator,
+    prefixes: PrefixKeeper,
+) -> SequenceState:
+    """The sequence's state, inserted into `generator` (its `uid` stays None when nothing is to
+    be generated: its one event is posted already)."""
+    prompt = list(request.prompt_ids)
+    seq = SequenceState.start(index, request, post, loaded.tokenizer)
+    cache, cached_tokens = None, []
+    if request.prompt_logprobs:
+        cache, prompt_tokens = score_prompt(loaded, prompt, seq.logprob_reader)
+        cached_tokens = prompt[:-1]
+        post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
+    elif request.cache_prompt and prefixes.enabled:
+        cache, reused = prefixes.fetch(prompt)
+        cached_tokens = prompt[:reused]
+        seq.cached_tokens = reused
+    if request.max_tokens == 0:
+        if not (request.cache_prompt and prefixes.enabled) or request.prompt_logprobs:
+            post(GenerationEvent(index=index, finish_reason="length"))
+            return seq
+        # A warm-up (llama.vim's n_predict 0): prefill for the prefix cache; the one token
+        # generated to get there is dropped.
+        seq.prefill_only = True
+    setup = sampling_setup(request, loaded)
+    (seq.uid,) = generator.insert(
+        [prompt[len(cached_tokens) :]],
+        max_tokens=[max(request.max_tokens, 1)],
+        caches=[cache] if cache is not None else None,
+        all_tokens=[cached_tokens],
+        samplers=[setup.sampler],
+        logits_processors=[setup.processors],
+        stop_sequences=[StopSequences([[t] for t in setup.stop_ids] or None)],
+    )
+    return seq

@@ -1,0 +1,143 @@
+"""llama.cpp's sampler set through the API: each changes output, works in a batch, is seeded."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+
+import httpx
+import pytest
+
+from ..helpers import complete, texts
+
+PROMPT = "for i in range(10):\n   "
+SAMPLED = dict(prompt=PROMPT, max_tokens=40, temperature=1.0, seed=21, ignore_eos=True)
+
+SETTINGS = {
+    "typical_p": {"typical_p": 0.3},
+    "top_n_sigma": {"top_n_sigma": 0.5},
+    "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.01},
+    "dynatemp": {"dynatemp_range": 0.9, "dynatemp_exponent": 2.0},
+    "mirostat_v1": {"mirostat": 1, "mirostat_tau": 3.0},
+    "mirostat_v2": {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+    "fireworks_mirostat": {"mirostat": 2, "mirostat_target": 3.0, "mirostat_lr": 0.2},
+    "dry": {"dry_multiplier": 0.8, "dry_allowed_length": 1},
+    "samplers_letters": {"samplers": "kt", "top_k": 3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_each_sampler_changes_output_and_repeats_with_its_seed(http, name):
+    plain = texts(complete(http, **SAMPLED))
+    first = texts(complete(http, **SAMPLED, **SETTINGS[name]))
+    assert first != plain
+    assert texts(complete(http, **SAMPLED, **SETTINGS[name])) == first
+
+
+def test_fireworks_names_are_mirostat_tau_and_eta(http):
+    llamacpp = complete(http, **SAMPLED, mirostat=2, mirostat_tau=3.0, mirostat_eta=0.2)
+    fireworks = complete(http, **SAMPLED, mirostat=2, mirostat_target=3.0, mirostat_lr=0.2)
+    assert texts(llamacpp) == texts(fireworks)
+
+
+def test_mirostat_ignores_truncation_samplers(http):
+    miro = dict(SAMPLED, mirostat=2, mirostat_tau=3.0)
+    assert texts(complete(http, **miro)) == texts(
+        complete(http, **miro, top_k=2, top_p=0.1, min_p=0.5, typical_p=0.2)
+    )
+
+
+def test_samplers_list_leaves_out_what_it_does_not_name(http):
+    """llama.cpp: a sampler missing from `samplers` does not run (here: top_k)."""
+    no_top_k = complete(http, **SAMPLED, top_k=1, samplers=["temperature"])
+    assert texts(no_top_k) == texts(complete(http, **SAMPLED))
+    names_and_letters = complete(http, **SAMPLED, top_k=3, samplers=["top_k", "temperature"])
+    assert texts(names_and_letters) == texts(complete(http, **SAMPLED, top_k=3, samplers="kt"))
+
+
+def test_samplers_order_matters_for_temperature_before_top_p(http):
+    """top_p after a hot temperature keeps more tokens than before it."""
+    hot = dict(SAMPLED, temperature=3.0, top_p=0.3, logprobs=0)
+    before = complete(http, **hot, samplers=["top_p", "temperature"])
+    after = complete(http, **hot, samplers=["temperature", "top_p"])
+    assert texts(before) != texts(after)
+
+
+def test_dry_cuts_repeats_in_greedy_output(http):
+    greedy = dict(prompt=PROMPT, max_tokens=60, temperature=0, ignore_eos=True, logprobs=0)
+    plain = complete(http, **greedy)["choices"][0]["logprobs"]["tokens"]
+    dry = complete(
+        http, **greedy, dry_multiplier=2.0, dry_allowed_length=1, dry_sequence_breakers=[]
+    )["choices"][0]["logprobs"]["tokens"]
+    assert repeated_ngrams(dry, 3) < repeated_ngrams(plain, 3)
+
+
+def test_dry_penalty_last_n_zero_is_off(http):
+    greedy = dict(prompt=PROMPT, max_tokens=30, temperature=0, ignore_eos=True)
+    off = complete(http, **greedy, dry_multiplier=2.0, dry_penalty_last_n=0)
+    assert texts(off) == texts(complete(http, **greedy))
+
+
+def test_every_sampler_together_in_one_batch_equals_each_alone(http, server):
+    requests = [dict(SAMPLED, seed=s, **SETTINGS[name]) for s, name in enumerate(sorted(SETTINGS))]
+    alone = [texts(complete(http, **r)) for r in requests]
+    server.engine.stats.peak_batch = 0
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda r: texts(complete(http, **r)), requests))
+    assert together == alone
+    assert server.engine.stats.peak_batch >= 3
+
+
+def repeated_ngrams(tokens: list[str], n: int) -> int:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_server):
+    with httpx.Client(base_url=smollm2_server.url, timeout=600) as http:
+        yield http
+
+
+REPETITIVE = (
+    "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. "
+    "The dog sat on the log. The cat sat on the mat. The dog sat on the log."
+)
+
+
+@pytest.mark.slow
+def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
+    body = dict(
+        prompt=REPETITIVE, max_tokens=200, temperature=0.7, seed=5, ignore_eos=True, logprobs=0
+    )
+    plain = complete(smollm2, **body)["choices"][0]["logprobs"]["tokens"]
+    dry = complete(smollm2, **body, dry_multiplier=0.8)["choices"][0]["logprobs"]["tokens"]
+    print(
+        f"repeated 4-grams in 200 tokens: {repeated_ngrams(plain, 4)} plain, "
+        f"{repeated_ngrams(dry, 4)} with DRY 0.8"
+    )
+    assert repeated_ngrams(dry, 4) < 0.7 * repeated_ngrams(plain, 4), (
+        repeated_ngrams(dry, 4),
+        repeated_ngrams(plain, 4),
+    )
+
+
+@pytest.mark.slow
+def test_mirostat_v2_holds_the_surprise_near_tau_on_a_real_model(smollm2):
+    # tau below the model's own surprise on this text (2.7 bits with mu unbounded), so that the
+    # truncation is what holds it there.
+    tau = 2.5
+    body = dict(
+        prompt="Once upon a time,",
+        max_tokens=200,
+        mirostat=2,
+        mirostat_tau=tau,
+        mirostat_eta=0.1,
+        seed=3,
+        ignore_eos=True,
+        logprobs=0,
+    )
+    logprobs = complete(smollm2, **body)["choices"][0]["logprobs"]["token_logprobs"]
+    surprise = [-lp / math.log(2) for lp in logprobs]
+    print(f"mirostat v2, tau {tau}: mean surprise {sum(surprise) / len(surprise):.2f} bits")
+    assert abs(sum(surprise) / len(surprise) - tau) <= 1.0, sum(surprise) / len(surprise)

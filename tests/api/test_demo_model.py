@@ -1,0 +1,96 @@
+"""The embedded default model: shipped in the package, served, completing and filling in."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from mlxserve.settings import DEFAULT_MODEL
+
+from ..live_server import LiveServer
+
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>")
+BEFORE = "def add(a, b):\n"
+AFTER = "\n\n\nprint(add(1, 2))\n"
+# An editor's single-line infill ends at the newline (the model's quality is eval.json's job).
+INFILL = {"max_tokens": 64, "temperature": 0, "stop": ["\n"]}
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    with LiveServer(str(DEFAULT_MODEL)) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def demo_client(demo_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_it_ships_in_the_package_within_budget():
+    files = {f.name: f.stat().st_size for f in DEFAULT_MODEL.iterdir()}
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "eval.json"):
+        assert name in files, name
+    assert sum(files.values()) <= 30 * 1024 * 1024
+    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["torch_dtype"] == "float16"
+
+
+def test_the_model_card_quotes_its_evaluation():
+    card = (DEFAULT_MODEL / "README.md").read_text()
+    evaluation = json.loads((DEFAULT_MODEL / "eval.json").read_text())
+    infill = evaluation["model_infill"]
+    assert str(evaluation["validation_loss_nats_per_token"]) in card
+    assert f"{infill['exact_match']:.1%}" in card and f"{infill['parse_rate']:.1%}" in card
+
+
+def test_fim_tokens_are_single_special_tokens(demo_server):
+    tokenizer = demo_server.engine.loaded.tokenizer
+    for token in FIM_TOKENS:
+        ids = tokenizer.encode(token + "x = 1", add_special_tokens=False)
+        assert ids[0] == tokenizer.convert_tokens_to_ids(token), token
+    assert tokenizer.eos_token == "<|endoftext|>"
+    text = "def f(x):\n    return x  # ünïcode ✓\n"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_served_under_its_name(demo_client):
+    first = demo_client.models.list().data[0]
+    assert first.id == "mlxserve-demo-coder" and first.loaded and first.fim == "starcoder"
+
+
+def test_a_completion_writes_python_and_stops(demo_client):
+    choice = demo_client.completions.create(
+        model="mlxserve-demo-coder",
+        prompt="import os\n\n\ndef list_python_files(path):\n",
+        max_tokens=64,
+        temperature=0,
+        stop=["\n\n"],
+    ).choices[0]
+    assert choice.text.strip()
+    assert choice.finish_reason == "stop"
+
+
+def test_a_raw_fim_infill_fills_the_line_and_stops(demo_client):
+    choice = demo_client.completions.create(
+        model="mlxserve-demo-coder",
+        prompt=f"<fim_prefix>{BEFORE}<fim_suffix>{AFTER}<fim_middle>",
+        **INFILL,
+    ).choices[0]
+    assert choice.text.strip()
+    assert choice.finish_reason == "stop"
+
+
+def test_a_streamed_infill_stops(demo_client):
+    chunks = list(
+        demo_client.completions.create(
+            model="mlxserve-demo-coder",
+            prompt=f"<fim_prefix>{BEFORE}<fim_suffix>{AFTER}<fim_middle>",
+            stream=True,
+            **INFILL,
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks).strip()
+    assert chunks[-1].choices[0].finish_reason == "stop"

@@ -1,0 +1,111 @@
+"""Fuzzing every route from /openapi.json with schemathesis: the document's examples, then
+generated requests the document calls valid and invalid, on a real server whose limits (stated
+in the document) keep each request small.
+
+Checks: no 5xx; every request the document calls invalid is refused with a 4xx; every 4xx is an
+OpenAI-style error body.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import hypothesis.strategies as st
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import negative_data_rejection, not_a_server_error
+
+from mlxserve.settings import DEFAULT_MODEL, Limits
+
+from ..live_server import LiveServer
+
+FUZZ_LIMITS = Limits(
+    max_body_bytes=256 * 1024,
+    max_tokens=16,
+    max_n=2,
+    max_sequences_per_request=4,
+    max_logprobs=2,
+    grammar_timeout_s=2.0,
+    request_timeout_s=5.0,
+)
+EXAMPLES_PER_ROUTE = 60  # per route and mode: 11 routes x 3 modes stay well under 2 minutes
+ROUTES = {
+    "POST /v1/completions",
+    "POST /completion",
+    "POST /completions",
+    "POST /infill",
+    "GET /v1/models",
+    "GET /v1/models/{name}",
+    "GET /health",
+    "GET /metrics",
+    "GET /admin/status",
+    "POST /admin/load",
+    "POST /admin/unload",
+}
+
+
+@pytest.fixture(scope="module")
+def api_schema():
+    """The demo model: it has fill-in-the-middle tokens, so `suffix` and /infill run for real."""
+    with LiveServer(str(DEFAULT_MODEL), limits=FUZZ_LIMITS) as live:
+        schema = schemathesis.openapi.from_url(live.url + "/openapi.json")
+        schema.config.update(base_url=live.url)
+        yield schema
+
+
+def openai_error_shape(ctx, response, case):
+    """A 4xx says what was wrong, in OpenAI's shape."""
+    if 400 <= response.status_code < 500:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert error["message"] and "Traceback" not in error["message"]
+
+
+def strategy(schema, operation, mode: str):
+    if mode == "examples":
+        return st.one_of(schema.get_strategies_from_examples(operation))
+    return operation.as_strategy(generation_mode=GenerationMode(mode))
+
+
+@pytest.mark.parametrize("mode", ["examples", "positive", "negative"])
+def test_every_route_survives_fuzzing(api_schema, mode):
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    statuses: Counter = Counter()
+    assert {op.label for op in operations} == ROUTES  # every route is in the document
+    for operation in operations:
+        if mode == "examples" and not api_schema.get_strategies_from_examples(operation):
+            continue
+
+        @given(case=strategy(api_schema, operation, mode))
+        @settings(
+            max_examples=EXAMPLES_PER_ROUTE,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
+        def fuzz(case):
+            response = case.call(timeout=30)
+            statuses[(case.operation.label, response.status_code)] += 1
+
+            case.validate_response(
+                response,
+                checks=[not_a_server_error, negative_data_rejection],
+                additional_checks=[openai_error_shape],
+            )
+
+        try:
+            fuzz()
+        except Unsatisfiable:
+            # Nothing invalid can be sent to a route without a body (its only parameter, if
+            # any, is a path segment: any string).
+            assert mode == "negative" and not operation.body, operation.label
+    print(mode, sorted(statuses.items()))
+    sent = sum(statuses.values())
+    # Each mode really sent requests: answers, and for invalid data, refusals.
+    assert sent >= (10 if mode == "examples" else 300), statuses
+    completions = {s for (label, s) in statuses if label == "POST /v1/completions"}
+    assert (400 in completions) if mode == "negative" else (200 in completions), statuses

@@ -1,0 +1,55 @@
+"""scripts/make_tiny_model.py: deterministic, fast, loadable by mlx-lm."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        for name in ("model.safetensors", "tokenizer.json", "config.json")
+    }
+
+
+def build(out: Path, seed: int) -> float:
+    start = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_tiny_model.py"),
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return time.monotonic() - start
+
+
+def test_same_seed_same_model_other_seed_other_weights(tmp_path, tiny_model):
+    seconds = build(tmp_path / "again", seed=0)
+    assert seconds < 30
+    assert digest(tmp_path / "again") == digest(tiny_model)
+    build(tmp_path / "other", seed=1)
+    other = digest(tmp_path / "other")
+    assert other["model.safetensors"] != digest(tiny_model)["model.safetensors"]
+    assert other["tokenizer.json"] == digest(tiny_model)["tokenizer.json"]
+
+
+def test_mlx_lm_loads_it_with_a_working_tokenizer(tiny_model):
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(tiny_model))
+    ids = tokenizer.encode("def f(x):\n    return x")
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "def f(x):\n    return x"
