@@ -11,11 +11,12 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 from jsonschema import Draft202012Validator
-from mlxserve.api.schemas import CompletionRequest, InfillRequest, NativeCompletionRequest
 
 from mlxserve.api.errors import InvalidRequest
+from mlxserve.api.llamacpp.protocol import InfillRequest, NativeCompletionRequest
 from mlxserve.api.openapi import _set_integer_maximum, limited_names
-from mlxserve.api.parsing import parse_completion_request, parse_json_object
+from mlxserve.api.parsing import parse_json_object, validate
+from mlxserve.api.protocol import CompletionRequest
 from mlxserve.settings import Limits
 
 MODELS = (CompletionRequest, NativeCompletionRequest, InfillRequest)
@@ -57,7 +58,7 @@ def documented_schema(model) -> dict:
 
 def parse(body, model=CompletionRequest):
     """As the server does: from the JSON text."""
-    return parse_completion_request(parse_json_object(json.dumps(body).encode()), model)
+    return validate(model, parse_json_object(json.dumps(body).encode()))
 
 
 def parses(model, body) -> bool:
