@@ -19,8 +19,14 @@ class Group:
     events: asyncio.Queue | None = None
 
     def post(self, event: GenerationEvent) -> None:
-        if self.loop is not None:  # nobody listens on ranks other than 0
+        """Hand `event` to the submitter's loop; dropped if nobody can listen any more (ranks
+        other than 0, or a loop already closed: its cancel is on the way)."""
+        if self.loop is None or self.loop.is_closed():
+            return
+        try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # closed between the check and the call
+            pass
 
 
 @dataclass(frozen=True)

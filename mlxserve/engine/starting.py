@@ -24,6 +24,11 @@ def start_sequence(
     """The sequence's state, inserted into `generator` (its `uid` stays None when nothing is to
     be generated: its one event is posted already)."""
     prompt = list(request.prompt_ids)
+    outside = [t for t in prompt if not 0 <= t < loaded.vocab_size]
+    if outside:  # the model would read out of its embedding's bounds
+        raise ValueError(
+            f"token id {outside[0]} is outside the vocabulary [0, {loaded.vocab_size})"
+        )
     seq = SequenceState.start(index, request, post, loaded.tokenizer)
     cache, cached_tokens = None, []
     if request.prompt_logprobs:
