@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from mlxserve.platform import reexec_for_cpu
 from mlxserve.tiny_model import build_tiny_model
 
 from .live_server import LiveServer
@@ -13,9 +14,31 @@ from .live_server import LiveServer
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 
 
+def pytest_configure(config):
+    """Run MLX as `mlxserve serve` runs it: re-executed once under OpenBLAS (and huge pages)
+    where installed; nothing changes on macOS or with MLXSERVE_PORTABLE=1. Output capture is
+    stopped first, so the new process writes to the terminal, not to this one's capture files."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()
+    reexec_for_cpu()
+    if capture is not None:
+        capture.start_global_capturing()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_4bit(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model quantized to 4 bits, as most models users run on a Mac are."""
+    import mlx_lm
+
+    path = tmp_path_factory.mktemp("models") / "tiny-4bit"
+    mlx_lm.convert(str(tiny_model), str(path), quantize=True, q_bits=4, q_group_size=32)
+    return path
 
 
 @pytest.fixture(scope="session")
