@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from mlxserve.blas import reexec_for_cpu
+from mlxserve.platform import reexec_for_cpu
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
@@ -306,12 +306,13 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
 
     from mlx_lm import load
 
-    from mlxserve.engine.model_host import fit_to_device
+    from mlxserve.platform import current_policy
 
     print(f"loading {model_path} ...", file=sys.stderr)
     model, tokenizer = load(model_path)
     params = count_parameters(model)
-    fit_to_device(model)  # the weights the server runs, so only the server's overhead differs
+    # the model as the server runs it, so only the server's overhead differs
+    current_policy().prepare_model(model)
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
