@@ -22,7 +22,9 @@ and warm, and a running stream's inter-token gaps while another request prefills
 
 Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
 should be small next to one forward pass of a real model). This script only prints; it asserts
-nothing.
+nothing. A row whose server does not start (or fails under it) prints `row NAME: server did not
+start: ...` with the last lines of its log instead of its numbers, and the next row runs.
+The scripts share their server, stream and table code in scripts/bench_common.py.
 
     python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
                             [--skip-engine | --engine-only] [--prefill-tokens 8000]
@@ -31,34 +33,27 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import httpx
+from bench_common import (
+    ROW_ERRORS,
+    default_model,
+    http_decode_rate,
+    median_cell,
+    print_table,
+    ratio_cell,
+    reexec_for_cpu,
+    row_failed,
+    served,
+    start_server,
+)
 
-from mlxserve.platform import reexec_for_cpu
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
 DEFAULT_PROMPT = "def fibonacci(n):\n"
-HEALTH_TIMEOUT_S = 300.0
-
-
-def default_model() -> str:
-    """The shared SmolLM2 if present (a real >= 100M model), else the embedded demo model."""
-    if SHARED_MODEL.is_dir():
-        return str(SHARED_MODEL)
-    from mlxserve.settings import DEFAULT_MODEL
-
-    return str(DEFAULT_MODEL)
 
 
 def parse_args() -> argparse.Namespace:
@@ -144,47 +139,6 @@ def bare_decode_rate(model: Any, tokenizer: Any, prompt: str, max_tokens: int) -
     return (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
 
 
-def free_port() -> int:
-    """An unused local port, picked by the OS."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
-    """Start mlxserve in its own process; its log goes to a file so a full pipe cannot stall it."""
-    cmd = [sys.executable, "-m", "mlxserve", "serve", "--model", model]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-
-
-def wait_healthy(server: subprocess.Popen, base_url: str, log_path: Path) -> None:
-    """Poll /health until 200: it answers 503 while the model loads."""
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with {server.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"server not healthy after {HEALTH_TIMEOUT_S:.0f} s")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """Terminate the server, killing it if it does not go quietly."""
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
 # Issue 5's row: the whole custom chain against plain seeded sampling, both through HTTP.
 PLAIN_SAMPLING = {"temperature": 0.8, "seed": 1}
 FULL_CHAIN = {
@@ -215,61 +169,6 @@ JSON_SCHEMA = {
 GRAMMAR = {**PLAIN_SAMPLING, "json_schema": JSON_SCHEMA}
 
 
-def http_decode_rate(
-    client: httpx.Client, base_url: str, prompt: str, max_tokens: int, sampling: dict | None = None
-) -> tuple[float, int]:
-    """Decode tokens/s seen by a streaming client: first text chunk to last, usage's token count."""
-    body = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-        **(sampling or {}),
-    }
-    first = last = None
-    completion_tokens = None
-    done = False
-    with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            payload = line[len("data: ") :]
-            if payload == "[DONE]":
-                done = True
-                break
-            chunk = json.loads(payload)
-            if "error" in chunk:
-                raise RuntimeError(f"stream error: {chunk['error']}")
-            if any(choice.get("text") for choice in chunk.get("choices", [])):
-                last = time.perf_counter()
-                first = first if first is not None else last
-            if chunk.get("usage"):
-                completion_tokens = chunk["usage"]["completion_tokens"]
-    if not done:
-        raise RuntimeError("stream ended without data: [DONE]")
-    if first is None or last is None or last <= first:
-        raise RuntimeError("stream carried fewer than two text chunks")
-    if completion_tokens is None:
-        raise RuntimeError("no usage chunk despite stream_options.include_usage")
-    return (completion_tokens - 1) / (last - first), completion_tokens
-
-
-def print_table(rows: list[tuple[str, str]]) -> None:
-    """Two aligned columns: label and value."""
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"{label:<{width}}  {value}")
-
-
-def _runs(rates: list[float]) -> str:
-    return ", ".join(f"{r:.2f}" for r in rates)
-
-
 def main() -> int:
     args = parse_args()
     reexec_for_cpu()  # the process settings `mlxserve serve` runs under, for the bare loop too
@@ -282,11 +181,7 @@ def main() -> int:
         import bench_engine
 
         bench_engine.run(
-            model_path,
-            args.engine_max_tokens,
-            args.prefix_tokens,
-            args.prefill_tokens,
-            lambda port, log_path: start_server(model_path, port, log_path),
+            model_path, args.engine_max_tokens, args.prefix_tokens, args.prefill_tokens
         )
     if not args.skip_distributed and not args.engine_only:
         distributed_row(args, model_path)
@@ -296,14 +191,13 @@ def main() -> int:
 def distributed_row(args: argparse.Namespace, model_path: str) -> int:
     import bench_distributed
 
-    bench_distributed.run(
-        model_path, args.prompt, args.max_tokens, args.repeats, http_decode_rate, free_port
-    )
+    bench_distributed.run(model_path, args.prompt, args.max_tokens, args.repeats)
     return 0
 
 
 def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
-
+    """Bare against HTTP, then the sampler chain and the grammar against plain sampling; a
+    server that does not start (or fails) prints `row decode: ...` instead of the tables."""
     from mlx_lm import load
 
     from mlxserve.platform import current_policy
@@ -314,18 +208,17 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
     # the model as the server runs it, so only the server's overhead differs
     current_policy().prepare_model(model)
 
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxserve-bench-{port}.log"
-    server = start_server(model_path, port, log_path)
     bare: list[float] = []
     http: list[float] = []
     plain: list[float] = []
     chain: list[float] = []
     grammar: list[float] = []
     try:
-        wait_healthy(server, base_url, log_path)
-        with httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+        with (
+            served(partial(start_server, model_path), "bench") as server,
+            httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client,
+        ):
+            base_url = server.url
             print("warming up ...", file=sys.stderr)
             bare_decode_rate(model, tokenizer, args.prompt, 8)
             http_decode_rate(client, base_url, args.prompt, 8)
@@ -348,34 +241,32 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
                     )
                     rates.append(rate)
                     print(f"run {run} {label}: {rate:.2f} tok/s ({n} tokens)", file=sys.stderr)
-    finally:
-        stop_server(server)
+    except ROW_ERRORS as error:
+        row_failed("decode (bare vs HTTP, samplers)", error)
+        return
 
-    bare_median, http_median = statistics.median(bare), statistics.median(http)
     print_table(
         [
             ("model", model_path),
             ("params", f"{params:,} (counted, quantized weights unpacked; no scales/biases)"),
             ("max tokens / repeats", f"{args.max_tokens} / {args.repeats} (medians below)"),
-            ("bare tok/s", f"{bare_median:.2f}  runs: {', '.join(f'{r:.2f}' for r in bare)}"),
-            ("HTTP tok/s", f"{http_median:.2f}  runs: {', '.join(f'{r:.2f}' for r in http)}"),
-            ("ratio HTTP/bare", f"{http_median / bare_median:.3f}  (target >= 0.95)"),
+            ("bare tok/s", median_cell(bare)),
+            ("HTTP tok/s", median_cell(http)),
+            ("ratio HTTP/bare", ratio_cell(http, bare, ">= 0.95")),
         ]
     )
     if chain:
-        plain_median, chain_median = statistics.median(plain), statistics.median(chain)
         print_table(
             [
-                ("plain sampling tok/s", f"{plain_median:.2f}  runs: {_runs(plain)}"),
-                ("penalties+DRY+mirostat", f"{chain_median:.2f}  runs: {_runs(chain)}"),
-                ("ratio chain/plain", f"{chain_median / plain_median:.3f}  (target >= 0.90)"),
+                ("plain sampling tok/s", median_cell(plain)),
+                ("penalties+DRY+mirostat", median_cell(chain)),
+                ("ratio chain/plain", ratio_cell(chain, plain, ">= 0.90")),
             ]
         )
-        grammar_median = statistics.median(grammar)
         print_table(
             [
-                ("json-schema grammar tok/s", f"{grammar_median:.2f}  runs: {_runs(grammar)}"),
-                ("ratio grammar/plain", f"{grammar_median / plain_median:.3f}  (target >= 0.85)"),
+                ("json-schema grammar tok/s", median_cell(grammar)),
+                ("ratio grammar/plain", ratio_cell(grammar, plain, ">= 0.85")),
             ]
         )
 

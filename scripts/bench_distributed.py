@@ -10,48 +10,22 @@ generated token (tensor parallelism all-reduces each layer's attention and MLP o
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
+from bench_common import (
+    MLX_LAUNCH,
+    ROW_ERRORS,
+    http_decode_rate,
+    row_failed,
+    served,
+    start_server,
+)
 
-LAUNCH = Path(sys.executable).with_name("mlx.launch")
-
-
-def _serve(model: str, port: int, log: Path, distributed: bool) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "mlxserve",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    if distributed:
-        command = [
-            str(LAUNCH),
-            "--backend",
-            "ring",
-            "-n",
-            "2",
-            "--hosts",
-            "127.0.0.1",
-            "--",
-            *command,
-            "--distributed",
-        ]
-    return subprocess.Popen(
-        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
-    )
+HEALTH_TIMEOUT_S = 120.0
 
 
 def _ttft(client: httpx.Client, url: str, prompt: str) -> float:
@@ -71,39 +45,34 @@ def _all_reduced_bytes_per_token(model: str) -> int:
     return 2 * config["num_hidden_layers"] * config["hidden_size"] * width
 
 
-def run(model: str, prompt: str, max_tokens: int, repeats: int, decode_rate, free_port) -> None:
-    if not LAUNCH.exists():
+def run(model: str, prompt: str, max_tokens: int, repeats: int) -> None:
+    if not MLX_LAUNCH.exists():
         print("distributed row skipped: mlx.launch is not installed")
         return
     rows = {}
-    for distributed in (False, True):
-        port = free_port()
-        log = Path(f"/tmp/mlxserve-bench-{'ranks' if distributed else 'one'}.log")
-        server = _serve(model, port, log, distributed)
-        url = f"http://127.0.0.1:{port}"
+    for distributed, name in ((False, "1 process"), (True, "2 ranks")):
+        start = partial(start_server, model, distributed=distributed)
+        tag = f"bench-{'ranks' if distributed else 'one'}"
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    print(f"distributed row skipped: server did not start ({log})")
-                    return
-                time.sleep(0.25)
-            with httpx.Client(timeout=300) as client:
-                decode_rate(client, url, prompt, 8)  # warm up
-                rates = [decode_rate(client, url, prompt, max_tokens)[0] for _ in range(repeats)]
+            with (
+                served(start, tag, HEALTH_TIMEOUT_S) as server,
+                httpx.Client(timeout=300) as client,
+            ):
+                url = server.url
+                http_decode_rate(client, url, prompt, 8)  # warm up
+                rates = [
+                    http_decode_rate(client, url, prompt, max_tokens)[0] for _ in range(repeats)
+                ]
                 ttfts = [_ttft(client, url, prompt) for _ in range(repeats)]
-            rows[distributed] = (statistics.median(rates), statistics.median(ttfts))
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+        except ROW_ERRORS as error:
+            row_failed(f"distributed ({name})", error)
+            if not distributed:
+                print("row distributed (2 ranks): skipped, nothing to compare it with")
+            else:
+                rate, ttft = rows[False]
+                print(f"row distributed (1 process): {rate:.1f} tok/s, TTFT {ttft * 1000:.0f} ms")
+            return
+        rows[distributed] = (statistics.median(rates), statistics.median(ttfts))
     (one_rate, one_ttft), (two_rate, two_ttft) = rows[False], rows[True]
     added_us = (1 / two_rate - 1 / one_rate) * 1e6
     print(f"\nDistributed: {Path(model).name}, 1 process vs 2 local ranks (ring, 127.0.0.1)")

@@ -11,18 +11,26 @@ Used by scripts/bench.py (`--skip-engine` leaves it out); prints a table, assert
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 
 import httpx
+from bench_common import (
+    ROW_ERRORS,
+    ServerFailed,
+    Streamed,
+    openblas_library,
+    print_table,
+    row_failed,
+    served,
+    start_mlx_lm_server,
+    start_server,
+    stream_completion,
+)
 
 CONCURRENCY = (1, 4, 16)
 # The gap row's stream may run this long: it stops GAP_TOKENS_AFTER tokens after the long prompt
@@ -38,26 +46,7 @@ GAP_TOKENS_BEFORE = 64
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
-@dataclass
-class StreamResult:
-    ttft: float
-    tokens: int
-    stamps: list[float] = field(default_factory=list)
-
-
-def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
-    """mlx_lm.server as its users run it, under the process settings mlxserve runs under
-    (`mlxserve.blas`: OpenBLAS, huge pages)."""
-    from mlxserve.blas import cpu_environment
-
-    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model]
-    cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    env = cpu_environment(os.environ)
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-
-def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> StreamResult:
+def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Streamed:
     """One streamed greedy completion: time to first text chunk, tokens (the usage chunk's count,
     else text chunks), and each text chunk's time.
 
@@ -67,26 +56,12 @@ def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Stream
     body["ignore_eos"] = True  # mlxserve: every run decodes max_tokens (mlx_lm.server ignores it)
     body["stream_options"] = {"include_usage": True}
     sent = time.perf_counter()
-    stamps: list[float] = []
-    tokens = None
     with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
-        with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"{base_url}: HTTP {response.status_code}: {response.read()}")
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                if not any(choice.get("text") for choice in chunk.get("choices") or []):
-                    continue
-                stamps.append(time.perf_counter())
-                if on_token is not None and on_token(len(stamps)):
-                    break
-    if not stamps:
-        raise RuntimeError(f"{base_url} streamed no text")
-    return StreamResult(stamps[0] - sent, tokens or len(stamps), stamps)
+        result = stream_completion(client, base_url, body, on_token)
+    result.sent = sent  # as it always was: the new client's setup counts in the ttft
+    if not result.stamps:
+        raise ServerFailed(f"{base_url} streamed no text")
+    return result
 
 
 TOKENIZER = None  # the model's, set by run(): prompts are cut to an exact token count
@@ -159,40 +134,42 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, fl
     return max(during), statistics.median(before), covered, median_after
 
 
-def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, ours) -> None:
-    """Measure both servers, one after the other, and print the comparison.
+def measure(
+    name: str, base_url: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int
+) -> dict[str, float]:
+    """One server's numbers: concurrency, the repeated prompt, the gap beside a prefill."""
+    stream(base_url, "warm up", 4)
+    row: dict[str, float] = {}
+    for c in CONCURRENCY:
+        tps, p50, p95 = concurrency_row(base_url, c, max_tokens)
+        row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
+        print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
+    row["prefix cold ttft"], row["prefix warm ttft"] = prefix_row(base_url, prefix_tokens)
+    gaps = gap_row(base_url, prefill_tokens)
+    row["gap max"], row["gap median"], row["gap covered"], row["gap after"] = gaps
+    print(f"{name}: {row}", file=sys.stderr)
+    return row
 
-    `ours(port, log_path)` starts mlxserve; `stop(server)` of bench.py ends either.
-    """
-    from bench import free_port, print_table, stop_server, wait_healthy
+
+def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int) -> None:
+    """Measure both servers, one after the other, and print the comparison; a server that does
+    not start (or fails) prints `row engine (NAME): ...` instead, and the bench goes on."""
     from transformers import AutoTokenizer
 
     global TOKENIZER
     TOKENIZER = AutoTokenizer.from_pretrained(model)
     TOKENIZER.model_max_length = 10**9
     rows: dict[str, dict[str, float]] = {}
-    for name, start in (("mlxserve", ours), ("mlx_lm.server", start_mlx_lm_server)):
-        port = free_port()
-        log_path = Path("/tmp") / f"bench-engine-{name}-{port}.log"
-        server = start(model, port, log_path) if name == "mlx_lm.server" else start(port, log_path)
-        base_url = f"http://127.0.0.1:{port}"
+    for name, start in (("mlxserve", start_server), ("mlx_lm.server", start_mlx_lm_server)):
         try:
-            wait_healthy(server, base_url, log_path)
-            stream(base_url, "warm up", 4)
-            row = rows.setdefault(name, {})
-            for c in CONCURRENCY:
-                tps, p50, p95 = concurrency_row(base_url, c, max_tokens)
-                row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
-                print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
-            row["prefix cold ttft"], row["prefix warm ttft"] = prefix_row(base_url, prefix_tokens)
-            gaps = gap_row(base_url, prefill_tokens)
-            row["gap max"], row["gap median"], row["gap covered"], row["gap after"] = gaps
-            print(f"{name}: {row}", file=sys.stderr)
-        finally:
-            stop_server(server)
+            with served(partial(start, model), f"engine-{name}") as server:
+                rows[name] = measure(name, server.url, max_tokens, prefix_tokens, prefill_tokens)
+        except ROW_ERRORS as error:
+            row_failed(f"engine ({name})", error)
+            if name == "mlxserve":
+                print("row engine (mlx_lm.server): skipped, nothing to compare it with")
+            return
     ours_row, theirs = rows["mlxserve"], rows["mlx_lm.server"]
-    from mlxserve.blas import openblas_library
-
     blas = "OpenBLAS, both servers" if openblas_library() else "MLX's own"
     table = [("model", model), ("max tokens per request", str(max_tokens)), ("CPU BLAS", blas)]
     for c in CONCURRENCY:

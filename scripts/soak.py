@@ -37,13 +37,14 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import free_port, start_server, stop_server, wait_healthy  # noqa: E402
+from bench_common import ServerDidNotStart, demo_model, served, sse_chunk, start_server  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -159,8 +160,9 @@ async def send(
         async for line in response.aiter_lines():
             if hang_up_after is not None and len(chunks) >= hang_up_after:
                 return -1, chunks
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
+            chunk = sse_chunk(line)
+            if chunk is not None:
+                chunks.append(chunk)
     return 200, chunks
 
 
@@ -406,18 +408,15 @@ def main() -> int:
     if args.url:
         port = int(args.url.rsplit(":", 1)[1].strip("/"))
         return asyncio.run(soak(args, args.url.rstrip("/"), port, None))
-    from mlxserve.settings import DEFAULT_MODEL
-
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    log_path = Path("/tmp") / f"mlxserve-soak-{port}.log"
-    server = start_server(args.model or str(DEFAULT_MODEL), port, log_path)
     try:
-        wait_healthy(server, base_url, log_path)
-        return asyncio.run(soak(args, base_url, port, server.pid))
-    finally:
-        stop_server(server)
-        print(f"server log: {log_path}")
+        with served(partial(start_server, args.model or demo_model()), "soak") as server:
+            try:
+                return asyncio.run(soak(args, server.url, server.port, server.process.pid))
+            finally:
+                print(f"server log: {server.log_path}")
+    except ServerDidNotStart as error:
+        print(f"soak: server did not start: {error}")
+        return 1
 
 
 if __name__ == "__main__":
