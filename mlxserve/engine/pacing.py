@@ -20,51 +20,38 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# A chunk may take this many decode steps' time: a running stream's gap stays within
-# (1 + this) x its usual gap while a long prompt is prefilled beside it. At 1.5, steps beside a
-# 7,500-token prefill had a median of 3.0x the usual gap on the 2-core CPU (a separate prefill
-# forward pass reads the weights again: ~45 ms of fixed cost), so the worst step could not stay
-# within 3x. At 1.0 (with numpy's softmax for chunks), the steps' p99 was 2.77x and the worst
-# 3.1x, with the prefill in 225 s; at 0.8, p99 2.31x, the worst 2.8x, the prefill 288 s (one run
-# each, `/tmp` gap driver): the 2-core VM's stray steps need that margin.
+# A chunk may take this many decode steps' time, so a running stream's gap stays within
+# (1 + this) x its usual gap while a long prompt is prefilled beside it; below 1, to leave a
+# margin for the stray slow steps of a busy machine.
 CHUNK_COST_IN_DECODE_STEPS = 0.8
-# On the 2-core CPU, SmolLM2-135M: a decode step ~40 ms; at depth 7000 one prompt token beside it
-# costs ~67 ms and 8 cost ~170 ms, so the bound wants chunks of 1 to 3 tokens there. On a GPU
-# they come out far larger.
+# Deep in a long prompt on a CPU the bound allows a token or two a step; on a GPU far more.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
 GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
-# The usual gap is the median of the latest decode-only steps: a smoothed mean took in one slow
-# step (149 ms among ~70 ms ones, just before a 7,500-token prompt arrived beside a stream), so a
-# prompt token looked cheap and the next chunks came out 24 and 56 tokens: 192-239 ms steps.
+# The usual gap is the median of the latest decode-only steps: a mean takes in one slow step, a
+# prompt token then looks cheap and the next chunks come out too long.
 DECODE_WINDOW = 9
 # Beside decoding, a chunk is at most this many times the one just measured: the cost of a prompt
 # token is an estimate from one step, and a step that over-runs is a gap a stream waits through.
 MAX_GROWTH = 2
 # A prompt token's cost is the median of the latest few steps' estimates: steps doing the same
-# work vary by +-30 ms on the 2-core VM. (Their highest made chunks so small beside a 4,000-token
-# prompt that a step's fixed cost of carrying one, ~17 ms, ate the budget: the prefill took
-# several times as long.)
+# work vary, and the highest estimate alone makes chunks so small that each step's fixed cost of
+# carrying one eats the budget.
 COST_WINDOW = 3
 # Where fewer than GRANULE tokens fit a step, a chunk of GRANULE tokens goes through the layers
 # over several steps, some layers each (`mixed_batch`): deep in a long prompt a token's attention
-# reads its whole KV, which more tokens share. SmolLM2-135M at depth 7,000 beside one decode row
-# on the 2-core CPU (`/tmp` script, medians of 8): 1 token +63 ms, 2 +81, 4 +108, 8 +162, 16 +290
-# on a 55 ms decode pass: 8 tokens cost 20 ms each, one alone 63.
+# reads its whole KV, and more tokens share that read.
 # A spread chunk goes through at least this share of the layers a step, whatever the budget says:
 # the usual gap is measured before the chunks start and goes stale while they run, so a stream
-# that deepens meanwhile spends the budget on its own attention. Beside an 8,000-token prompt a
-# stream's decode step grew from 52 ms to ~100, the chunks fell to 8 tokens through 1 layer of 30
-# a step, and the last third of the prompt went at 2.7-5.8 tokens/s: the prefill took 689 s,
-# deepening the stream further. (A stream that never ends would starve the prompt.)
+# that deepens meanwhile would spend the budget on its own attention and starve the prompt.
 MIN_LAYER_SHARE = 0.1
 
 
 def spare_the_join(chunk: int, tails: list[int]) -> int:
     """`chunk`, cut so that a prompt's final chunk is a single token. The step a prompt joins
     the decode batch in computes its last token besides its final chunk (in the decode pass with
-    mixed batches, else in a forward pass of mlx-lm's own): with a full chunk there, the join was
-    a running stream's worst gap (202 ms against a 68 ms median, beside a 4,000-token prompt on
-    the 2-core CPU). `tails`: each prompt's tokens still to prefill before its last one."""
+    mixed batches, else in a forward pass of mlx-lm's own): with a full chunk there, the join
+    was a running stream's worst gap. `tails`: each prompt's tokens still to prefill before its
+    last one."""
     for tail in tails:
         if 1 < tail <= chunk:
             chunk = tail - 1
@@ -73,8 +60,7 @@ def spare_the_join(chunk: int, tails: list[int]) -> int:
 
 def even_share(layers: int, share: int) -> int:
     """At most `share` layers a pass, in as few passes, as even as they go: 28 layers and then
-    2 made every other step the costliest one could be (130-150 ms beside 75-90 ms ones at depth
-    ~6,500 on the 2-core CPU); 15 and 15 take as many steps."""
+    2 make every other step the costliest one could be; 15 and 15 take as many steps."""
     passes = math.ceil(layers / share)
     return math.ceil(layers / passes)
 

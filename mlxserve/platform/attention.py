@@ -1,20 +1,16 @@
 """Attention for MLX's CPU backend, where `mx.exp` is the bottleneck of a long context.
 
-MLX's CPU `exp` is a scalar loop: 4.2 ms for the 504k scores of 8 queries x 9 heads x 7,000 keys,
-against numpy's 0.2 ms, so softmax, not the matmuls, is most of the cost of attending far into
-a long prompt (SmolLM2-135M: 8 prompt tokens at depth 7,000 took 206 ms of attention over
-30 layers). Here exp is a degree-6 polynomial for 2^f times 2^n built from the exponent bits, all
-ops MLX vectorises; `mx.compile` fuses them into one loop (0.8 ms for those 504k, relative error
-2.4e-7, float32's own precision). The whole part n is a truncating cast, not `mx.floor`, which
-`mx.compile` leaves out of the fused loop on the CPU. `scripts/cpu_training_ops.py` trains with it.
-Grouped-query heads share their key/value heads by reshaping the queries, never by copying keys.
+MLX's CPU `exp` is a scalar loop, so softmax, not the matmuls, is most of the cost of attending
+far into a long prompt. Here exp is a degree-6 polynomial for 2^f times 2^n built from the
+exponent bits, all ops MLX vectorises; `mx.compile` fuses them into one loop, to float32's own
+precision. The whole part n is a truncating cast, not `mx.floor`, which `mx.compile` leaves out
+of the fused loop on the CPU. `scripts/cpu_training_ops.py` trains with it. Grouped-query heads
+share their key/value heads by reshaping the queries, never by copying keys.
 
-That fused loop is still slow (1.5-2.0 ms for those 504k scores with the max, measured again on
-2026-11-26; a plain MLX add over them takes 0.16 ms), so a prompt chunk's softmax, which has
-scores enough to pay for waiting on them in every layer, runs in numpy instead
-(`NUMPY_MIN_SCORES`): 0.8 ms.
+That fused loop is still slower than numpy's exp, so a prompt chunk's softmax, which has scores
+enough to pay for waiting on them in every layer, runs in numpy instead (`NUMPY_MIN_SCORES`).
 
-Metal keeps `mx.fast.scaled_dot_product_attention`, a fused kernel; so do quantized KV caches and
+A GPU keeps `mx.fast.scaled_dot_product_attention`, a fused kernel; so do quantized KV caches and
 attention sinks here.
 """
 
@@ -62,7 +58,7 @@ def _normalised(power: mx.array, two_to_whole: mx.array) -> mx.array:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-# Shapeless, since the key count grows every decode step and a retrace costs ~25 ms. The float32
+# Shapeless, since the key count grows every decode step and each retrace costs. The float32
 # view of the exponent bits cannot be traced shapeless, so it sits between two compiled halves.
 _plain_parts = mx.compile(lambda scores: _exp_parts(_shifted(scores)), shapeless=True)
 _normalise = mx.compile(_normalised, shapeless=True)
@@ -84,16 +80,11 @@ def _causal(queries: int, keys: int) -> mx.array:
 
 
 # From this many scores of a prompt chunk (more than one query a sequence), softmax runs in numpy,
-# which waits for the scores in every layer: MLX's compiled loop above costs ~3 ns a score (2.0 ms
-# for 8 queries x 9 heads x 7,000 keys, ten times a plain MLX add), numpy's whole softmax 0.8 ms.
-# In SmolLM2-135M's forward pass beside a decode row (`/tmp` A/B, medians of 20): 8 prompt tokens
-# at depth 7,000 through 30 layers 231 -> 198 ms, through 15 layers 139 -> 124; at depth 3,000
-# through 30 layers 144 -> 133. Decoding (one query a sequence) keeps MLX's path, so its layers
-# never wait on the Python thread.
+# which waits for the scores in every layer but is several times faster than the compiled loop
+# above. Decoding (one query a sequence) keeps MLX's path, so its layers never wait on Python.
 NUMPY_MIN_SCORES = 1 << 16
 
-# Scores per block of queries: softmax's passes then stay in the CPU's cache (at 8 queries x
-# 7,000 keys, 2 MB of scores, a pass costs ~2 ns a score; at 32 queries, ~8 ns).
+# Scores per block of queries: softmax's passes then stay in the CPU's cache.
 BLOCK_SCORES = 1 << 19
 
 

@@ -1,16 +1,15 @@
 """Linux: run MLX's CPU backend on OpenBLAS when the machine has it, with huge pages.
 
-MLX's Linux CPU wheel links a reference BLAS; Debian's OpenBLAS preloaded in its place made a
-64x2048x2048 matmul 26x faster here and float32 batched decoding several times faster (REFERENCE
-§6, and `dequantize_on_cpu`). A preload only works from process start, so the process re-executes
+MLX's Linux CPU wheel links a reference BLAS; Debian's OpenBLAS preloaded in its place makes
+matrix products an order of magnitude faster, and with them float32 batched decoding
+(`weights.py`). A preload only works from process start, so the process re-executes
 itself once with LD_PRELOAD set. macOS (Metal, Accelerate) is never touched.
 `MLXSERVE_NO_OPENBLAS=1` opts out; `MLXSERVE_PORTABLE=1` (policy.py) skips the re-execution.
 
 MLX's CPU backend has no buffer cache: every array is a fresh malloc, and an array of some MB is
-fresh pages. On this VM a page fault costs so much that copying a long prompt's KV into the
-running batch (30 layers, pad and concatenate, at 2,500 tokens) took 383-404 ms; with glibc asking
-for transparent huge pages (`glibc.malloc.hugetlb=1`, read only at process start, hence the
-same re-execution) it took 91-208 ms.
+fresh pages, and page faults dominated copying a long prompt's KV into the running batch. glibc
+asks for transparent huge pages instead (`glibc.malloc.hugetlb=1`, read only at process start,
+hence the same re-execution).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Handing freed memory back to the system, so a long-running server's RSS stays flat.
 
 MLX's CPU backend, numpy, the tokenizers and llguidance allocate through malloc from several
-threads. glibc gives each thread its own 64 MiB arena and keeps what is freed there: in a
-30-minute soak at 16 streams (scripts/soak.py) the median RSS grew 11.8 % from the first quarter
-of the run to the last, with six arenas of ~64 MiB each resident (/proc/PID/smaps). Two arenas
-and a trim whenever MLX's buffer cache is cleared keep it flat. Elsewhere (macOS) only MLX's
-cache is cleared.
+threads. glibc gives each thread its own arena and keeps what is freed there, so RSS grew over a
+long soak (scripts/soak.py). Two arenas and a trim whenever MLX's buffer cache is cleared keep it
+flat. Elsewhere (macOS) only MLX's cache is cleared.
 
-Not under `--distributed`: with the arena limit, the trim or both, tests/test_distributed.py
-failed in 7 of 18 runs (rank 0 died of SIGSEGV in the log read), against 1 of 26 with neither.
-The memory error this exposes in that path is not found; ranks keep glibc's defaults.
+Not under `--distributed`: with the arena limit, the trim or both, the distributed test failed
+far more often (rank 0 died of SIGSEGV); the memory error this exposes in that path is not
+found, so ranks keep glibc's defaults.
 """
 
 from __future__ import annotations

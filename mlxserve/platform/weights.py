@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 log = logging.getLogger("mlxserve.platform")
 
 # A quantized model is widened only while its float32 weights take at most this share of the
-# machine's memory: a 135M model's 0.5 GB is, a 7B model's 28 GB is not.
+# machine's memory: a small model is, a 7B model (28 GB as float32) is not.
 DEQUANTIZE_MEMORY_SHARE = 8
 
 

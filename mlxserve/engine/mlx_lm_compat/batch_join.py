@@ -5,8 +5,7 @@ streams wait for that step. mlx-lm 0.32 copies the prompt's whole KV four times 
 `PromptProcessingBatch.split` deep-copies the prompt batch, then gathers the rows it keeps, and
 `BatchKVCache.extend` pads each side, then concatenates. When a sequence leaves, `filter` gathers
 every kept row at the batch's full length before it trims their shared left padding. Beside a
-7,500-token prompt (SmolLM2-135M in float32: 46 KB of KV per position, 345 MB) each copy is a
-fresh, page-faulted buffer on the CPU.
+long prompt each copy is hundreds of MB of fresh, page-faulted buffer on the CPU.
 
 `install()` replaces those three methods with ones that give the same caches with one copy:
 a split of the whole batch moves it; extend writes both sides into one new buffer; filter trims
@@ -44,15 +43,12 @@ _mlx_lm_filter = BatchKVCache.filter
 _mlx_lm_extract = BatchKVCache.extract
 
 # A joining prompt's KV is merged into the decode batch's last group when that copies at most
-# this many bytes, all layers together; else it joins as a group of its own. On the 2-core CPU a
-# 345 MB join (a 7,500-token prompt beside one stream, SmolLM2-135M in float32) was a 360 ms step
-# against ~75 ms decode steps; 32 MB is a few ms.
+# this many bytes, all layers together (a few ms on a CPU); else it joins as a group of its own:
+# a long prompt's merge is a step several times a stream's usual gap.
 MERGE_BUDGET_BYTES = 32 << 20
 # ...or when it pads the rows by at most this many positions each, or this share of what they use,
 # and copies at most MERGE_ALIKE_BYTES: groups of similar depth are cheaper merged (one attention
-# call per layer, not one per group). Kept apart, the two groups of 8 short streams at concurrency
-# 16 (a 188 MB merge) made 100-103 tok/s against 108-114 merged; merged, a 7,500-token prompt
-# joining a ~6,000-deep stream was a 0.93 s step (713 MB).
+# call per layer, not one per group), up to a copy that would itself be a long step.
 MERGE_SLACK_POSITIONS = 256
 MERGE_SLACK_SHARE = 0.25
 MERGE_ALIKE_BYTES = 256 << 20

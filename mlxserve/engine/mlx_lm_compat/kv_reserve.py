@@ -16,8 +16,7 @@ from mlx_lm.models.cache import BatchKVCache
 from .batch_join import groups_of
 
 # Bytes of KV one step may reallocate; at least one layer grows per step that needs it. Fresh
-# memory is slow to touch on the CPU VMs here: growing 36 MB of layers added ~90 ms to a step
-# beside a stream (SmolLM2-135M, a 7,500-token prompt), so a long prompt's layers go one a step.
+# memory is slow to touch on a CPU, so a long prompt's layers grow one a step.
 STEP_BUDGET_BYTES = 8 << 20
 # A decode batch's layers grow once fewer than this many positions are free...
 DECODE_HEADROOM = 64
@@ -55,8 +54,8 @@ def reserve(caches: list, needed: int, size: int, budget: int = STEP_BUDGET_BYTE
         spent += _grow(cache, max(size, needed))
         grown.append(cache)
     # Queued now, not waited for. Left lazy, a layer was copied by the first forward pass that
-    # reached it: with a chunk spread over passes, several layers grown in earlier steps at once
-    # (8 layers, 181 ms: `/tmp` script), in steps of 170-240 ms among ~90 ms ones beside a stream.
+    # reached it: with a chunk spread over passes, several layers grown in earlier steps at once,
+    # a step twice as long as its neighbours.
     if grown:
         mx.async_eval([(cache.keys, cache.values) for cache in grown])
     return len(grown)

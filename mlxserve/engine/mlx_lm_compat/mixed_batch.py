@@ -1,8 +1,7 @@
 """Mixed batches: a step's prompt chunk runs inside the next decode step's forward pass.
 
 mlx-lm prefills in a forward pass of its own, so a step beside a long prompt reads every weight
-twice. On the 2-core CPU (SmolLM2-135M, float32) a decode step took ~45 ms and a step with 1-3
-prompt tokens beside it ~110 ms at the median, ~165 ms at worst: more than the 3x bound on a
+twice: on a CPU, a step with a few prompt tokens beside it cost more than the 3x bound on a
 running stream's gap. Here the prompt's rows join the decode rows in every projection and MLP
 matmul of one forward pass; only attention runs per batch, each against its own KV cache.
 
@@ -10,21 +9,20 @@ How it plugs into mlx-lm's `BatchGenerator` (0.32): the prompt batch's `prompt(t
 chunk instead of running it when a decode step will follow and the chunk fits one pass; the
 decode batch's model call then runs both. mlx-lm starts each decode step's forward pass before
 waiting for the previous one, so a carried chunk would be paid a step or two later, in a step the
-pacer would not charge for it: with that lag the pacer swung between 1 and 64 tokens a step, and
-64 tokens deep in a prompt cost ~1 s. So a step whose forward pass carries a chunk waits for that
+pacer would not charge for it, and the pacer swung between its smallest and largest chunks. So
+a step whose forward pass carries a chunk waits for that
 pass before it returns, and `paid_tokens` is exact. A kept chunk with no decode step to carry it
 (the batch emptied) runs on its own before the next step, and before the generator removes or
 extracts caches.
 
 A prompt's last token rides in the pass that carries its final chunk, and the decode batch
 starts it from that pass's logits: mlx-lm would run it in a forward pass of its own in the step
-the prompt joins, after the decode pass (beside a 7,500-token prompt on the 2-core CPU, 148 +
-118 ms, against 161 ms for one pass carrying both).
+the prompt joins, after the decode pass: two passes where one does.
 
-Deep in a long prompt not one token fits a step (at depth 7,000 a token's attention reads 322 MB
-of KV), but many tokens share those reads: 8 tokens cost 20 ms each beside a decode pass, one
-alone 63. So the pacer may spread a chunk over several passes, some of its layers in each
-(`MixedBatches.layers_per_pass`, `PromptPart`); mlx-lm is held meanwhile (`_hold_prompts`).
+Deep in a long prompt not one token fits a step (a token's attention reads the whole KV), but
+several tokens share those reads. So the pacer may spread a chunk over several passes, some of
+its layers in each (`MixedBatches.layers_per_pass`, `PromptPart`); mlx-lm is held meanwhile
+(`_hold_prompts`).
 
 The same forward pass attends the decode batch group by group when it is made of several KV
 caches (`batch_join.KVGroups`: a deep prompt joins as a group of its own rather than being copied
@@ -207,8 +205,8 @@ class MixedBatches:
         """`prompt(tokens)` of the generator's prompt batch: keep the chunk for the next decode
         step (and do mlx-lm's bookkeeping), or say no and let mlx-lm run it now. A chunk is kept
         too when this step's decode emptied the batch: it then runs alone at the start of the
-        next step, after the last tokens of this one are out (run now, it delayed a finishing
-        stream's last token by a prompt pass: 247 ms against ~140 ms steps).
+        next step, after the last tokens of this one are out (run now, it delays a finishing
+        stream's last token by a prompt pass).
 
         A chunk that leaves every prompt of the batch with only its last token also carries that
         token (`_joining_tokens`). A chunk spread over several passes holds mlx-lm's prompt
@@ -290,8 +288,8 @@ class MixedBatches:
 
     def _rows_ending(self) -> list[bool]:
         """Per decode row, whether the token this pass reads is its last (`max_tokens`): mlx-lm
-        computes a token ahead, so such a row's pass is wasted. Beside a 7,500-token prompt
-        answering one token, that pass was the stream's longest gap (171 ms, 3.0x)."""
+        computes a token ahead, so such a row's pass is wasted; beside a deep prompt answering
+        one token, that pass was a running stream's longest gap."""
         batch = self.generator._generation_batch
         return [n + 1 >= most for n, most in zip(batch._num_tokens, batch.max_tokens)]
 
@@ -347,9 +345,9 @@ class MixedBatches:
 
     def _joining_tokens(self, batch: PromptProcessingBatch) -> list[int]:
         """Each prompt's last token, if mlx-lm has only that left of every prompt in `batch`
-        (it then moves them to the decode batch in the next step, in a forward pass of their own:
-        beside a 7,500-token prompt on the 2-core CPU, a 118 ms pass after a 148 ms decode pass
-        that carried the chunk, against 161 ms for the decode pass carrying both); else []."""
+        (it then moves them to the decode batch in the next step, in a forward pass of their own
+        after the decode pass that carried the chunk, where that pass could carry both); else
+        []."""
         processing = getattr(self.generator, "_currently_processing", None) or []
         if len(processing) != len(batch.uids):
             return []
