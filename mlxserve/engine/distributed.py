@@ -77,6 +77,7 @@ class Cluster:
 
         probe, _ = load_model(_local(path), lazy=True, strict=False)
         if hasattr(probe, "shard"):
+            _check_heads_split(probe, self.size)
             groups = {"tensor_group": self.group}
         elif hasattr(probe, "model") and hasattr(probe.model, "pipeline"):
             groups = {"pipeline_group": self.group}
@@ -173,6 +174,19 @@ def follow(engine: Engine) -> int:
             engine.step()
     mx.synchronize()
     return 0
+
+
+def _check_heads_split(model, ranks: int) -> None:
+    """Tensor parallelism gives each rank a whole number of attention heads; mlx-lm's `shard`
+    does not check, and a model whose heads do not divide fails later with a shape error."""
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    if heads and (heads % ranks or kv_heads % ranks):
+        raise DistributedError(
+            f"the model's {heads} attention heads ({kv_heads} key/value heads) do not split "
+            f"evenly over {ranks} ranks: run a number of ranks that divides both"
+        )
 
 
 def _local(path: str):
