@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -58,3 +60,70 @@ def wait_healthy(url: str, timeout: float = 90) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} never became healthy")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll `condition` until it holds or `timeout` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+class BatchSizes:
+    """The batch sizes an engine runs while the block runs, sampled every 2 ms from its
+    `active_sequences` by a thread of its own. (`stats.peak_batch` is the largest since the
+    server started: other tests' batches count in it.)"""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.seen: list[int] = []
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.seen.append(self.engine.stats.active_sequences)
+            time.sleep(0.002)
+
+    def __enter__(self) -> BatchSizes:
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._watcher.join()
+
+    @property
+    def largest(self) -> int:
+        return max(self.seen, default=0)
+
+
+class BackgroundStream:
+    """A streamed completion read to its end on a thread of its own, from construction: its SSE
+    payloads (as stream_chunks) and the seconds from the request to its last byte."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        self.chunks: list[dict[str, Any] | str] = []
+        self.elapsed_s = 0.0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(url, body), daemon=True)
+        self._thread.start()
+
+    def _read(self, url: str, body: dict[str, Any]) -> None:
+        started = time.monotonic()
+        try:
+            with httpx.Client(base_url=url, timeout=None) as http:
+                self.chunks = stream_chunks(http, **body)
+        except BaseException as error:  # raised again in the test, by join
+            self._error = error
+        self.elapsed_s = time.monotonic() - started
+
+    def join(self, timeout: float = 280) -> BackgroundStream:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the stream still runs after {timeout} s"
+        if self._error is not None:
+            raise self._error
+        return self

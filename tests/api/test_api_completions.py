@@ -12,8 +12,10 @@ PROMPT = "def add(a, b):\n    return"
 
 
 def test_openai_client_gets_openai_shape(client, tokenizer):
+    # A prompt no other test sends: whatever ran before on this server, it is not cached whole.
+    prompt = "def openai_shape_check(a, b):\n    return"
     result = client.completions.create(
-        model="tiny", prompt=PROMPT, max_tokens=5, extra_body={"ignore_eos": True}
+        model="tiny", prompt=prompt, max_tokens=5, extra_body={"ignore_eos": True}
     )
     assert result.id.startswith("cmpl-")
     assert result.object == "text_completion"
@@ -22,7 +24,7 @@ def test_openai_client_gets_openai_shape(client, tokenizer):
     assert len(result.choices) == 1
     choice = result.choices[0]
     assert choice.index == 0 and choice.finish_reason == "length" and choice.text
-    prompt_tokens = len(tokenizer.encode(PROMPT))
+    prompt_tokens = len(tokenizer.encode(prompt))
     assert result.usage.prompt_tokens == prompt_tokens
     assert result.usage.completion_tokens == 5
     assert result.usage.total_tokens == prompt_tokens + 5

@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from ..helpers import complete, texts
+from ..helpers import BatchSizes, complete, texts
 
 PROMPT = "for i in range(10):\n   "
 SAMPLED = dict(prompt=PROMPT, max_tokens=40, temperature=1.0, seed=21, ignore_eos=True)
@@ -81,11 +81,11 @@ def test_dry_penalty_last_n_zero_is_off(http):
 def test_every_sampler_together_in_one_batch_equals_each_alone(http, server):
     requests = [dict(SAMPLED, seed=s, **SETTINGS[name]) for s, name in enumerate(sorted(SETTINGS))]
     alone = [texts(complete(http, **r)) for r in requests]
-    server.engine.stats.peak_batch = 0
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(lambda r: texts(complete(http, **r)), requests))
+    with BatchSizes(server.engine) as batch:
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda r: texts(complete(http, **r)), requests))
     assert together == alone
-    assert server.engine.stats.peak_batch >= 3
+    assert batch.largest >= 3, batch.largest
 
 
 def repeated_ngrams(tokens: list[str], n: int) -> int:
@@ -110,8 +110,13 @@ def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
     body = dict(
         prompt=REPETITIVE, max_tokens=200, temperature=0.7, seed=5, ignore_eos=True, logprobs=0
     )
-    plain = complete(smollm2, **body)["choices"][0]["logprobs"]["tokens"]
-    dry = complete(smollm2, **body, dry_multiplier=0.8)["choices"][0]["logprobs"]["tokens"]
+
+    def tokens(**extra) -> list[str]:
+        return complete(smollm2, **body, **extra)["choices"][0]["logprobs"]["tokens"]
+
+    # Side by side: one batch (a sequence's tokens are its own in a batch or alone).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        plain, dry = pool.map(lambda extra: tokens(**extra), [{}, {"dry_multiplier": 0.8}])
     print(
         f"repeated 4-grams in 200 tokens: {repeated_ngrams(plain, 4)} plain, "
         f"{repeated_ngrams(dry, 4)} with DRY 0.8"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from ..helpers import complete, texts
+from ..helpers import BatchSizes, complete, texts
 
 PROMPT = "for i in range(10):\n   "
 
@@ -178,12 +178,13 @@ def test_seed_gives_the_same_text_alone_or_beside_other_requests(http, server):
         )
         for i in range(3)
     ]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(complete, http, **o) for o in others]
-        together = pool.submit(complete, http, **body)
-        concurrent.futures.wait(futures)
-        assert texts(together.result()) == alone
-    assert server.engine.stats.peak_batch >= 2
+    with BatchSizes(server.engine) as batch:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(complete, http, **o) for o in others]
+            together = pool.submit(complete, http, **body)
+            concurrent.futures.wait(futures)
+            assert texts(together.result()) == alone
+    assert batch.largest >= 2, batch.largest
 
 
 def test_top_p_and_min_p_narrow_the_choice(http):

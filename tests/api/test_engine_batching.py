@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from ..helpers import stream_chunks, streamed_texts
+from ..helpers import BatchSizes, stream_chunks, streamed_texts
 
 SETTINGS = [
     {"temperature": 0.9, "top_k": 40},
@@ -44,19 +42,9 @@ def run(url: str, i: int) -> dict[int, str]:
 
 def test_sixteen_concurrent_streams_match_their_solo_runs(server):
     solo = [run(server.url, i) for i in range(len(SETTINGS))]
-    seen, done = [], threading.Event()
-
-    def watch() -> None:  # the batch sizes the engine runs while the requests are in flight
-        while not done.is_set():
-            seen.append(server.engine.stats.active_sequences)
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    with ThreadPoolExecutor(len(SETTINGS)) as pool:
-        together = list(pool.map(lambda i: run(server.url, i), range(len(SETTINGS))))
-    done.set()
-    watcher.join()
+    with BatchSizes(server.engine) as batch:
+        with ThreadPoolExecutor(len(SETTINGS)) as pool:
+            together = list(pool.map(lambda i: run(server.url, i), range(len(SETTINGS))))
     for i, (alone, batched) in enumerate(zip(solo, together)):
         assert batched == alone, f"request {i} ({SETTINGS[i]}) differs in a batch"
-    assert max(seen) >= 4, max(seen)  # they did run side by side
+    assert batch.largest >= 4, batch.largest  # they did run side by side
