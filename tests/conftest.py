@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -9,15 +11,25 @@ import pytest
 from mlxserve.platform import reexec_for_cpu
 from mlxserve.tiny_model import build_tiny_model
 
-from .live_server import LiveServer
+from .helpers import BackgroundStream
+from .live_server import LiveServers
 
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SMOLLM2 = "smollm2-135m-instruct-4bit"
+SMOLLM2_ID = "SmolLM2"  # in the ids of the tests on it, for pytest_xdist_make_scheduler
+# Modules whose tests share one worker under `--dist loadgroup`: their module fixtures are dear.
+ONE_WORKER_MODULES = {"tests/system/test_distributed.py"}  # the ring probe (mlx.launch)
+
+# Over Quart's 60 s default; MLXSERVE_LONG_STREAM_SECONDS=190 makes it the 3-minute check.
+LONG_STREAM_SECONDS = float(os.environ.get("MLXSERVE_LONG_STREAM_SECONDS", "65"))
+LONG_STREAM_TEST = "test_a_stream_longer_than_a_minute_ends_with_done"
 
 
 def pytest_configure(config):
     """Run MLX as `mlxserve serve` runs it: re-executed once under OpenBLAS (and huge pages)
     where installed; nothing changes on macOS or with MLXSERVE_PORTABLE=1. Output capture is
-    stopped first, so the new process writes to the terminal, not to this one's capture files."""
+    stopped first, so the new process writes to the terminal, not to this one's capture files.
+    pytest-xdist's workers inherit the new environment, so they are not re-executed again."""
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.stop_global_capturing()
@@ -26,9 +38,54 @@ def pytest_configure(config):
         capture.start_global_capturing()
 
 
+def pytest_collection_modifyitems(items):
+    """The tests on SmolLM2 run one after the other, the long stream last: the minute it streams
+    in the background (it starts with the server, see smollm2_server) overlaps the others on
+    that server, and no test of another server's memory or timing."""
+    on_smollm2 = [item for item in items if "smollm2_server" in item.fixturenames]
+    if not on_smollm2:
+        return
+    first = items.index(on_smollm2[0])
+    others = [item for item in items if item not in on_smollm2]
+    on_smollm2.sort(key=lambda item: item.originalname == LONG_STREAM_TEST)
+    items[:] = others[:first] + on_smollm2 + others[first:]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: tests go one by one to whichever worker is free, except those that
+    must share a worker: the tests on SmolLM2 (one load, and the long stream beside them), and
+    ONE_WORKER_MODULES. pytest-xdist's own loadgroup reads `xdist_group` marks from the node
+    ids, which pytest 9.2 no longer lets it rename (pytest-xdist issue 1386); the SmolLM2
+    tests carry the model's id instead (the smollm2_server fixture's parameter)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkers(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.endswith("]") and SMOLLM2_ID in nodeid.rpartition("[")[2][:-1].split("-"):
+                return SMOLLM2_ID
+            module = nodeid.partition("::")[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return SharedWorkers(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tiny_model) -> Path:
+    """The session's tiny model, a second one (other weights) beside it, and a broken one."""
+    build_tiny_model(tiny_model.parent / "tiny2", seed=1)
+    broken = tiny_model.parent / "broken"
+    broken.mkdir(exist_ok=True)
+    (broken / "config.json").write_text((tiny_model / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    return tiny_model.parent
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +107,32 @@ def tiny_lm(tiny_model):
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model):
-    with LiveServer(str(tiny_model)) as live:
-        yield live
+def live_servers():
+    """Every in-process server of the session; the shared ones are stopped at its end."""
+    servers = LiveServers()
+    yield servers
+    servers.stop_all()
+
+
+@pytest.fixture
+def live_server(live_servers):
+    """`live_server(model, **settings)`: the session's server for that model and those settings,
+    started on first use and shared with every test asking for the same, which must leave it as
+    it found it. `live_server(model, own=True, **settings)`: a fresh one for this test alone,
+    stopped when it ends, for a test that switches or unloads models, drains or stops it."""
+    with ExitStack() as own_servers:
+
+        def start(model, own: bool = False, **settings):
+            if own:
+                return own_servers.enter_context(live_servers.own(model, **settings))
+            return live_servers.shared(model, **settings)
+
+        yield start
+
+
+@pytest.fixture(scope="session")
+def server(live_servers, tiny_model):
+    return live_servers.shared(tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -71,12 +151,32 @@ def http(server):
         yield c
 
 
-@pytest.fixture(scope="session")
-def smollm2_server():
+@pytest.fixture(scope="session", params=[pytest.param(SMOLLM2, id=SMOLLM2_ID)])
+def smollm2_server(live_servers, request):
     """SmolLM2-135M from ../shared/models, served once for every test that needs a real model:
-    a load (float32 widening, calibration) took ~33 s of a CI run, and four modules use it."""
-    with LiveServer(str(shared_model("smollm2-135m-instruct-4bit"))) as live:
-        yield live
+    a load (float32 widening, calibration) takes seconds of both cores, and several modules use
+    it. Where the session runs the long stream, that starts now, beside the tests that follow.
+    The model is the fixture's parameter so that its name is in these tests' ids, where
+    pytest_xdist_make_scheduler finds them."""
+    live = live_servers.shared(shared_model(request.param))
+    if any(item.originalname == LONG_STREAM_TEST for item in request.session.items):
+        request.getfixturevalue("long_stream")
+    return live
+
+
+@pytest.fixture(scope="session")
+def long_stream(live_servers) -> BackgroundStream:
+    """A greedy stream on SmolLM2 that ends LONG_STREAM_SECONDS after its first token (llama.cpp's
+    t_max_predict_ms, once a line break was written), however busy the machine is meanwhile."""
+    url = live_servers.shared(shared_model(SMOLLM2)).url
+    body = {
+        "prompt": "A shopping list:\n-",  # a line break within a few tokens
+        "max_tokens": -1,  # until the context is full: the time limit comes first
+        "ignore_eos": True,
+        "temperature": 0,
+        "t_max_predict_ms": int(LONG_STREAM_SECONDS * 1000),
+    }
+    return BackgroundStream(url, body)
 
 
 def shared_model(name: str) -> Path:

@@ -7,9 +7,17 @@ engine thread on a real MLX model, real sockets, real HTTP.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import functools
+import itertools
 import socket
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -17,11 +25,44 @@ from mlxserve.engine import Engine
 from mlxserve.server import run
 from mlxserve.settings import Settings
 
+# Ports below Linux's ephemeral range (32768-60999), so no client socket takes one between the
+# check and the server's bind, in blocks: each test process (pytest-xdist workers, the portable
+# pass, a colleague's run) holds a lock on a block of its own for as long as it runs.
+PORTS_FROM = 20_000
+PORT_BLOCKS = 12
+PORTS_PER_BLOCK = 1_000
+# mlx.launch's ring takes `--starting-port` and the ports after it, one per rank.
+PORT_STRIDE = 10
+_port_slots = itertools.count()
+
+
+@functools.cache
+def _port_block() -> tuple[int, IO]:
+    """The first port of a block no other process holds, and the open lock file holding it."""
+    for block in range(PORT_BLOCKS):
+        # Left open: the lock lasts as long as this process.
+        lock = open(Path(tempfile.gettempdir()) / f"mlxserve-test-ports-{block}.lock", "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        return PORTS_FROM + block * PORTS_PER_BLOCK, lock
+    raise RuntimeError(f"all {PORT_BLOCKS} blocks of test ports are held by other processes")
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that no other test process will pick."""
+    base, _ = _port_block()
+    for _ in range(PORTS_PER_BLOCK // PORT_STRIDE):
+        port = base + next(_port_slots) * PORT_STRIDE % PORTS_PER_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {base}-{base + PORTS_PER_BLOCK - 1}")
 
 
 class LiveServer:
@@ -68,3 +109,28 @@ class LiveServer:
             self._loop.call_soon_threadsafe(self._shutdown.set)
         self._thread.join(15)
         self.engine.stop()
+
+
+class LiveServers:
+    """Every LiveServer of a test session. `shared`: one per model and settings, started on first
+    use and kept to the end, for tests that leave the server as they found it; `own`: a fresh one
+    for a test that changes server state (switches or unloads models, drains, stops)."""
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple, LiveServer] = {}
+
+    def shared(self, model, **settings) -> LiveServer:
+        key = (str(model), frozenset(settings.items()))
+        if key not in self._shared:
+            self._shared[key] = LiveServer(str(model), **settings).__enter__()
+        return self._shared[key]
+
+    @contextmanager
+    def own(self, model, **settings) -> Iterator[LiveServer]:
+        with LiveServer(str(model), **settings) as live:
+            yield live
+
+    def stop_all(self) -> None:
+        for live in self._shared.values():
+            live.__exit__(None, None, None)
+        self._shared.clear()

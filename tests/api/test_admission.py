@@ -6,14 +6,12 @@ import httpx
 import pytest
 
 from ..helpers import complete
-from ..live_server import LiveServer
 
 
-@pytest.fixture(scope="module")
-def small_server(tiny_model):
+@pytest.fixture
+def small_server(live_server, tiny_model):
     # The tiny model's KV takes 512 bytes a token: a budget of 300 tokens, and no queue.
-    with LiveServer(str(tiny_model), kv_budget_bytes=300 * 512, max_queued_sequences=0) as live:
-        yield live
+    return live_server(tiny_model, kv_budget_bytes=300 * 512, max_queued_sequences=0)
 
 
 def test_a_request_over_the_kv_budget_is_a_clear_400_and_serving_goes_on(small_server):

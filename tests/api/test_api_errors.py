@@ -10,7 +10,6 @@ import openai
 import pytest
 
 from ..helpers import complete, error_of
-from ..live_server import LiveServer
 
 LONG_PROMPT_IDS = [1] + [300] * 1999  # 2000 tokens of a 2048-token context
 
@@ -203,27 +202,26 @@ def test_truncate_prompt_tokens_keeps_the_last_n(http):
     assert result["usage"]["prompt_tokens"] == 10
 
 
-def test_api_key_is_required_everywhere_but_health(tiny_model):
-    with LiveServer(str(tiny_model), api_key="s3cret") as live:
-        with httpx.Client(base_url=live.url) as http:
-            assert http.get("/health").status_code == 200
-            body = {"prompt": "x", "max_tokens": 1}
-            assert error_of(http.post("/v1/completions", json=body), 401)["code"] == (
-                "missing_api_key"
-            )
-            wrong = {"Authorization": "Bearer nope"}
-            error_of(http.post("/v1/completions", json=body, headers=wrong), 401)
-            error_of(http.get("/v1/models", headers=wrong), 401)
-            for path in ("/infill", "/completion", "/admin/load", "/admin/unload"):
-                error_of(http.post(path, json=body), 401)
-            error_of(http.get("/admin/status"), 401)
-            ok = http.post("/v1/completions", json=body, headers={"X-Api-Key": "s3cret"})
-            assert ok.status_code == 200
-        assert_refusals_keep_the_connection(live.settings.port)
-        client = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
-        assert client.completions.create(model="tiny", prompt="x", max_tokens=1).choices
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=live.url + "/v1", api_key="bad", max_retries=0).models.list()
+def test_api_key_is_required_everywhere_but_health(live_server, tiny_model):
+    live = live_server(tiny_model, api_key="s3cret")
+    with httpx.Client(base_url=live.url) as http:
+        assert http.get("/health").status_code == 200
+        body = {"prompt": "x", "max_tokens": 1}
+        missing = error_of(http.post("/v1/completions", json=body), 401)
+        assert missing["code"] == "missing_api_key"
+        wrong = {"Authorization": "Bearer nope"}
+        error_of(http.post("/v1/completions", json=body, headers=wrong), 401)
+        error_of(http.get("/v1/models", headers=wrong), 401)
+        for path in ("/infill", "/completion", "/admin/load", "/admin/unload"):
+            error_of(http.post(path, json=body), 401)
+        error_of(http.get("/admin/status"), 401)
+        ok = http.post("/v1/completions", json=body, headers={"X-Api-Key": "s3cret"})
+        assert ok.status_code == 200
+    assert_refusals_keep_the_connection(live.settings.port)
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=1).choices
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=live.url + "/v1", api_key="bad", max_retries=0).models.list()
 
 
 def assert_refusals_keep_the_connection(port: int) -> None:
@@ -250,17 +248,15 @@ def assert_refusals_keep_the_connection(port: int) -> None:
             assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" not in answer.lower()
 
 
-def test_503_while_the_model_loads(tiny_model):
-    with LiveServer(str(tiny_model), start_engine=False) as live:
-        with httpx.Client(base_url=live.url) as http:
-            health = http.get("/health")
-            assert health.status_code == 503 and health.json()["status"] in ("starting", "loading")
-            response = http.post("/v1/completions", json={"prompt": "x"})
-            assert error_of(response, 503)["code"] == "model_loading"
-            assert response.headers["Retry-After"] == "1"
-            live.engine.start()
-            assert live.engine.wait_ready(30)
-            assert (
-                http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code
-                == 200
-            )
+def test_503_while_the_model_loads(live_server, tiny_model):
+    live = live_server(tiny_model, own=True, start_engine=False)  # it starts the engine
+    with httpx.Client(base_url=live.url) as http:
+        health = http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] in ("starting", "loading")
+        response = http.post("/v1/completions", json={"prompt": "x"})
+        assert error_of(response, 503)["code"] == "model_loading"
+        assert response.headers["Retry-After"] == "1"
+        live.engine.start()
+        assert live.engine.wait_ready(30)
+        ready = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert ready.status_code == 200

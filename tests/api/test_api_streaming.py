@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
-import math
-import os
 import time
 
 import httpx
 import pytest
 
-from ..helpers import complete, stream_chunks, streamed_texts, texts
+from ..conftest import LONG_STREAM_SECONDS
+from ..helpers import BatchSizes, complete, stream_chunks, streamed_texts, texts, wait_until
 
 PROMPT = "def main():\n    "
 
@@ -97,17 +96,6 @@ def test_stop_string_is_never_split_across_chunks(http):
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
 
 
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
-# Over Quart's 60 s default; MLXSERVE_LONG_STREAM_SECONDS=190 makes it the 3-minute check.
-LONG_STREAM_SECONDS = float(os.environ.get("MLXSERVE_LONG_STREAM_SECONDS", "75"))
 LONG = dict(prompt=PROMPT, max_tokens=-1, ignore_eos=True, n=8)  # 8 x ~2040 tokens: seconds
 
 
@@ -147,38 +135,19 @@ def test_concurrent_streams_are_batched_and_all_finish(server):
             assert chunks[-1] == "[DONE]"
             return streamed_texts(chunks)[0]
 
-    before = server.engine.stats.peak_batch
-    server.engine.stats.peak_batch = 0
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, range(8)))
+    with BatchSizes(server.engine) as batch:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
     assert len(set(results)) == 8
-    assert server.engine.stats.peak_batch >= 4
-    server.engine.stats.peak_batch = max(before, server.engine.stats.peak_batch)
-
-
-def decode_rate(http: httpx.Client, tokens: int) -> float:
-    """Tokens per second of one stream, first to last chunk (prefill left out)."""
-    stamps = []
-    body = {"prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True, "stream": True}
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                stamps.append(time.monotonic())
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    assert batch.largest >= 4, batch.largest
 
 
 @pytest.mark.slow
-def test_a_stream_longer_than_a_minute_ends_with_done(smollm2_server):
+def test_a_stream_longer_than_a_minute_ends_with_done(smollm2_server, long_stream):
     """Quart cuts responses at 60 s by default (RESPONSE_TIMEOUT): ours must run to [DONE].
-    SmolLM2 at ~7 tokens/s here: a slow, real stream."""
-    with httpx.Client(base_url=smollm2_server.url, timeout=None) as http:
-        rate = decode_rate(http, tokens=24)
-        max_tokens = math.ceil(rate * LONG_STREAM_SECONDS)
-        start = time.monotonic()
-        chunks = stream_chunks(
-            http, prompt="Once upon a time", max_tokens=max_tokens, ignore_eos=True, temperature=0
-        )
-        elapsed = time.monotonic() - start
+    A real model's stream, begun with the SmolLM2 server (conftest.py) and ended by time."""
+    stream = long_stream.join()
+    elapsed = stream.elapsed_s
     assert elapsed > max(61, 0.8 * LONG_STREAM_SECONDS), f"the stream took only {elapsed:.0f} s"
-    assert chunks[-1] == "[DONE]"
-    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert stream.chunks[-1] == "[DONE]"
+    assert stream.chunks[-2]["choices"][0]["finish_reason"] == "length"

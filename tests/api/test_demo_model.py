@@ -9,8 +9,6 @@ import pytest
 
 from mlxserve.settings import DEFAULT_MODEL
 
-from ..live_server import LiveServer
-
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>")
 BEFORE = "def add(a, b):\n"
 AFTER = "\n\n\nprint(add(1, 2))\n"
@@ -18,13 +16,12 @@ AFTER = "\n\n\nprint(add(1, 2))\n"
 INFILL = {"max_tokens": 64, "temperature": 0, "stop": ["\n"]}
 
 
-@pytest.fixture(scope="module")
-def demo_server():
-    with LiveServer(str(DEFAULT_MODEL)) as live:
-        yield live
+@pytest.fixture
+def demo_server(live_server):
+    return live_server(DEFAULT_MODEL)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def demo_client(demo_server) -> openai.OpenAI:
     return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused", max_retries=0)
 

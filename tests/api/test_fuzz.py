@@ -20,8 +20,6 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from mlxserve.settings import DEFAULT_MODEL, Limits
 
-from ..live_server import LiveServer
-
 FUZZ_LIMITS = Limits(
     max_body_bytes=256 * 1024,
     max_tokens=16,
@@ -48,9 +46,10 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def api_schema():
-    """The demo model: it has fill-in-the-middle tokens, so `suffix` and /infill run for real."""
-    with LiveServer(str(DEFAULT_MODEL), limits=FUZZ_LIMITS) as live:
+def api_schema(live_servers):
+    """The demo model: it has fill-in-the-middle tokens, so `suffix` and /infill run for real.
+    A server of this module's own: the fuzzer loads and unloads models through /admin."""
+    with live_servers.own(DEFAULT_MODEL, limits=FUZZ_LIMITS) as live:
         schema = schemathesis.openapi.from_url(live.url + "/openapi.json")
         schema.config.update(base_url=live.url)
         yield schema

@@ -13,8 +13,6 @@ import pytest
 
 from mlxserve.settings import DEFAULT_MODEL
 
-from ..live_server import LiveServer
-
 PREFIX = "import math\n\n\ndef area(radius):\n"
 SUFFIX = "\n\n\nprint(area(2.0))\n"
 EXTRA = [
@@ -26,10 +24,9 @@ EXTRA = [
 ]
 
 
-@pytest.fixture(scope="module")
-def demo():
-    with LiveServer(str(DEFAULT_MODEL)) as live:
-        yield live
+@pytest.fixture
+def demo(live_server):
+    return live_server(DEFAULT_MODEL)
 
 
 @pytest.fixture

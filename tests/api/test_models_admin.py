@@ -10,22 +10,7 @@ import time
 import httpx
 import pytest
 
-from mlxserve.tiny_model import build_tiny_model
-
-from ..live_server import LiveServer
-
 PROMPT = "def main():\n"
-
-
-@pytest.fixture(scope="module")
-def models_dir(tiny_model):
-    """The session's tiny model and a second one (other weights) side by side, and a broken one."""
-    build_tiny_model(tiny_model.parent / "tiny2", seed=1)
-    broken = tiny_model.parent / "broken"
-    broken.mkdir(exist_ok=True)
-    (broken / "config.json").write_text((tiny_model / "config.json").read_text())
-    (broken / "model.safetensors").write_bytes(b"not safetensors")
-    return tiny_model.parent
 
 
 def greedy(http, max_tokens=8, **extra):
@@ -45,10 +30,10 @@ def wait_for(http, state, timeout=60):
     raise AssertionError(f"never {state}: {status}")
 
 
-def test_models_lists_the_registry_with_facts_from_disk(tiny_model, models_dir):
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),)) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+def test_models_lists_the_registry_with_facts_from_disk(live_server, tiny_model, tiny_models_dir):
+    live = live_server(tiny_model, models_dirs=(str(tiny_models_dir),))
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert models["tiny"]["loaded"] is True and models["tiny2"]["loaded"] is False
     assert "broken" not in models or models["broken"]["loaded"] is False
     tiny2 = models["tiny2"]
@@ -57,96 +42,98 @@ def test_models_lists_the_registry_with_facts_from_disk(tiny_model, models_dir):
     assert models["mlxserve-demo-coder"]["fim"] == "starcoder"
 
 
-def test_unknown_names_and_paths_are_404_everywhere(tiny_model, models_dir):
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),), allow_switch=True) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            for name in ("gpt-9", str(models_dir / "tiny2"), "/etc", "../shared/models/x"):
-                response = http.post("/admin/load", json={"model": name})
-                assert response.status_code == 404, name
-                assert response.json()["error"]["code"] == "model_not_found"
-                response = http.post("/v1/completions", json={"prompt": "x", "model": name})
-                assert response.status_code == 404, name
-            assert http.get("/admin/status").json()["model"] == "tiny"
+def test_unknown_names_and_paths_are_404_everywhere(live_server, tiny_model, tiny_models_dir):
+    live = live_server(tiny_model, models_dirs=(str(tiny_models_dir),), allow_switch=True)
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        for name in ("gpt-9", str(tiny_models_dir / "tiny2"), "/etc", "../shared/models/x"):
+            response = http.post("/admin/load", json={"model": name})
+            assert response.status_code == 404, name
+            assert response.json()["error"]["code"] == "model_not_found"
+            response = http.post("/v1/completions", json={"prompt": "x", "model": name})
+            assert response.status_code == 404, name
+        assert http.get("/admin/status").json()["model"] == "tiny"
 
 
-def test_a_switch_lets_the_request_in_flight_finish_on_the_old_model(tiny_model, models_dir):
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),)) as live:
-        with httpx.Client(base_url=live.url, timeout=120) as http:
-            old_text = greedy(http, max_tokens=200)["choices"][0]["text"]
-            chunks: list[dict] = []
+def test_a_switch_lets_the_request_in_flight_finish_on_the_old_model(
+    live_server, tiny_model, tiny_models_dir
+):
+    live = live_server(tiny_model, own=True, models_dirs=(str(tiny_models_dir),))
+    with httpx.Client(base_url=live.url, timeout=120) as http:
+        old_text = greedy(http, max_tokens=200)["choices"][0]["text"]
+        chunks: list[dict] = []
 
-            def stream() -> None:
-                body = {
-                    "prompt": PROMPT,
-                    "max_tokens": 200,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "stream": True,
-                }
-                with httpx.Client(base_url=live.url, timeout=120) as own:
-                    with own.stream("POST", "/v1/completions", json=body) as response:
-                        for line in response.iter_lines():
-                            if line.startswith("data: {"):
-                                chunks.append(json.loads(line[6:]))
+        def stream() -> None:
+            body = {
+                "prompt": PROMPT,
+                "max_tokens": 200,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            with httpx.Client(base_url=live.url, timeout=120) as own:
+                with own.stream("POST", "/v1/completions", json=body) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data: {"):
+                            chunks.append(json.loads(line[6:]))
 
-            streaming = threading.Thread(target=stream)
-            streaming.start()
-            while not chunks:
-                time.sleep(0.01)
-            switched = http.post("/admin/load", json={"model": "tiny2"})
-            assert switched.status_code == 202
-            # New requests meanwhile: refused while the old model finishes and the new loads.
-            status = http.get("/admin/status").json()
-            assert status["state"] in ("ready", "loading", "unloaded")
-            streaming.join(120)
-            assert "".join(c["choices"][0]["text"] for c in chunks) == old_text
-            assert chunks[-1]["model"] == "tiny"
-            wait_for(http, "ready")
-            after = greedy(http, max_tokens=200)
-            assert after["model"] == "tiny2" and after["choices"][0]["text"] != old_text
-            models = {m["id"]: m["loaded"] for m in http.get("/v1/models").json()["data"]}
-            assert models["tiny2"] is True and models["tiny"] is False
-
-
-def test_a_failed_switch_keeps_serving_the_previous_model(tiny_model, models_dir):
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),)) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            if "broken" not in [m["id"] for m in http.get("/v1/models").json()["data"]]:
-                pytest.skip("the registry did not list the broken folder")
-            assert http.post("/admin/load", json={"model": "broken"}).status_code == 202
-            greedy(http)  # waits for the switch to end, then runs on the previous model
-            status = wait_for(http, "ready")
-            assert status["model"] == "tiny" and "broken" in status["load_error"]
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        while not chunks:
+            time.sleep(0.01)
+        switched = http.post("/admin/load", json={"model": "tiny2"})
+        assert switched.status_code == 202
+        # New requests meanwhile: refused while the old model finishes and the new loads.
+        status = http.get("/admin/status").json()
+        assert status["state"] in ("ready", "loading", "unloaded")
+        streaming.join(120)
+        assert "".join(c["choices"][0]["text"] for c in chunks) == old_text
+        assert chunks[-1]["model"] == "tiny"
+        wait_for(http, "ready")
+        after = greedy(http, max_tokens=200)
+        assert after["model"] == "tiny2" and after["choices"][0]["text"] != old_text
+        models = {m["id"]: m["loaded"] for m in http.get("/v1/models").json()["data"]}
+        assert models["tiny2"] is True and models["tiny"] is False
 
 
-def test_a_request_may_switch_only_with_allow_switch(tiny_model, models_dir):
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),)) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            response = http.post("/v1/completions", json={"prompt": "x", "model": "tiny2"})
-            assert response.status_code == 400
-            assert response.json()["error"]["code"] == "model_not_loaded"
-    with LiveServer(str(tiny_model), models_dirs=(str(models_dir),), allow_switch=True) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            assert greedy(http, model="tiny2")["model"] == "tiny2"
-            assert greedy(http, model="tiny")["model"] == "tiny"
+def test_a_failed_switch_keeps_serving_the_previous_model(live_server, tiny_model, tiny_models_dir):
+    live = live_server(tiny_model, own=True, models_dirs=(str(tiny_models_dir),))
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        if "broken" not in [m["id"] for m in http.get("/v1/models").json()["data"]]:
+            pytest.skip("the registry did not list the broken folder")
+        assert http.post("/admin/load", json={"model": "broken"}).status_code == 202
+        greedy(http)  # waits for the switch to end, then runs on the previous model
+        status = wait_for(http, "ready")
+        assert status["model"] == "tiny" and "broken" in status["load_error"]
 
 
-def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(tiny_model):
-    with LiveServer(str(tiny_model), idle_unload_s=0.5) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as http:
-            first = greedy(http)
-            loaded_memory = http.get("/admin/status").json()["memory_bytes"]
-            status = wait_for(http, "unloaded")
-            # MLX's counter is the process's (other test servers share it): the weights go.
-            weights = (tiny_model / "model.safetensors").stat().st_size
-            assert loaded_memory - status["memory_bytes"] >= 0.9 * weights
-            assert live.engine.loaded is None
-            again = greedy(http)  # waits for the reload
-            assert again["choices"][0]["text"] == first["choices"][0]["text"]
-            assert live.engine.loads == 2
-            assert http.post("/admin/unload").status_code == 202
-            wait_for(http, "unloaded")
-            assert greedy(http)["choices"][0]["text"] == first["choices"][0]["text"]
+def test_a_request_may_switch_only_with_allow_switch(live_server, tiny_model, tiny_models_dir):
+    models_dirs = (str(tiny_models_dir),)
+    with httpx.Client(base_url=live_server(tiny_model, models_dirs=models_dirs).url) as http:
+        response = http.post("/v1/completions", json={"prompt": "x", "model": "tiny2"})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "model_not_loaded"
+    switching = live_server(tiny_model, own=True, models_dirs=models_dirs, allow_switch=True)
+    with httpx.Client(base_url=switching.url, timeout=60) as http:
+        assert greedy(http, model="tiny2")["model"] == "tiny2"
+        assert greedy(http, model="tiny")["model"] == "tiny"
+
+
+def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(live_server, tiny_model):
+    live = live_server(tiny_model, own=True, idle_unload_s=0.5)
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        first = greedy(http)
+        loaded_memory = http.get("/admin/status").json()["memory_bytes"]
+        status = wait_for(http, "unloaded")
+        # MLX's counter is the process's (other test servers share it): the weights go.
+        weights = (tiny_model / "model.safetensors").stat().st_size
+        assert loaded_memory - status["memory_bytes"] >= 0.9 * weights
+        assert live.engine.loaded is None
+        again = greedy(http)  # waits for the reload
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert live.engine.loads == 2
+        assert http.post("/admin/unload").status_code == 202
+        wait_for(http, "unloaded")
+        assert greedy(http)["choices"][0]["text"] == first["choices"][0]["text"]
 
 
 def test_the_registry_rereads_a_folder_only_when_its_files_change(tiny_model, tmp_path):

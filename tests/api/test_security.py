@@ -17,7 +17,7 @@ import pytest
 from mlxserve.cli import main, read_api_key
 
 from ..helpers import error_of, wait_healthy
-from ..live_server import LiveServer, free_port
+from ..live_server import free_port
 
 ORIGIN = "http://localhost:3000"
 
@@ -53,43 +53,43 @@ def test_cors_is_off_by_default(http):
     assert "access-control-allow-origin" not in preflight.headers
 
 
-def test_cors_allows_only_the_origins_given(tiny_model):
-    with LiveServer(str(tiny_model), cors_origins=(ORIGIN,), api_key="k") as live:
-        with httpx.Client(base_url=live.url) as http:
-            # A browser's preflight carries no credentials: it must not need the key.
-            preflight = http.options(
-                "/v1/completions",
-                headers={
-                    "Origin": ORIGIN,
-                    "Access-Control-Request-Method": "POST",
-                    "Access-Control-Request-Headers": "authorization, content-type",
-                },
-            )
-            assert preflight.status_code == 200
-            assert preflight.headers["access-control-allow-origin"] == ORIGIN
-            assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
-            body = {"prompt": "x", "max_tokens": 1}
-            allowed = http.post(
-                "/v1/completions",
-                json=body,
-                headers={"Origin": ORIGIN, "Authorization": "Bearer k"},
-            )
-            assert allowed.status_code == 200
-            assert allowed.headers["access-control-allow-origin"] == ORIGIN
-            other = http.post(
-                "/v1/completions",
-                json=body,
-                headers={"Origin": "http://evil.example", "Authorization": "Bearer k"},
-            )
-            assert "access-control-allow-origin" not in other.headers
-            # The key is still required on the real request.
-            error_of(http.post("/v1/completions", json=body, headers={"Origin": ORIGIN}), 401)
+def test_cors_allows_only_the_origins_given(live_server, tiny_model):
+    live = live_server(tiny_model, cors_origins=(ORIGIN,), api_key="k")
+    with httpx.Client(base_url=live.url) as http:
+        # A browser's preflight carries no credentials: it must not need the key.
+        preflight = http.options(
+            "/v1/completions",
+            headers={
+                "Origin": ORIGIN,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == ORIGIN
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        body = {"prompt": "x", "max_tokens": 1}
+        allowed = http.post(
+            "/v1/completions",
+            json=body,
+            headers={"Origin": ORIGIN, "Authorization": "Bearer k"},
+        )
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == ORIGIN
+        other = http.post(
+            "/v1/completions",
+            json=body,
+            headers={"Origin": "http://evil.example", "Authorization": "Bearer k"},
+        )
+        assert "access-control-allow-origin" not in other.headers
+        # The key is still required on the real request.
+        error_of(http.post("/v1/completions", json=body, headers={"Origin": ORIGIN}), 401)
 
 
-def test_the_openapi_document_names_the_key_when_one_is_set(tiny_model):
-    with LiveServer(str(tiny_model), api_key="k") as live:
-        headers = {"Authorization": "Bearer k"}
-        document = httpx.get(live.url + "/openapi.json", headers=headers).json()
+def test_the_openapi_document_names_the_key_when_one_is_set(live_server, tiny_model):
+    live = live_server(tiny_model, api_key="k")
+    headers = {"Authorization": "Bearer k"}
+    document = httpx.get(live.url + "/openapi.json", headers=headers).json()
     assert document["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert document["security"] == [{"apiKey": []}]
 

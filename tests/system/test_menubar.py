@@ -17,17 +17,10 @@ import pytest
 
 from menubar import login, menu
 from menubar.controller import ServerController, wait_until
-from mlxserve.tiny_model import build_tiny_model
 
 from ..live_server import free_port
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model):
-    build_tiny_model(tiny_model.parent / "tiny2", seed=1)
-    return tiny_model.parent
 
 
 def controller_for(models: Path, tmp_path: Path) -> ServerController:
@@ -43,8 +36,8 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_start_switch_with_a_request_in_flight_then_stop(models, tmp_path):
-    controller = controller_for(models, tmp_path)
+def test_start_switch_with_a_request_in_flight_then_stop(tiny_models_dir, tmp_path):
+    controller = controller_for(tiny_models_dir, tmp_path)
     seen: list[str] = []
     controller.on_change(lambda snapshot: seen.append(snapshot.state))
     controller.start()
@@ -84,8 +77,8 @@ def test_start_switch_with_a_request_in_flight_then_stop(models, tmp_path):
     assert controller.snapshot.state == "stopped"
 
 
-def test_a_crashed_server_is_an_error_with_the_log_tail(models, tmp_path):
-    controller = controller_for(models, tmp_path)
+def test_a_crashed_server_is_an_error_with_the_log_tail(tiny_models_dir, tmp_path):
+    controller = controller_for(tiny_models_dir, tmp_path)
     controller.start()
     try:
         wait_until(controller, {"ready"})
@@ -100,8 +93,10 @@ def test_a_crashed_server_is_an_error_with_the_log_tail(models, tmp_path):
         controller.stop()
 
 
-def test_port_taken_by_an_mlxserve_offers_it_and_by_something_else_offers_another(models, tmp_path):
-    first = controller_for(models, tmp_path)
+def test_port_taken_by_an_mlxserve_offers_it_and_by_something_else_offers_another(
+    tiny_models_dir, tmp_path
+):
+    first = controller_for(tiny_models_dir, tmp_path)
     first.start()
     try:
         wait_until(first, {"ready"})
@@ -133,15 +128,20 @@ def test_launch_at_login_writes_and_removes_the_login_item(tmp_path):
 def display():
     if shutil.which("Xvfb") is None:
         pytest.skip("Xvfb is not installed (apt-get install xvfb): no display for the Tk menu")
-    number = 90 + os.getpid() % 9
+    # -displayfd: Xvfb takes a display number no other X server holds, and writes it once ready.
+    ready, told = os.pipe()
     server = subprocess.Popen(
-        ["Xvfb", f":{number}", "-screen", "0", "640x480x24", "-nolisten", "tcp"],
+        ["Xvfb", "-displayfd", str(told), "-screen", "0", "640x480x24", "-nolisten", "tcp"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        pass_fds=(told,),
     )
+    os.close(told)
+    with os.fdopen(ready) as answer:
+        number = answer.readline().strip()
+    assert number, "Xvfb did not start"
     previous = os.environ.get("DISPLAY")
     os.environ["DISPLAY"] = f":{number}"
-    time.sleep(0.5)
     yield f":{number}"
     if previous is None:
         os.environ.pop("DISPLAY", None)
@@ -161,12 +161,12 @@ def pump(tray, until, timeout=60.0):
     raise AssertionError(f"timed out; menu: {tray.labels()}")
 
 
-def test_the_tk_menu_starts_lists_switches_and_stops(models, tmp_path, display):
+def test_the_tk_menu_starts_lists_switches_and_stops(tiny_models_dir, tmp_path, display):
     from PIL import ImageGrab
 
     from menubar.tray import TkTray
 
-    controller = controller_for(models, tmp_path)
+    controller = controller_for(tiny_models_dir, tmp_path)
     tray = TkTray(controller)
     controller.start_polling(0.2)
     try:
