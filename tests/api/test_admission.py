@@ -7,6 +7,9 @@ import pytest
 
 from ..helpers import complete
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 
 @pytest.fixture
 def small_server(live_server, tiny_model):

@@ -9,6 +9,8 @@ import pytest
 from ..helpers import complete, texts
 
 PROMPT = "def add(a, b):\n    return"
+# 1,900 of the tiny model's 2,048 positions: "until the context is full" is 148 tokens away.
+NEAR_FULL_IDS = [1] + [401] * 1899
 
 
 def test_openai_client_gets_openai_shape(client, tokenizer):
@@ -39,9 +41,12 @@ def test_default_max_tokens_is_16(http):
 
 @pytest.mark.parametrize("until_full", [-1, None])
 def test_max_tokens_minus_one_or_null_runs_to_the_end_of_the_context(http, until_full):
-    result = complete(http, prompt=PROMPT, max_tokens=until_full, ignore_eos=True, temperature=0)
+    result = complete(
+        http, prompt=NEAR_FULL_IDS, max_tokens=until_full, ignore_eos=True, temperature=0
+    )
     usage = result["usage"]
     assert usage["total_tokens"] == 2048  # the tiny model's context window
+    assert usage["completion_tokens"] == 2048 - len(NEAR_FULL_IDS)
     assert result["choices"][0]["finish_reason"] == "length"
 
 
@@ -207,5 +212,5 @@ def test_null_means_the_default_except_for_max_tokens(http):
     }
     result = complete(http, prompt=PROMPT, max_tokens=4, ignore_eos=True, **nulls)
     assert len(result["choices"]) == 1 and result["usage"]["completion_tokens"] == 4
-    until_full = complete(http, prompt=PROMPT, max_tokens=None, ignore_eos=True, n=None)
+    until_full = complete(http, prompt=NEAR_FULL_IDS, max_tokens=None, ignore_eos=True, n=None)
     assert until_full["usage"]["total_tokens"] == 2048

@@ -11,6 +11,9 @@ import pytest
 
 from ..helpers import complete, error_of
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 LONG_PROMPT_IDS = [1] + [300] * 1999  # 2000 tokens of a 2048-token context
 
 

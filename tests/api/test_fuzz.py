@@ -20,6 +20,9 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from mlxserve.settings import DEFAULT_MODEL, Limits
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 FUZZ_LIMITS = Limits(
     max_body_bytes=256 * 1024,
     max_tokens=16,
@@ -29,7 +32,7 @@ FUZZ_LIMITS = Limits(
     grammar_timeout_s=2.0,
     request_timeout_s=5.0,
 )
-EXAMPLES_PER_ROUTE = 60  # per route and mode: 11 routes x 3 modes stay well under 2 minutes
+EXAMPLES_PER_ROUTE = 30  # per route and mode: each route with a body gets this many
 ROUTES = {
     "POST /v1/completions",
     "POST /completion",
@@ -104,7 +107,8 @@ def test_every_route_survives_fuzzing(api_schema, mode):
             assert mode == "negative" and not operation.body, operation.label
     print(mode, sorted(statuses.items()))
     sent = sum(statuses.values())
-    # Each mode really sent requests: answers, and for invalid data, refusals.
-    assert sent >= (10 if mode == "examples" else 300), statuses
+    # Each mode really sent requests: answers, and for invalid data, refusals (at least the full
+    # count to each of the five routes with a body).
+    assert sent >= (10 if mode == "examples" else 5 * EXAMPLES_PER_ROUTE), statuses
     completions = {s for (label, s) in statuses if label == "POST /v1/completions"}
     assert (400 in completions) if mode == "negative" else (200 in completions), statuses

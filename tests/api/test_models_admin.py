@@ -10,6 +10,9 @@ import time
 import httpx
 import pytest
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 PROMPT = "def main():\n"
 
 
