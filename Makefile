@@ -6,26 +6,35 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-fast test-portable lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
 
-# Every tier, then the engine and API tiers again as a Mac's GPU runs them (test-portable).
+# pytest-xdist: a worker a CPU. loadgroup: each test goes to whichever worker is free, except
+# the tests on SmolLM2 and test_distributed's, each kept in one worker (tests/conftest.py).
+XDIST := -n logical --dist loadgroup
+
+# Every tier, and beside it the engine and API tiers again as a Mac's GPU runs them
+# (test-portable): together they keep both cores of a small machine busy to the end. Each
+# pass's output comes out whole when it ends.
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
-	$(MAKE) --no-print-directory test-portable
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
+
+test-tiers: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(XDIST)
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest tests/unit tests/engine
+	$(BIN)/python -m pytest $(XDIST) tests/unit tests/engine
 
 # MLXSERVE_PORTABLE=1: none of the CPU backend's own paths (mlxserve/platform), so quantized
 # weights stay quantized and attention is MLX's own, as on a Mac. Real-model statistics
-# (marked slow) run once, in the pass above.
+# (marked slow) run once, in the pass above; so do the http_only modules (validation,
+# security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
-	MLXSERVE_PORTABLE=1 $(BIN)/python -m pytest tests/engine tests/api -m "not slow"
+	MLXSERVE_PORTABLE=1 $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -3,16 +3,20 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 import pytest
 
 from mlxserve.platform import reexec_for_cpu
 from mlxserve.tiny_model import build_tiny_model
 
 from .helpers import BackgroundStream
-from .live_server import LiveServers
+
+# Imported where used: pytest starts twice (pytest_configure's re-execution), and MLX, mlx-lm
+# and the openai client take seconds to import.
+if TYPE_CHECKING:
+    import openai
 
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 SMOLLM2 = "smollm2-135m-instruct-4bit"
@@ -109,6 +113,8 @@ def tiny_lm(tiny_model):
 @pytest.fixture(scope="session")
 def live_servers():
     """Every in-process server of the session; the shared ones are stopped at its end."""
+    from .live_server import LiveServers
+
     servers = LiveServers()
     yield servers
     servers.stop_all()
@@ -142,6 +148,8 @@ def tokenizer(server):
 
 @pytest.fixture
 def client(server) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
