@@ -1,0 +1,149 @@
+"""Messages -> the prompt text the model was trained on.
+
+The model's own chat template renders it (mlx-lm's TokenizerWrapper, which runs transformers'
+sandboxed Jinja); a model without one gets ChatML, as llama.cpp does, logged once. Templates that
+do not know tools or tool calls get them written in Hermes' form (see tool_prompt.py), so every
+model can be offered tools and read its earlier calls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError as JinjaError
+
+from .tool_prompt import as_plain_messages, with_tools_described
+
+log = logging.getLogger("mlxserve.chat")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CHATML_END = "<|im_end|>"
+# Names the renderer sets itself; chat_template_kwargs may not override them.
+RESERVED_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+    }
+)
+
+
+class TemplateError(ValueError):
+    """The chat template refused the messages; the message is the template's reason."""
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """What a model's template can render by itself."""
+
+    fallback: bool  # the model has none: ChatML stands in
+    tools: bool  # reads `tools`
+    tool_calls: bool  # renders assistant `tool_calls` and `tool` messages
+    developer: bool  # knows the `developer` role (else it becomes `system`)
+
+
+_infos: weakref.WeakKeyDictionary[Any, TemplateInfo] = weakref.WeakKeyDictionary()
+
+
+def template_info(tokenizer: Any) -> TemplateInfo:
+    """The template's abilities, read once per loaded tokenizer from its source text."""
+    info = _infos.get(tokenizer)
+    if info is None:
+        info = _read_template(tokenizer)
+        _infos[tokenizer] = info
+        if info.fallback:
+            log.warning("the model has no chat template; chat uses ChatML (<|im_start|> roles)")
+    return info
+
+
+def _read_template(tokenizer: Any) -> TemplateInfo:
+    if not getattr(tokenizer, "has_chat_template", False):
+        return TemplateInfo(fallback=True, tools=False, tool_calls=False, developer=False)
+    source = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):  # named templates ("default", "tool_use"): any of them
+        source = "\n".join(str(s) for s in source.values())
+    if not isinstance(source, str):  # mlx-lm's own renderer for the family: trusted whole
+        return TemplateInfo(fallback=False, tools=True, tool_calls=True, developer=True)
+    return TemplateInfo(
+        fallback=False,
+        tools="tools" in source,
+        tool_calls="tool_calls" in source,
+        developer="developer" in source,
+    )
+
+
+def render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The prompt text for `messages` (plain dicts: role, content as a string, tool_calls with
+    arguments as objects). TemplateError when the template refuses them."""
+    info = template_info(tokenizer)
+    if not info.developer:
+        messages = [_developer_as_system(m) for m in messages]
+    if tools and not info.tools:
+        messages, tools = with_tools_described(messages, tools), None
+    if not info.tool_calls:
+        messages = as_plain_messages(messages)
+    options: dict[str, Any] = dict(template_kwargs or {})
+    if info.fallback:
+        options["chat_template"] = CHATML
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **options,
+        )
+    except (JinjaError, TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+        raise TemplateError(str(error) or type(error).__name__) from error
+    if not isinstance(text, str):
+        raise TemplateError("the chat template did not render text")
+    return text
+
+
+def _developer_as_system(message: dict[str, Any]) -> dict[str, Any]:
+    return {**message, "role": "system"} if message["role"] == "developer" else message
+
+
+def prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """The rendered text's token ids: special-token text in it becomes those tokens (the template
+    wrote them), and the tokenizer's BOS leads once, whether or not the template wrote it."""
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    ends = set(getattr(tokenizer, "eos_token_ids", ()) or ())
+    leading = [t for t in tokenizer.encode("") if t not in ends]
+    if leading and ids[: len(leading)] != leading:
+        ids = leading + ids
+    return ids
+
+
+def chat_capabilities(tokenizer: Any) -> dict[str, Any]:
+    """What /v1/models says of the loaded model's chat: whose template, and how it calls tools."""
+    info = template_info(tokenizer)
+    parser = getattr(tokenizer, "tool_parser", None)
+    return {
+        "chat_template": "chatml (fallback)" if info.fallback else "model",
+        "tools": "template" if info.tools else "system prompt (hermes)",
+        "tool_parser": parser.__module__.rsplit(".", 1)[-1] if parser else "hermes/json",
+        "thinking": bool(getattr(tokenizer, "has_thinking", False)),
+    }

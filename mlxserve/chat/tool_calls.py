@@ -1,0 +1,107 @@
+"""The model's tool-call syntax read back into calls.
+
+mlx-lm infers each family's parser from the chat template (Qwen3-Coder XML, Mistral's
+[TOOL_CALLS], pythonic, GLM, Kimi, ...) and we use it as is. A model it has no parser for gets
+Hermes' <tool_call>{json}</tool_call> (the syntax tool_prompt.py teaches), and a bare JSON answer
+(Llama 3.x, or a call the grammar forced) is read as calls too.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .tool_prompt import CALL_END, CALL_START
+
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.x writes it before a call
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+    id: str
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """Where a call starts and ends in the text (end "" = at the end of the answer), and how
+    the text between becomes calls (ValueError when it does not)."""
+
+    start: str
+    end: str
+    parse: Callable[[str], list[ToolCall]]
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def syntax_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ToolSyntax:
+    """The model's own syntax where mlx-lm knows it, else Hermes'."""
+    parser = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    if parser is None or start is None:
+        return ToolSyntax(CALL_START, CALL_END, parse_json_calls)
+
+    def parse(text: str) -> list[ToolCall]:
+        try:
+            parsed = parser(text, tools)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+            raise ValueError(str(error)) from error
+        return [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])]
+
+    return ToolSyntax(start, getattr(tokenizer, "tool_call_end", "") or "", parse)
+
+
+def parse_json_calls(text: str) -> list[ToolCall]:
+    """`{"name", "arguments" | "parameters"}` or a list of them, as JSON; ValueError if the
+    text is anything else."""
+    text = text.strip()
+    if text.startswith(PYTHON_TAG):
+        text = text[len(PYTHON_TAG) :].strip()
+    try:
+        payload = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"not a JSON tool call: {error}") from error
+    calls = payload if isinstance(payload, list) else [payload]
+    if not calls:
+        raise ValueError("an empty list of tool calls")
+    return [_call(c) for c in calls]
+
+
+def _call(call: Any) -> ToolCall:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise ValueError(f"not a tool call: {call!r}")
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+        raise ValueError(f"tool call arguments must be an object, got {arguments!r}")
+    given = call.get("id")
+    return ToolCall(
+        name=call["name"],
+        arguments=json.dumps(arguments, ensure_ascii=False),
+        id=given if isinstance(given, str) and given else call_id(),
+    )
+
+
+def forced_call_schema(tools: list[dict[str, Any]], one: bool) -> dict[str, Any]:
+    """The JSON a forced call must be: one of `tools`' calls (`one`), or a list of them."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["function"]["name"]},
+                "arguments": tool["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return call if one else {"type": "array", "items": call, "minItems": 1}
