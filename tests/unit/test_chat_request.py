@@ -1,0 +1,169 @@
+"""The chat request model: completions' fields and rules inherited, chat's own fields and the
+messages' rules, each refusal naming the field; and the shared request planning is given."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxserve.api.errors import InvalidRequest
+from mlxserve.api.openai.chat_protocol import ChatCompletionRequest
+from mlxserve.api.parsing import validate
+from mlxserve.api.protocol import CompletionRequest
+from mlxserve.settings import Limits
+
+USER = [{"role": "user", "content": "Hi"}]
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return validate(ChatCompletionRequest, {"messages": USER, **fields})
+
+
+def refusal(body: dict, limits: Limits | None = None) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        validate(ChatCompletionRequest, body, limits)
+    return caught.value
+
+
+def test_defaults_are_chat_defaults():
+    body = chat()
+    assert body.max_tokens is None  # until the model ends its turn
+    assert body.generation_prompt and not body.continue_final_message
+    assert body.top_k_logprobs is None
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert chat(max_completion_tokens=5, max_tokens=7).max_tokens == 5
+    assert chat(max_tokens=7).max_tokens == 7
+
+
+def test_completions_fields_and_aliases_are_inherited():
+    body = chat(repeat_penalty=1.1, mirostat=2, samplers="kt", n_probs=3, seed=4)
+    assert body.repetition_penalty == 1.1 and body.mirostat == 2
+    assert body.samplers == ("top_k", "temperature") and body.seed == 4
+
+
+def test_the_completion_request_carries_the_prompt_ids_and_the_engine_logprobs():
+    body = chat(logprobs=True, top_logprobs=3, temperature=0, stop="x", n=2)
+    request = body.completion_request([5, 6, 7], stop=["x", "<|im_end|>"])
+    assert isinstance(request, CompletionRequest)
+    assert request.prompt == [5, 6, 7] and request.logprobs == 3
+    assert request.stop_strings == ["x", "<|im_end|>"] and request.n == 2
+    assert not request.echo and request.suffix is None and request.tools is None
+    assert chat(logprobs=True).completion_request([1]).logprobs == 0
+
+
+def test_messages_become_what_templates_read():
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "2"},
+    ]
+    body = validate(ChatCompletionRequest, {"messages": messages})
+    rendered = body.template_messages()
+    assert rendered[0] == {"role": "user", "content": "ab"}
+    assert rendered[1]["content"] == ""
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert rendered[2] == {"role": "tool", "content": "2", "tool_call_id": "c1"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"messages": []}, "messages", "at least one message"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", "Unknown role"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "is required"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].type",
+            "'image_url' is not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+            "messages[0].content[0].type",
+            "'input_audio' is not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "video"}]}]},
+            "messages[0].content[0].type",
+            "Unknown content part type",
+        ),
+        (
+            {"messages": [*USER, {"role": "tool", "tool_call_id": "c1", "content": "2"}]},
+            "messages[1].role",
+            "no assistant message with tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {"role": "assistant", "tool_calls": [CALL]},
+                    {"role": "tool", "tool_call_id": "c9", "content": "2"},
+                ]
+            },
+            "messages[2].tool_call_id",
+            "answers none of the calls",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{"}}],
+                    },
+                ]
+            },
+            "messages[1].tool_calls[0].function.arguments",
+            "is not JSON",
+        ),
+        ({"messages": USER, "prompt": "x"}, "prompt", "not a chat field"),
+        ({"messages": USER, "echo": True}, "echo", "not a chat field"),
+        ({"messages": USER, "suffix": "x"}, "suffix", "not a chat field"),
+        ({"messages": USER, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+        ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "20"),
+        (
+            {"messages": USER, "chat_template_kwargs": {"add_generation_prompt": False}},
+            "chat_template_kwargs",
+            "may not set add_generation_prompt",
+        ),
+        (
+            {"messages": USER, "continue_final_message": True},
+            "continue_final_message",
+            "assistant message last",
+        ),
+        (
+            {
+                "messages": [*USER, {"role": "assistant", "content": "x"}],
+                "continue_final_message": True,
+                "add_generation_prompt": True,
+            },
+            "add_generation_prompt",
+            "Send one of them",
+        ),
+        ({"messages": USER, "n": 2, "best_of": 1}, "best_of", "at least n"),
+        ({"messages": USER, "temperature": -1}, "temperature", "greater than or equal"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_field(body, param, says):
+    error = refusal(body)
+    assert error.param == param
+    assert says in error.message
+
+
+def test_top_logprobs_is_bounded_by_the_server():
+    error = refusal({"messages": USER, "logprobs": True, "top_logprobs": 5}, Limits(max_logprobs=4))
+    assert error.param == "top_logprobs" and "4 (this server's limit)" in error.message
+
+
+def test_continuing_the_last_message_opens_no_new_turn():
+    body = chat(
+        messages=[*USER, {"role": "assistant", "content": "Sure"}], continue_final_message=True
+    )
+    assert not body.generation_prompt
+
+
+def test_the_schema_has_chat_fields_and_no_prompt():
+    properties = ChatCompletionRequest.model_json_schema()["properties"]
+    assert {"messages", "max_completion_tokens", "top_logprobs", "tools"} <= properties.keys()
+    assert not {"prompt", "suffix", "echo"} & properties.keys()
