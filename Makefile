@@ -13,7 +13,10 @@ serve: $(VENV)/.installed
 
 # pytest-xdist: a worker a CPU. loadgroup: each test goes to whichever worker is free, except
 # the tests on SmolLM2 and test_distributed's, each kept in one worker (tests/conftest.py).
+# OpenBLAS one thread in each: the workers are the parallelism, and idle OpenBLAS threads spin
+# on cores the other workers need. (Every comparison a test makes is within one process.)
 XDIST := -n logical --dist loadgroup
+TEST_ENV := OPENBLAS_NUM_THREADS=1
 
 # Every tier, and beside it the engine and API tiers again as a Mac's GPU runs them
 # (test-portable): together they keep both cores of a small machine busy to the end. Each
@@ -23,18 +26,18 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(XDIST)
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST)
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(XDIST) tests/unit tests/engine
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/unit tests/engine
 
 # MLXSERVE_PORTABLE=1: none of the CPU backend's own paths (mlxserve/platform), so quantized
 # weights stay quantized and attention is MLX's own, as on a Mac. Real-model statistics
 # (marked slow) run once, in the pass above; so do the http_only modules (validation,
 # security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
-	MLXSERVE_PORTABLE=1 $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"
+	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -43,15 +43,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests on SmolLM2 run one after the other, the long stream last: the minute it streams
-    in the background (it starts with the server, see smollm2_server) overlaps the others on
-    that server, and no test of another server's memory or timing."""
-    on_smollm2 = [item for item in items if "smollm2_server" in item.fixturenames]
+    """The tests on SmolLM2 run one after the other: the engine tier's first, then the server's,
+    the long stream last, so that the minute it streams in the background (it starts with the
+    server, see smollm2_server) overlaps the others on that server, and no test of another
+    server's memory or timing, nor the engine tier's comparison with mlx-lm."""
+    on_smollm2 = [item for item in items if "smollm2_engine" in item.fixturenames]
     if not on_smollm2:
         return
     first = items.index(on_smollm2[0])
     others = [item for item in items if item not in on_smollm2]
-    on_smollm2.sort(key=lambda item: item.originalname == LONG_STREAM_TEST)
+    on_smollm2.sort(
+        key=lambda item: (
+            "smollm2_server" in item.fixturenames,
+            item.originalname == LONG_STREAM_TEST,
+        )
+    )
     items[:] = others[:first] + on_smollm2 + others[first:]
 
 
@@ -159,24 +165,37 @@ def http(server):
         yield c
 
 
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    """SmolLM2-135M's engine, loaded once for the engine tier's tests on it and the SmolLM2
+    server alike: in the portable pass a load takes ~45 s of a core (its prefill timing runs
+    MLX's quantized kernels)."""
+    from mlxserve.engine import Engine
+
+    engine = Engine(str(shared_model(SMOLLM2))).start()
+    assert engine.wait_ready(300), engine.error
+    yield engine
+    engine.stop()
+
+
 @pytest.fixture(scope="session", params=[pytest.param(SMOLLM2, id=SMOLLM2_ID)])
-def smollm2_server(live_servers, request):
+def smollm2_server(live_servers, smollm2_engine, request):
     """SmolLM2-135M from ../shared/models, served once for every test that needs a real model:
     a load (float32 widening, calibration) takes seconds of both cores, and several modules use
     it. Where the session runs the long stream, that starts now, beside the tests that follow.
     The model is the fixture's parameter so that its name is in these tests' ids, where
     pytest_xdist_make_scheduler finds them."""
-    live = live_servers.shared(shared_model(request.param))
+    live = live_servers.shared(shared_model(request.param), engine=smollm2_engine)
     if any(item.originalname == LONG_STREAM_TEST for item in request.session.items):
         request.getfixturevalue("long_stream")
     return live
 
 
 @pytest.fixture(scope="session")
-def long_stream(live_servers) -> BackgroundStream:
+def long_stream(live_servers, smollm2_engine) -> BackgroundStream:
     """A greedy stream on SmolLM2 that ends LONG_STREAM_SECONDS after its first token (llama.cpp's
     t_max_predict_ms, once a line break was written), however busy the machine is meanwhile."""
-    url = live_servers.shared(shared_model(SMOLLM2)).url
+    url = live_servers.shared(shared_model(SMOLLM2), engine=smollm2_engine).url
     body = {
         "prompt": "A shopping list:\n-",  # a line break within a few tokens
         "max_tokens": -1,  # until the context is full: the time limit comes first

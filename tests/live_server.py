@@ -66,15 +66,20 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, model: str, start_engine: bool = True, **settings):
+    """`engine`: serve one already started (and stopped by its owner), instead of a new one."""
+
+    def __init__(
+        self, model: str, start_engine: bool = True, engine: Engine | None = None, **settings
+    ):
         self.settings = Settings(model=model, host="127.0.0.1", port=free_port(), **settings)
-        self.engine = Engine(
+        self.own_engine = engine is None
+        self.engine = engine or Engine(
             model,
             prefix_cache_bytes=self.settings.prefix_cache_bytes,
             fim_template=self.settings.fim_template,
             idle_unload_s=self.settings.idle_unload_s,
         )
-        self.start_engine = start_engine
+        self.start_engine = start_engine and self.own_engine
         self.url = f"http://127.0.0.1:{self.settings.port}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown: asyncio.Event | None = None
@@ -110,7 +115,8 @@ class LiveServer:
         if self._loop and self._shutdown:
             self._loop.call_soon_threadsafe(self._shutdown.set)
         self._thread.join(15)
-        self.engine.stop()
+        if self.own_engine:
+            self.engine.stop()
 
 
 class LiveServers:

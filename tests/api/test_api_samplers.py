@@ -107,8 +107,9 @@ REPETITIVE = (
 
 @pytest.mark.slow
 def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
+    # 120 tokens: 11 repeated 4-grams plain, 0 with DRY here (37 and 0 in 200).
     body = dict(
-        prompt=REPETITIVE, max_tokens=200, temperature=0.7, seed=5, ignore_eos=True, logprobs=0
+        prompt=REPETITIVE, max_tokens=120, temperature=0.7, seed=5, ignore_eos=True, logprobs=0
     )
 
     def tokens(**extra) -> list[str]:
@@ -118,7 +119,7 @@ def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         plain, dry = pool.map(lambda extra: tokens(**extra), [{}, {"dry_multiplier": 0.8}])
     print(
-        f"repeated 4-grams in 200 tokens: {repeated_ngrams(plain, 4)} plain, "
+        f"repeated 4-grams in 120 tokens: {repeated_ngrams(plain, 4)} plain, "
         f"{repeated_ngrams(dry, 4)} with DRY 0.8"
     )
     assert repeated_ngrams(dry, 4) < 0.7 * repeated_ngrams(plain, 4), (

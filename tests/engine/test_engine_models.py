@@ -13,37 +13,39 @@ from mlx_lm.sample_utils import make_sampler
 from mlxserve.engine import Engine
 from mlxserve.platform import current_policy
 
-from ..conftest import shared_model
+from ..conftest import SMOLLM2, SMOLLM2_ID, shared_model
 from .test_engine import request, run, token_ids
 
 PROMPT = (1, 40, 41, 42, 43, 44, 45, 46, 47, 48)
 TOKENS = 16
 
 
-@pytest.fixture(params=["tiny", "tiny-4bit", "smollm2-4bit"])
-def model_path(request, tiny_model, tiny_model_4bit):
-    if request.param == "tiny":
-        return tiny_model
-    if request.param == "tiny-4bit":
-        return tiny_model_4bit
-    return shared_model("smollm2-135m-instruct-4bit")
+@pytest.fixture(params=["tiny", "tiny-4bit", pytest.param("smollm2", id=SMOLLM2_ID)])
+def model_engine(request, tiny_model, tiny_model_4bit):
+    """A model's folder and an engine on it, started and ready. SmolLM2's is the session's."""
+    if request.param == "smollm2":
+        yield shared_model(SMOLLM2), request.getfixturevalue("smollm2_engine")
+        return
+    path = tiny_model if request.param == "tiny" else tiny_model_4bit
+    engine = Engine(str(path)).start()
+    try:
+        assert engine.wait_ready(120), engine.error
+        yield path, engine
+    finally:
+        engine.stop()
 
 
-def test_greedy_decoding_is_mlx_lms(model_path):
+def test_greedy_decoding_is_mlx_lms(model_engine):
+    model_path, engine = model_engine
     model, tokenizer = mlx_lm.load(str(model_path))
     out = mlx_lm.stream_generate(
         model, tokenizer, mx.array(PROMPT), max_tokens=TOKENS, sampler=make_sampler(0.0)
     )
     expected = [r.token for r in out]
-    engine = Engine(str(model_path)).start()
-    try:
-        assert engine.wait_ready(120), engine.error
-        quantized = any(
-            isinstance(m, nn.QuantizedLinear) for _, m in engine.loaded.model.named_modules()
-        )
-        was_quantized = "quantization" in (model_path / "config.json").read_text()
-        assert quantized == (was_quantized and not current_policy().cpu_tricks)
-        events = run(engine, [request(prompt=PROMPT, max_tokens=TOKENS)])[0]
-    finally:
-        engine.stop()
+    quantized = any(
+        isinstance(m, nn.QuantizedLinear) for _, m in engine.loaded.model.named_modules()
+    )
+    was_quantized = "quantization" in (model_path / "config.json").read_text()
+    assert quantized == (was_quantized and not current_policy().cpu_tricks)
+    events = run(engine, [request(prompt=PROMPT, max_tokens=TOKENS)])[0]
     assert token_ids(events) == expected
