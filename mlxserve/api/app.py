@@ -17,6 +17,7 @@ from .auth import check_api_key
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import infill as llamacpp_infill
+from .openai import chat as openai_chat
 from .openai import completions as openai_completions
 
 log = logging.getLogger("mlxserve.api")
@@ -51,6 +52,7 @@ def create_app(settings: Settings, engine) -> Quart:
     for module in (
         admin,
         openai_completions,
+        openai_chat,
         health,
         metrics,
         models,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from quart import Blueprint, current_app
 
+from ..chat.templates import chat_capabilities
 from ..engine import EngineError
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound
@@ -69,6 +70,7 @@ def model_card(entry: ModelEntry | None = None) -> dict:
         card["status"] = engine.state
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length
+            card.update(chat_capabilities(engine.loaded.tokenizer))
     if entry is not None:
         card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card

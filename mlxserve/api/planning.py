@@ -54,10 +54,17 @@ class Plan:
 
 async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
     """The checks and planning every front door shares: (engine, loaded model, plan)."""
+    engine, loaded = await ready_model(body.model)
+    plan = await plan_on(engine, loaded, body, constraint_of(body), infill)
+    return engine, loaded, plan
+
+
+async def ready_model(model: str | None):
+    """Not draining, `model` names the served one (or a switch to it), and it is loaded:
+    (engine, loaded model). Chat calls this first: its prompt needs the model's template."""
     refuse_if_draining(current_app.config)
-    check_model_name(body.model)
+    check_model_name(model)
     engine = current_app.config["ENGINE"]
-    settings = current_app.config["SETTINGS"]
     await engine.ensure_loaded(timeout=LOAD_WAIT_S)
     try:
         loaded = engine.check_ready()
@@ -65,12 +72,23 @@ async def plan_request(body: CompletionRequest, infill: InfillParts | None = Non
         raise ServiceUnavailable(
             str(error), code="model_loading", headers={"Retry-After": "1"}
         ) from error
-    constraint = constraint_of(body)
+    return engine, loaded
+
+
+async def plan_on(
+    engine,
+    loaded,
+    body: CompletionRequest,
+    constraint: Constraint | None,
+    infill: InfillParts | None = None,
+) -> Plan:
+    """The plan for `body` on the loaded model, its `constraint` compiled, admitted."""
+    settings = current_app.config["SETTINGS"]
     timeout = settings.limits.grammar_timeout_s
     grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
     plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
     admit(engine, loaded, plan.sequences, settings)
-    return engine, loaded, plan
+    return plan
 
 
 def submit(engine, plan: Plan) -> AsyncIterator[GenerationEvent]:

@@ -117,6 +117,23 @@ def completion_probabilities(tokens: list[TokenLogprob]) -> list[dict[str, Any]]
     ]
 
 
+def chat_logprobs(tokens: list[TokenLogprob], top: int) -> dict[str, Any]:
+    """OpenAI chat's `logprobs`: per token its text, logprob, bytes and `top` alternatives."""
+
+    def entry(text: str, logprob: float | None) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {
+                **entry(t.text, t.logprob),
+                "top_logprobs": [entry(text, lp) for text, lp in list(t.top.items())[:top]],
+            }
+            for t in tokens
+        ]
+    }
+
+
 def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     """llama.cpp's `timings` over a request's sequences (they prefill and decode side by side)."""
     prompt_n = sum(t.prompt_tokens for t in timings)

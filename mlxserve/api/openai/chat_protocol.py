@@ -52,8 +52,10 @@ class MessageToolCall(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: str = Field(json_schema_extra={"enum": list(ROLES)})  # checked by check_messages
+    content: str | list[dict[str, Any]] | None = Field(
+        None, description="a string, or a list of {'type': 'text', 'text': ...} parts"
+    )
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None

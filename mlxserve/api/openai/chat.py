@@ -1,0 +1,205 @@
+"""POST /v1/chat/completions (and llama.cpp's /chat/completions): OpenAI's chat, shaped from the
+shared plan and results. The messages become a prompt (chat_prompt.py); the answer is split into
+content, reasoning and tool calls (mlxserve/chat/output.py), whole or as it streams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint
+from quart_schema import document_request
+
+from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
+from ...engine import EngineError, GenerationEvent
+from ..models import served_model_id
+from ..parsing import read_completion_request
+from ..planning import Plan, plan_on, ready_model, submit
+from ..responses import (
+    SSE_DONE,
+    SSE_HEADERS,
+    SequenceResult,
+    chat_logprobs,
+    collect,
+    error_chunk,
+    llama_timings,
+    sse,
+    usage,
+)
+from .chat_prompt import prepare
+from .chat_protocol import ChatCompletionRequest
+from .completions import FINGERPRINT
+
+blueprint = Blueprint("openai_chat", __name__)
+
+
+@blueprint.post("/v1/chat/completions")
+@blueprint.post("/chat/completions")
+@document_request(ChatCompletionRequest)
+async def create_chat_completion():
+    body = await read_completion_request(ChatCompletionRequest)
+    engine, loaded = await ready_model(body.model)
+    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer)
+    plan = await plan_on(engine, loaded, chat.request, chat.constraint)
+    meta = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": served_model_id(),
+        "system_fingerprint": FINGERPRINT,
+    }
+    if body.stream:
+        chunks = stream_chat(submit(engine, plan), plan, body, chat.output, meta)
+        return chunks, 200, SSE_HEADERS
+    results = await collect(submit(engine, plan), plan)
+    return chat_completion(results, plan, body, chat.output, meta)
+
+
+@blueprint.post("/apply-template")
+@document_request(ChatCompletionRequest)
+async def apply_template():
+    """llama.cpp's /apply-template: the prompt these messages render to, generating nothing."""
+    body = await read_completion_request(ChatCompletionRequest)
+    _, loaded = await ready_model(body.model)
+    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer)
+    return {"prompt": chat.text}
+
+
+def chat_completion(
+    results: list[SequenceResult],
+    plan: Plan,
+    body: ChatCompletionRequest,
+    output: OutputSpec,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """The whole answer: n choices (with best_of, the n most likely)."""
+    candidates = results
+    if plan.per_prompt > body.n:
+        candidates = sorted(results, key=lambda r: -r.cumulative_logprob)[: body.n]
+    choices = []
+    for index, result in enumerate(candidates):
+        answer = split_answer(output, result.text)
+        choice = {
+            "index": index,
+            "message": message(answer),
+            "logprobs": None,
+            "finish_reason": finish_reason(result.finish_reason, answer),
+        }
+        if body.logprobs:
+            choice["logprobs"] = chat_logprobs(result.tokens, body.top_logprobs or 0)
+        if body.return_token_ids:
+            choice["prompt_token_ids"] = list(plan.prompts[0].ids)
+            choice["token_ids"] = result.token_ids
+        choices.append(choice)
+    response = {
+        **meta,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": usage(plan, results),
+    }
+    if body.timings_per_token:
+        response["timings"] = llama_timings([r.timings for r in results if r.timings])
+    return response
+
+
+def message(answer: Delta) -> dict[str, Any]:
+    """The assistant's message; content is null when it only calls tools."""
+    content = answer.content if answer.content or not answer.calls else None
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    if answer.reasoning:
+        out["reasoning_content"] = answer.reasoning
+        out["reasoning"] = answer.reasoning
+    if answer.calls:
+        out["tool_calls"] = [tool_call(call) for call in answer.calls]
+    return out
+
+
+def tool_call(call, index: int | None = None) -> dict[str, Any]:
+    out = {"id": call.id, "type": "function"}
+    out["function"] = {"name": call.name, "arguments": call.arguments}
+    return out if index is None else {"index": index, **out}
+
+
+def finish_reason(reason: str | None, answer: Delta, called: bool = False) -> str | None:
+    """ "tool_calls" when the model ended its turn on a call."""
+    if reason == "stop" and (answer.calls or called):
+        return "tool_calls"
+    return reason
+
+
+async def stream_chat(
+    events: AsyncIterator[GenerationEvent],
+    plan: Plan,
+    body: ChatCompletionRequest,
+    output: OutputSpec,
+    meta: dict[str, Any],
+) -> AsyncIterator[str]:
+    """Each choice's role first, then its content, reasoning and tool-call deltas, then one
+    chunk with its finish_reason; the usage if asked; [DONE]."""
+    results = [SequenceResult() for _ in plan.sequences]
+    splitters = [AnswerSplitter(output) for _ in plan.sequences]
+    calls_sent = [0] * len(plan.sequences)
+    with_usage = bool(body.stream_options and body.stream_options.include_usage)
+    extra = {"usage": None} if with_usage else {}
+
+    def chunk(index: int, delta: dict[str, Any], top: dict | None = None, **fields: Any) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        choice.update(fields)
+        payload = {**meta, "object": "chat.completion.chunk", "choices": [choice], **extra}
+        return sse({**payload, **(top or {})})
+
+    try:
+        for index in range(len(plan.sequences)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for event in events:
+            if event.error:
+                yield sse(error_chunk(event.error, event.unavailable))
+                return
+            index = event.index
+            results[index].add(event)
+            answer = splitters[index].feed(event.text)
+            if event.finish_reason:
+                answer.add(splitters[index].finish())
+            delta = _delta(answer, calls_sent[index])
+            calls_sent[index] += len(answer.calls)
+            fields: dict[str, Any] = {}
+            if body.logprobs and event.tokens:
+                fields["logprobs"] = chat_logprobs(event.tokens, body.top_logprobs or 0)
+            if body.return_token_ids and event.token_ids:
+                fields["token_ids"] = event.token_ids
+            if delta or fields:
+                yield chunk(index, delta, **fields)
+            if event.finish_reason:
+                reason = finish_reason(event.finish_reason, answer, calls_sent[index] > 0)
+                timings = None
+                if body.timings_per_token and event.timings is not None:
+                    timings = {"timings": llama_timings([event.timings])}
+                yield chunk(index, {}, timings, finish_reason=reason)
+        if with_usage:
+            yield sse(
+                {
+                    **meta,
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "usage": usage(plan, results),
+                }
+            )
+        yield SSE_DONE
+    except EngineError as error:
+        yield sse(error_chunk(str(error)))
+
+
+def _delta(answer: Delta, calls_before: int) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if answer.reasoning:
+        delta["reasoning_content"] = answer.reasoning
+        delta["reasoning"] = answer.reasoning
+    if answer.content:
+        delta["content"] = answer.content
+    if answer.calls:
+        delta["tool_calls"] = [
+            tool_call(call, calls_before + i) for i, call in enumerate(answer.calls)
+        ]
+    return delta
