@@ -456,3 +456,17 @@ def test_the_openapi_document_has_the_chat_route(http):
     paths = http.get("/openapi.json").json()["paths"]
     body = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
     assert "messages" in json.dumps(body) and "/chat/completions" in paths
+
+
+def test_apply_template_returns_the_rendered_prompt(http):
+    response = http.post("/apply-template", json={"messages": USER})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "prompt": "<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n"
+    }
+
+
+def test_models_say_the_chat_template_is_a_fallback(http, server):
+    (card,) = [m for m in http.get("/v1/models").json()["data"] if m.get("loaded")]
+    assert card["chat_template"] == "chatml (fallback)"
+    assert card["tool_parser"] == "hermes/json" and card["thinking"] is False
