@@ -79,6 +79,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--prefill-tokens", type=int, default=8000, help="prompt prefilled beside a stream"
     )
+    parser.add_argument(
+        "--warm-rows",
+        action="store_true",
+        help="run each concurrency row once unmeasured first (GPU backends compile per shape)",
+    )
     parser.add_argument("--skip-distributed", action="store_true", help="leave out the 2-rank row")
     parser.add_argument(
         "--distributed-only", action="store_true", help="only the 1 process vs 2 ranks row"
@@ -181,7 +186,11 @@ def main() -> int:
         import bench_engine
 
         bench_engine.run(
-            model_path, args.engine_max_tokens, args.prefix_tokens, args.prefill_tokens
+            model_path,
+            args.engine_max_tokens,
+            args.prefix_tokens,
+            args.prefill_tokens,
+            args.warm_rows,
         )
     if not args.skip_distributed and not args.engine_only:
         distributed_row(args, model_path)

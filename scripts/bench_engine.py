@@ -135,12 +135,21 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, fl
 
 
 def measure(
-    name: str, base_url: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int
+    name: str,
+    base_url: str,
+    max_tokens: int,
+    prefix_tokens: int,
+    prefill_tokens: int,
+    warm_rows: bool = False,
 ) -> dict[str, float]:
-    """One server's numbers: concurrency, the repeated prompt, the gap beside a prefill."""
+    """One server's numbers: concurrency, the repeated prompt, the gap beside a prefill. With
+    `warm_rows`, each concurrency row runs once unmeasured first (a GPU backend compiles kernels
+    for each new batch shape on first use)."""
     stream(base_url, "warm up", 4)
     row: dict[str, float] = {}
     for c in CONCURRENCY:
+        if warm_rows:
+            concurrency_row(base_url, c, max_tokens)
         tps, p50, p95 = concurrency_row(base_url, c, max_tokens)
         row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
         print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
@@ -151,7 +160,9 @@ def measure(
     return row
 
 
-def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int) -> None:
+def run(
+    model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, warm_rows: bool = False
+) -> None:
     """Measure both servers, one after the other, and print the comparison; a server that does
     not start (or fails) prints `row engine (NAME): ...` instead, and the bench goes on."""
     from transformers import AutoTokenizer
@@ -163,7 +174,9 @@ def run(model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int) ->
     for name, start in (("mlxserve", start_server), ("mlx_lm.server", start_mlx_lm_server)):
         try:
             with served(partial(start, model), f"engine-{name}") as server:
-                rows[name] = measure(name, server.url, max_tokens, prefix_tokens, prefill_tokens)
+                rows[name] = measure(
+                    name, server.url, max_tokens, prefix_tokens, prefill_tokens, warm_rows
+                )
         except ROW_ERRORS as error:
             row_failed(f"engine ({name})", error)
             if name == "mlxserve":

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from ..device_numerics import needs_batch_invariance
 from ..helpers import BatchSizes, stream_chunks, streamed_texts
 
 SETTINGS = [
@@ -40,6 +41,7 @@ def run(url: str, i: int) -> dict[int, str]:
         return streamed_texts(stream_chunks(http, **body))
 
 
+@needs_batch_invariance
 def test_sixteen_concurrent_streams_match_their_solo_runs(server):
     solo = [run(server.url, i) for i in range(len(SETTINGS))]
     with BatchSizes(server.engine) as batch:
