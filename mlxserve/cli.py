@@ -6,8 +6,13 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
+import jinja2
+
+from .chat.templates import CHATML
+from .chat.tool_calls import parser_names
 from .fim import TEMPLATE_NAMES, TEMPLATES
 from .platform import reexec_for_cpu
 from .settings import (
@@ -15,6 +20,7 @@ from .settings import (
     DEFAULT_MAX_QUEUED_SEQUENCES,
     DEFAULT_MODEL,
     DEFAULT_PORT,
+    ChatSettings,
     Limits,
     Settings,
 )
@@ -72,14 +78,14 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxserve",
-        description="A local, OpenAI-compatible text-completion server built on MLX.",
+        description="A local, OpenAI-compatible LLM server built on MLX.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
         help="serve one model over HTTP",
         description="Serve one model over an OpenAI-compatible HTTP API "
-        "(POST /v1/completions, GET /v1/models, GET /health).",
+        "(POST /v1/chat/completions, /v1/completions, GET /v1/models, GET /health).",
         formatter_class=DefaultsFormatter,
     )
     serve.add_argument(
@@ -148,6 +154,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="fill-in-the-middle format for `suffix` and /infill: "
         + "; ".join(f"{t.name} ({t.models})" for t in TEMPLATES)
         + "; none turns infill off (default: detected from the model's special tokens)",
+    )
+    serve.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE|chatml",
+        help="render chat messages with this Jinja file (or ChatML) in place of the model's own "
+        "chat template (default: the model's; ChatML where it has none)",
+    )
+    serve.add_argument(
+        "--tool-parser",
+        choices=parser_names(),
+        default=None,
+        help="read tool calls in this syntax (hermes: <tool_call>{json}</tool_call>; the others "
+        "are mlx-lm's) (default: the one mlx-lm picks from the chat template, else hermes)",
+    )
+    serve.add_argument(
+        "--reasoning-format",
+        choices=["auto", "deepseek", "none"],
+        default="auto",
+        help="auto/deepseek: text in the template's thinking tags goes to reasoning_content; "
+        "none: it stays in content (a request's reasoning_format wins)",
     )
     serve.add_argument(
         "--models-dir",
@@ -229,6 +256,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         api_key = read_api_key(args.api_key, args.api_key_file)
         limits = request_limits(args)
+        chat = chat_settings(args)
     except ValueError as error:
         print(f"mlxserve: error: {error}", file=sys.stderr)
         return 2
@@ -247,6 +275,7 @@ def serve(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         max_queued_sequences=args.max_queue,
         fim_template=args.fim_template,
+        chat=chat,
         models_dirs=tuple(args.models_dir),
         allow_switch=args.allow_switch,
         idle_unload_s=args.idle_unload,
@@ -255,6 +284,35 @@ def serve(args: argparse.Namespace) -> int:
         **memory,
     )
     return serve_forever(settings)
+
+
+def chat_settings(args: argparse.Namespace) -> ChatSettings:
+    """--chat-template (a Jinja file, or ChatML by name), --tool-parser, --reasoning-format."""
+    template = source = None
+    if args.chat_template is not None:
+        source = args.chat_template
+        if source.lower() == "chatml":
+            template = CHATML
+        else:
+            path = Path(source).expanduser()
+            try:
+                template = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ValueError(
+                    f"--chat-template {source}: not a readable Jinja file, nor 'chatml' ({error})"
+                ) from error
+            try:
+                jinja2.Environment().parse(template)
+            except jinja2.TemplateSyntaxError as error:
+                raise ValueError(
+                    f"--chat-template {source}: line {error.lineno}: {error.message}"
+                ) from error
+    return ChatSettings(
+        template=template,
+        template_source=source,
+        tool_parser=args.tool_parser,
+        reasoning_format=args.reasoning_format,
+    )
 
 
 def read_api_key(key: str | None, key_file: str | None) -> str | None:

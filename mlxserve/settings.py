@@ -43,6 +43,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ChatSettings:
+    """How /v1/chat/completions renders messages and reads answers, for every model served."""
+
+    template: str | None = None  # Jinja text in place of the model's own; None: the model's
+    template_source: str | None = None  # where it came from (a file, or "chatml"), for /v1/models
+    tool_parser: str | None = None  # an mlx-lm tool parser's name, or "hermes"; None: inferred
+    reasoning_format: str = "auto"  # "none": thinking text stays in content
+
+
+@dataclass(frozen=True)
 class Settings:
     model: str
     host: str = DEFAULT_HOST
@@ -55,6 +65,7 @@ class Settings:
     kv_budget_bytes: int = field(default_factory=default_kv_budget_bytes)
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off
     fim_template: str | None = None  # None: detected from the model's vocabulary
+    chat: ChatSettings = field(default_factory=ChatSettings)
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio
     allow_switch: bool = False  # a request's `model` may load another known model
     idle_unload_s: float | None = None  # free the model after this long without requests

@@ -105,10 +105,12 @@ def spawn(
         )
 
 
-def mlxserve_command(model: str, port: int, distributed: bool = False) -> list[str]:
-    """`python -m mlxserve serve` on 127.0.0.1:`port`; `distributed`: as 2 local ranks under
-    mlx.launch (ring backend over loopback)."""
-    command = [sys.executable, "-m", "mlxserve", "serve", "--model", model]
+def mlxserve_command(
+    model: str, port: int, distributed: bool = False, extra: Sequence[str] = ()
+) -> list[str]:
+    """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags; `distributed`: as 2
+    local ranks under mlx.launch (ring backend over loopback)."""
+    command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     if not distributed:
         return command
@@ -117,10 +119,10 @@ def mlxserve_command(model: str, port: int, distributed: bool = False) -> list[s
 
 
 def start_server(
-    model: str, port: int, log_path: Path, distributed: bool = False
+    model: str, port: int, log_path: Path, distributed: bool = False, extra: Sequence[str] = ()
 ) -> subprocess.Popen:
     """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`."""
-    return spawn(mlxserve_command(model, port, distributed), log_path)
+    return spawn(mlxserve_command(model, port, distributed, extra), log_path)
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:

@@ -70,7 +70,8 @@ def model_card(entry: ModelEntry | None = None) -> dict:
         card["status"] = engine.state
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length
-            card.update(chat_capabilities(engine.loaded.tokenizer))
+            chat = current_app.config["SETTINGS"].chat
+            card.update(chat_capabilities(engine.loaded.tokenizer, chat))
     if entry is not None:
         card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card

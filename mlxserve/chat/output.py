@@ -21,7 +21,9 @@ class OutputSpec:
     thinking_open: bool = False  # the prompt ended inside the thinking block
     tools: ToolSyntax | None = None  # None: calls are not looked for
     json_calls: bool = False  # a bare JSON answer may be a call (tools offered, choice auto)
-    forced: bool = False  # the grammar made the whole answer a JSON call (or a list of them)
+    # The grammar made the whole answer calls: in `tools`' syntax, or (tools None) bare JSON, a
+    # call or a list of them. Nothing else in it is content.
+    forced: bool = False
     max_calls: int | None = None  # parallel_tool_calls false: the first call only
 
 
@@ -49,7 +51,7 @@ class AnswerSplitter:
         self.calls_made = 0
         self.reasoned = False
         self.reasoning_begins = True  # its leading blank lines are dropped
-        if spec.forced:
+        if spec.forced and spec.tools is None:
             self.state = "whole"
         elif spec.think is not None and spec.thinking_open:
             self.state = "reasoning"
@@ -114,11 +116,13 @@ class AnswerSplitter:
             return
         at = self.pending.find(tools.start)
         if at >= 0:
-            out.content += self.pending[:at]
+            text = self.pending[:at]
             self.pending = self.pending[at + len(tools.start) :]
             self.state = "call"
         else:
-            out.content += self._release(tools.start, final)
+            text = self._release(tools.start, final)
+        if not self.spec.forced:  # else only the separators between the forced calls
+            out.content += text
 
     def _call(self, out: Delta, final: bool) -> None:
         tools = self.spec.tools

@@ -15,6 +15,8 @@ from typing import Any
 
 from jinja2 import TemplateError as JinjaError
 
+from ..settings import ChatSettings
+from .tool_calls import parser_name
 from .tool_prompt import as_plain_messages, with_tools_described
 
 log = logging.getLogger("mlxserve.chat")
@@ -59,8 +61,11 @@ class TemplateInfo:
 _infos: weakref.WeakKeyDictionary[Any, TemplateInfo] = weakref.WeakKeyDictionary()
 
 
-def template_info(tokenizer: Any) -> TemplateInfo:
-    """The template's abilities, read once per loaded tokenizer from its source text."""
+def template_info(tokenizer: Any, override: str | None = None) -> TemplateInfo:
+    """The abilities of the template in use (`override`, the --chat-template text, or the
+    model's own), read once per loaded tokenizer from its source text."""
+    if override is not None:
+        return _abilities(override)
     info = _infos.get(tokenizer)
     if info is None:
         info = _read_template(tokenizer)
@@ -78,6 +83,10 @@ def _read_template(tokenizer: Any) -> TemplateInfo:
         source = "\n".join(str(s) for s in source.values())
     if not isinstance(source, str):  # mlx-lm's own renderer for the family: trusted whole
         return TemplateInfo(fallback=False, tools=True, tool_calls=True, developer=True)
+    return _abilities(source)
+
+
+def _abilities(source: str) -> TemplateInfo:
     return TemplateInfo(
         fallback=False,
         tools="tools" in source,
@@ -93,10 +102,12 @@ def render(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    override: str | None = None,
 ) -> str:
     """The prompt text for `messages` (plain dicts: role, content as a string, tool_calls with
-    arguments as objects). TemplateError when the template refuses them."""
-    info = template_info(tokenizer)
+    arguments as objects), in the model's template or `override` (Jinja text). TemplateError
+    when the template refuses them."""
+    info = template_info(tokenizer, override)
     if not info.developer:
         messages = [_developer_as_system(m) for m in messages]
     if tools and not info.tools:
@@ -104,10 +115,15 @@ def render(
     if not info.tool_calls:
         messages = as_plain_messages(messages)
     options: dict[str, Any] = dict(template_kwargs or {})
-    if info.fallback:
+    renderer = tokenizer
+    if override is not None:
+        options["chat_template"] = override
+        # mlx-lm's own renderers for a family take no template: transformers' Jinja does.
+        renderer = getattr(tokenizer, "_tokenizer", tokenizer)
+    elif info.fallback:
         options["chat_template"] = CHATML
     try:
-        text = tokenizer.apply_chat_template(
+        text = renderer.apply_chat_template(
             messages,
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
@@ -137,13 +153,16 @@ def prompt_ids(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def chat_capabilities(tokenizer: Any) -> dict[str, Any]:
+def chat_capabilities(tokenizer: Any, chat: ChatSettings) -> dict[str, Any]:
     """What /v1/models says of the loaded model's chat: whose template, and how it calls tools."""
-    info = template_info(tokenizer)
-    parser = getattr(tokenizer, "tool_parser", None)
+    info = template_info(tokenizer, chat.template)
+    if chat.template is not None:
+        source = f"--chat-template {chat.template_source}"
+    else:
+        source = "chatml (fallback)" if info.fallback else "model"
     return {
-        "chat_template": "chatml (fallback)" if info.fallback else "model",
+        "chat_template": source,
         "tools": "template" if info.tools else "system prompt (hermes)",
-        "tool_parser": parser.__module__.rsplit(".", 1)[-1] if parser else "hermes/json",
+        "tool_parser": parser_name(tokenizer, chat.tool_parser),
         "thinking": bool(getattr(tokenizer, "has_thinking", False)),
     }

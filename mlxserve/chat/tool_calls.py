@@ -8,10 +8,14 @@ Hermes' <tool_call>{json}</tool_call> (the syntax tool_prompt.py teaches), and a
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import pkgutil
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .tool_prompt import CALL_END, CALL_START
@@ -34,18 +38,51 @@ class ToolSyntax:
     start: str
     end: str
     parse: Callable[[str], list[ToolCall]]
+    json_body: bool = False  # a call is {"name", "arguments"} JSON between start and end
 
 
 def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def syntax_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ToolSyntax:
-    """The model's own syntax where mlx-lm knows it, else Hermes'."""
+HERMES = "hermes"
+
+
+def parser_names() -> list[str]:
+    """What --tool-parser takes: mlx-lm's parsers by module name (listed, not imported: the
+    command line stays quick), and Hermes' (ours)."""
+    spec = importlib.util.find_spec("mlx_lm")
+    folders = [str(Path(p) / "tool_parsers") for p in spec.submodule_search_locations or []]
+    return sorted({HERMES, *(m.name for m in pkgutil.iter_modules(folders))})
+
+
+def parser_name(tokenizer: Any, override: str | None = None) -> str:
+    """The parser in use: `override` (--tool-parser), mlx-lm's pick for the model, or Hermes'."""
+    if override is not None:
+        return override
     parser = getattr(tokenizer, "tool_parser", None)
-    start = getattr(tokenizer, "tool_call_start", None)
+    if parser is None or getattr(tokenizer, "tool_call_start", None) is None:
+        return HERMES
+    return parser.__module__.rsplit(".", 1)[-1]
+
+
+def syntax_for(
+    tokenizer: Any, tools: list[dict[str, Any]] | None, override: str | None = None
+) -> ToolSyntax:
+    """The syntax of `override` (a --tool-parser name), else the model's own where mlx-lm knows
+    it, else Hermes'."""
+    if override == HERMES:
+        return HERMES_SYNTAX
+    if override is not None:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{override}")
+        parser, start = module.parse_tool_call, module.tool_call_start
+        end = getattr(module, "tool_call_end", "")
+    else:
+        parser = getattr(tokenizer, "tool_parser", None)
+        start = getattr(tokenizer, "tool_call_start", None)
+        end = getattr(tokenizer, "tool_call_end", "")
     if parser is None or start is None:
-        return ToolSyntax(CALL_START, CALL_END, parse_json_calls)
+        return HERMES_SYNTAX
 
     def parse(text: str) -> list[ToolCall]:
         try:
@@ -54,7 +91,8 @@ def syntax_for(tokenizer: Any, tools: list[dict[str, Any]] | None) -> ToolSyntax
             raise ValueError(str(error)) from error
         return [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])]
 
-    return ToolSyntax(start, getattr(tokenizer, "tool_call_end", "") or "", parse)
+    json_body = parser.__module__.rsplit(".", 1)[-1] == "json_tools"
+    return ToolSyntax(start, end or "", parse, json_body=json_body and bool(end))
 
 
 def parse_json_calls(text: str) -> list[ToolCall]:
@@ -73,6 +111,9 @@ def parse_json_calls(text: str) -> list[ToolCall]:
     return [_call(c) for c in calls]
 
 
+HERMES_SYNTAX = ToolSyntax(CALL_START, CALL_END, parse_json_calls, json_body=True)
+
+
 def _call(call: Any) -> ToolCall:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ValueError(f"not a tool call: {call!r}")
@@ -87,6 +128,16 @@ def _call(call: Any) -> ToolCall:
         arguments=json.dumps(arguments, ensure_ascii=False),
         id=given if isinstance(given, str) and given else call_id(),
     )
+
+
+def forced_call_grammar(tools: list[dict[str, Any]], one: bool, syntax: ToolSyntax) -> str:
+    """A Lark grammar (llguidance's) for forced calls written the way the model writes them:
+    each call's JSON between `syntax`'s start and end, one call (`one`) or several."""
+    schema = {**forced_call_schema(tools, one=True), "x-guidance": {"whitespace_flexible": False}}
+    block = f"{json.dumps(syntax.start + chr(10))} %json {json.dumps(schema)} "
+    block += json.dumps(chr(10) + syntax.end)
+    start = "start: call" if one else 'start: call ("\\n" call)*'
+    return f"{start}\ncall: {block}\n"
 
 
 def forced_call_schema(tools: list[dict[str, Any]], one: bool) -> dict[str, Any]:

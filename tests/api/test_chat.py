@@ -282,6 +282,19 @@ def test_required_tool_choice_calls_one_of_the_tools_streamed(http):
         assert valid_call(call["name"], call["arguments"])
 
 
+def test_a_forced_call_is_written_in_the_models_syntax(http):
+    """The tiny model has no parser of its own, so Hermes' syntax it is: the grammar makes the
+    answer <tool_call> blocks, not bare JSON, as a model trained on that syntax writes calls."""
+    result = chat(
+        http, tools=[WEATHER, CLOCK], tool_choice="required", seed=3, max_tokens=200, logprobs=True
+    )
+    (choice,) = result["choices"]
+    raw = "".join(entry["token"] for entry in choice["logprobs"]["content"])
+    assert raw.startswith("<tool_call>\n{") and raw.endswith("}\n</tool_call>"), raw
+    assert len(choice["message"]["tool_calls"]) == raw.count("<tool_call>")
+    assert choice["message"]["content"] is None
+
+
 def test_required_with_parallel_calls_may_call_several(http):
     result = chat(http, tools=[WEATHER, CLOCK], tool_choice="required", seed=4, max_tokens=200)
     (choice,) = result["choices"]
@@ -469,4 +482,4 @@ def test_apply_template_returns_the_rendered_prompt(http):
 def test_models_say_the_chat_template_is_a_fallback(http, server):
     (card,) = [m for m in http.get("/v1/models").json()["data"] if m.get("loaded")]
     assert card["chat_template"] == "chatml (fallback)"
-    assert card["tool_parser"] == "hermes/json" and card["thinking"] is False
+    assert card["tool_parser"] == "hermes" and card["thinking"] is False

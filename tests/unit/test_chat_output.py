@@ -9,7 +9,9 @@ import pytest
 
 from mlxserve.chat.output import THINK_TAGS, AnswerSplitter, Delta, OutputSpec, split_answer
 from mlxserve.chat.tool_calls import (
+    HERMES_SYNTAX,
     ToolSyntax,
+    forced_call_grammar,
     forced_call_schema,
     parse_json_calls,
     syntax_for,
@@ -86,6 +88,13 @@ CASES = {
         'ok <tool_call>\n{"name": "f", "argu',
         "",
         [],
+    ),
+    "forced calls in the model's syntax: the separators are no content": (
+        OutputSpec(tools=HERMES, forced=True),
+        CALL + "\n" + CALL.replace("Oslo", "Paris"),
+        "",
+        "",
+        [("get_weather", '{"city": "Oslo"}'), ("get_weather", '{"city": "Paris"}')],
     ),
     "forced list, one call allowed": (
         OutputSpec(forced=True, max_calls=1),
@@ -171,3 +180,16 @@ def test_a_forced_call_schema_names_the_tool_and_its_parameters():
     many = forced_call_schema(tools, one=False)
     assert many["type"] == "array" and many["minItems"] == 1
     assert [c["properties"]["name"]["const"] for c in many["items"]["anyOf"]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("one", [True, False], ids=["one call", "several"])
+def test_a_forced_call_grammar_writes_calls_the_hermes_way(one):
+    """The grammar llguidance gets for a forced call in Hermes' syntax compiles (what it lets the
+    model write is tested on a served model, tests/api/test_chat.py)."""
+    import llguidance
+
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    grammar = llguidance.grammar_from("lark", forced_call_grammar(tools, one, HERMES_SYNTAX))
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    assert not error, error
+    assert HERMES_SYNTAX.json_body and syntax_for(object(), None) is HERMES_SYNTAX

@@ -10,11 +10,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, current_app
 from quart_schema import document_request
 
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...engine import EngineError, GenerationEvent
+from ...settings import ChatSettings
 from ..models import served_model_id
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_on, ready_model, submit
@@ -36,13 +37,17 @@ from .completions import FINGERPRINT
 blueprint = Blueprint("openai_chat", __name__)
 
 
+def chat_settings() -> ChatSettings:
+    return current_app.config["SETTINGS"].chat
+
+
 @blueprint.post("/v1/chat/completions")
 @blueprint.post("/chat/completions")
 @document_request(ChatCompletionRequest)
 async def create_chat_completion():
     body = await read_completion_request(ChatCompletionRequest)
     engine, loaded = await ready_model(body.model)
-    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer)
+    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
     plan = await plan_on(engine, loaded, chat.request, chat.constraint)
     meta = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -63,7 +68,7 @@ async def apply_template():
     """llama.cpp's /apply-template: the prompt these messages render to, generating nothing."""
     body = await read_completion_request(ChatCompletionRequest)
     _, loaded = await ready_model(body.model)
-    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer)
+    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
     return {"prompt": chat.text}
 
 

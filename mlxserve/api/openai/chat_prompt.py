@@ -10,8 +10,9 @@ from typing import Any
 
 from ...chat.output import THINK_TAGS, OutputSpec
 from ...chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
-from ...chat.tool_calls import forced_call_schema, syntax_for
+from ...chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
 from ...sampling.grammars import Constraint
+from ...settings import ChatSettings
 from ..constraints import NamedToolChoice, constraint_of
 from ..errors import InvalidRequest
 from ..protocol import CompletionRequest
@@ -26,8 +27,9 @@ class ChatPrompt:
     text: str  # the rendered prompt
 
 
-def prepare(body: ChatCompletionRequest, tokenizer: Any) -> ChatPrompt:
-    """Render the messages with the model's template and plan how its answer is read."""
+def prepare(body: ChatCompletionRequest, tokenizer: Any, chat: ChatSettings) -> ChatPrompt:
+    """Render the messages with the model's template (or --chat-template's) and plan how its
+    answer is read."""
     tools = _offered_tools(body)
     calling = bool(tools) and body.tool_choice != "none"
     forced = calling and body.tool_choice not in (None, "auto")
@@ -39,6 +41,7 @@ def prepare(body: ChatCompletionRequest, tokenizer: Any) -> ChatPrompt:
             add_generation_prompt=body.generation_prompt,
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
+            override=chat.template,
         )
     except TemplateError as error:
         raise InvalidRequest(
@@ -46,22 +49,26 @@ def prepare(body: ChatCompletionRequest, tokenizer: Any) -> ChatPrompt:
             param="messages",
             code="invalid_messages",
         ) from error
-    think = _think_tags(body, tokenizer)
+    think = _think_tags(body.reasoning_format or chat.reasoning_format, tokenizer)
+    syntax = syntax_for(tokenizer, tools, chat.tool_parser) if calling else None
+    if forced and not syntax.json_body:
+        syntax = None  # the forced calls are bare JSON: a syntax of JSON in tags is needed
     output = OutputSpec(
         think=think,
         thinking_open=think is not None and _opens_thinking(text, think),
-        tools=syntax_for(tokenizer, tools) if calling and not forced else None,
+        tools=syntax,
         json_calls=calling and not forced,
         forced=forced,
         max_calls=None if body.parallel_tool_calls else 1,
     )
     changes: dict[str, Any] = {}
-    if template_info(tokenizer).fallback and CHATML_END not in body.stop_strings:
+    if template_info(tokenizer, chat.template).fallback and CHATML_END not in body.stop_strings:
         changes["stop"] = [*body.stop_strings, CHATML_END]
     if _markers_are_special(tokenizer, output):
         changes["skip_special_tokens"] = False  # else the tags vanish from the text
     request = body.completion_request(prompt_ids(tokenizer, text), **changes)
-    return ChatPrompt(request, _constraint(body, request, tools, forced), output, text)
+    constraint = _constraint(body, request, tools, output if forced else None)
+    return ChatPrompt(request, constraint, output, text)
 
 
 def _offered_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -83,11 +90,12 @@ def _constraint(
     body: ChatCompletionRequest,
     request: CompletionRequest,
     tools: list[dict[str, Any]] | None,
-    forced: bool,
+    forced: OutputSpec | None,
 ) -> Constraint | None:
-    """response_format (or any completions constraint), or the forced call's schema."""
+    """response_format (or any completions constraint), or the forced calls' grammar: in the
+    model's syntax where its calls are JSON in tags (Hermes, Qwen), else as bare JSON."""
     other = constraint_of(request)
-    if not forced:
+    if forced is None:
         return other
     if other is not None:
         raise InvalidRequest(
@@ -100,12 +108,15 @@ def _constraint(
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools or [] if t["function"]["name"] == choice.function.get("name")]
     one = isinstance(choice, NamedToolChoice) or not body.parallel_tool_calls
+    if forced.tools is not None:
+        grammar = forced_call_grammar(tools or [], one, forced.tools)
+        return Constraint("tool_choice", "lark", grammar)
     schema = forced_call_schema(tools or [], one)
     return Constraint("tool_choice", "json_schema", json.dumps(schema, sort_keys=True))
 
 
-def _think_tags(body: ChatCompletionRequest, tokenizer: Any) -> tuple[str, str] | None:
-    if body.reasoning_format == "none":
+def _think_tags(reasoning_format: str, tokenizer: Any) -> tuple[str, str] | None:
+    if reasoning_format == "none":
         return None
     if getattr(tokenizer, "has_thinking", False):
         return tokenizer.think_start, tokenizer.think_end

@@ -144,10 +144,10 @@ class ChatCompletionRequest(CompletionRequest):
         None, description="vLLM: extra template variables, e.g. {'enable_thinking': false}"
     )
     parallel_tool_calls: StrictBool = True
-    reasoning_format: Literal["auto", "deepseek", "none"] = Field(
-        "auto",
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = Field(
+        None,
         description="llama.cpp: 'none' keeps <think> text inline in content; otherwise it goes "
-        "to reasoning_content",
+        "to reasoning_content (default: the server's --reasoning-format)",
     )
     prompt: SkipJsonSchema[Any] = None
     suffix: SkipJsonSchema[Any] = None

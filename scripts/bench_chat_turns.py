@@ -1,0 +1,187 @@
+"""Multi-turn chat: how much of each turn's prompt the prefix cache reuses, and what that does
+to the time to first token.
+
+A conversation of `--turns` turns, each a user message of about `--turn-tokens` tokens, goes to
+`POST /v1/chat/completions` (streamed, greedy, `--max-tokens` per answer) on two servers started
+side by side on the same model: one as users run it, one with the prefix cache off
+(`--prefix-cache-mb 0`), which sees every turn's prompt cold. Each turn's messages are the
+earlier turns with the answers the first server gave, so both servers get the same prompt.
+Per turn: prompt tokens, `usage.prompt_tokens_details.cached_tokens` and its share, and the time
+to first token on each server. Targets for the last turn: >= 90% of the prompt cached, TTFT
+>= 5x faster than cold. This script only prints; it asserts nothing.
+
+    python scripts/bench_chat_turns.py [--model PATH] [--turns 6] [--turn-tokens 300]
+                                       [--max-tokens 48] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import httpx
+from bench_common import (
+    ROW_ERRORS,
+    ServerFailed,
+    default_model,
+    print_table,
+    reexec_for_cpu,
+    row_failed,
+    served,
+    sse_chunk,
+    start_server,
+)
+
+TOPICS = (
+    "the river",
+    "a lighthouse",
+    "the old library",
+    "winter markets",
+    "a clockmaker",
+    "the night train",
+    "mountain bees",
+    "a paper kite",
+    "the salt road",
+    "harbour bells",
+)
+
+
+@dataclass
+class Turn:
+    prompt_tokens: int
+    cached_tokens: int
+    ttft: float
+    answer: str
+
+
+def user_message(tokenizer: Any, turn: int, tokens: int) -> str:
+    """About `tokens` tokens of varied text on one topic, ending in a question."""
+    topic = TOPICS[turn % len(TOPICS)]
+    words = " ".join(f"{topic.split()[-1]}{i % 89} note{(i * 13) % 97}" for i in range(tokens))
+    text = f"Turn {turn + 1}, about {topic}: {words}"
+    ids = tokenizer.encode(text, add_special_tokens=False)[: tokens - 16]
+    return tokenizer.decode(ids) + f"\nWhat is the most important thing about {topic}?"
+
+
+def stream_turn(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> Turn:
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent, first, answer, usage = time.perf_counter(), None, "", None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise ServerFailed(f"{url}: HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            chunk = sse_chunk(line)
+            if chunk is None:
+                continue
+            if "error" in chunk:
+                raise ServerFailed(f"{url}: stream error: {chunk['error']}")
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text and first is None:
+                    first = time.perf_counter()
+                answer += text
+    if usage is None or first is None:
+        raise ServerFailed(f"{url}: no text or no usage in the stream")
+    details = usage.get("prompt_tokens_details") or {}
+    return Turn(usage["prompt_tokens"], details.get("cached_tokens", 0), first - sent, answer)
+
+
+def conversation(
+    warm_url: str, cold_url: str, tokenizer: Any, args: argparse.Namespace, number: int
+) -> list[tuple[Turn, Turn]]:
+    """Each turn on the warm server, then the same messages on the cold one. The system message
+    names the conversation, so none starts with an earlier one's prompt."""
+    system = f"You are a helpful assistant (conversation {number}). Answer briefly."
+    messages: list[dict] = [{"role": "system", "content": system}]
+    turns = []
+    with httpx.Client(timeout=600) as client:
+        for turn in range(args.turns):
+            messages.append(
+                {"role": "user", "content": user_message(tokenizer, turn, args.turn_tokens)}
+            )
+            warm = stream_turn(client, warm_url, messages, args.max_tokens)
+            cold = stream_turn(client, cold_url, messages, args.max_tokens)
+            turns.append((warm, cold))
+            messages.append({"role": "assistant", "content": warm.answer})
+    return turns
+
+
+def report(model: str, args: argparse.Namespace, runs: list[list[tuple[Turn, Turn]]]) -> None:
+    rows = [
+        ("model", model),
+        (
+            "turns / user tokens a turn / answer tokens",
+            f"{args.turns} / ~{args.turn_tokens} / <= {args.max_tokens}",
+        ),
+        ("repeats", f"{len(runs)} conversations (medians of the TTFTs below)"),
+    ]
+    for turn in range(args.turns):
+        warm = [run[turn][0] for run in runs]
+        cold = [run[turn][1] for run in runs]
+        share = statistics.median(w.cached_tokens / w.prompt_tokens for w in warm)
+        ttft_warm = statistics.median(w.ttft for w in warm)
+        ttft_cold = statistics.median(c.ttft for c in cold)
+        targets = "  (targets >= 90%, >= 5x)" if turn == args.turns - 1 else ""
+        rows.append(
+            (
+                f"turn {turn + 1}: prompt, cached, TTFT warm / cold",
+                f"{warm[0].prompt_tokens} tok, {share:.0%} cached, {ttft_warm:.3f} / "
+                f"{ttft_cold:.3f} s = {ttft_cold / ttft_warm:.1f}x{targets}",
+            )
+        )
+    print_table(rows)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Prefix-cache reuse and TTFT across the turns of a chat.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--turn-tokens", type=int, default=300, help="tokens in each user turn")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens in each answer")
+    parser.add_argument("--repeats", type=int, default=3, help="conversations (new text each)")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    reexec_for_cpu()  # the process settings `mlxserve serve` runs under
+    from transformers import AutoTokenizer
+
+    model = args.model or default_model()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    try:
+        with (
+            served(partial(start_server, model), "chat-warm") as warm,
+            served(
+                partial(start_server, model, extra=["--prefix-cache-mb", "0"]), "chat-cold"
+            ) as cold,
+        ):
+            runs = []
+            for repeat in range(args.repeats):
+                runs.append(conversation(warm.url, cold.url, tokenizer, args, repeat + 1))
+                print(f"conversation {repeat + 1} done", file=sys.stderr)
+    except ROW_ERRORS as error:
+        row_failed("chat turns", error)
+        return 1
+    report(model, args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
