@@ -23,6 +23,7 @@ from ..platform import current_policy
 from .distributed import Cluster, LockStep, follow
 from .followers import Follower, Followers
 from .inbox import Add, Cancel, Group, ModelChanged, Stop
+from .live import LiveSequences
 from .mlx_lm_compat import ServerBatchGenerator
 from .model_host import LoadedModel, ModelLoadError, model_id_for
 from .model_slot import EngineState, LoadModel, ModelSlot, UnloadModel
@@ -97,8 +98,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
-        self._groups: dict[int, list[SequenceState]] = {}
-        self._by_uid: dict[int, tuple[int, SequenceState]] = {}
+        self.live = LiveSequences()
         self._followers = Followers()
         # Submitted and not finished, counted on the event loop's thread (admission control).
         self.pending_sequences = 0
@@ -211,11 +211,11 @@ class Engine:
 
     @property
     def has_live_sequences(self) -> bool:
-        return bool(self._by_uid)
+        return len(self.live) > 0
 
     @property
     def _busy(self) -> bool:
-        return bool(self._by_uid or self._followers)
+        return len(self.live) > 0 or bool(self._followers)
 
     def _run(self) -> None:
         slot = self.slot
@@ -246,7 +246,7 @@ class Engine:
                 log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
                 slot.unload()
                 continue
-            if not self._by_uid:
+            if not self.has_live_sequences:
                 continue
             try:
                 if self.lockstep is None:
@@ -388,7 +388,7 @@ class Engine:
         stats.peak_batch = max(stats.peak_batch, len(responses))
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:
             self.policy.release_freed_memory(trim=self.cluster is None)
-        live = [(r, self._by_uid[r.uid][1]) for r in responses if r.uid in self._by_uid]
+        live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
                 self.prefixes.keep(r.all_tokens, r.prompt_cache)
@@ -405,12 +405,12 @@ class Engine:
         self._remove(finished)
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
-        stats.active_sequences = len(self._by_uid)
+        stats.active_sequences = len(self.live)
         stats.tokens_per_second = self._rate.record(stats.generated_tokens)
 
     def remove_uids(self, uids: list[int]) -> None:
         """Remove the sequences with these batch rows (rank 0's tick on the other ranks)."""
-        self._remove([self._by_uid[u][1] for u in uids if u in self._by_uid])
+        self._remove([seq for u in uids if (seq := self.live.get(u)) is not None])
 
     def _remove(self, sequences: list[SequenceState]) -> None:
         """Forget finished or cancelled sequences and free their batch slots.
@@ -424,23 +424,14 @@ class Engine:
             for uid, (cache, tokens) in caches.items():
                 if uid in keep:
                     self.prefixes.keep(tokens, cache)
-        for seq in sequences:
-            if seq.uid is None or seq.uid not in self._by_uid:
-                continue
-            group_id, _ = self._by_uid.pop(seq.uid)
-            members = self._groups.get(group_id, [])
-            if seq in members:
-                members.remove(seq)
-            if not members:
-                self._groups.pop(group_id, None)
-            self.stats.finished_sequences += 1
+        self.stats.finished_sequences += sum(self.live.forget(seq) for seq in sequences)
 
     def _keep_running_prompt(self, uid: int) -> None:
         """A prompt just prefilled is reusable before its sequence ends: any request sharing it
         starts from a copy, taken a few layers per step, or at once when its waiting choices
         (n, best_of) start from it now."""
-        entry = self._by_uid.get(uid)
-        if not self.prefixes.enabled or entry is None or not entry[1].request.cache_prompt:
+        seq = self.live.get(uid)
+        if not self.prefixes.enabled or seq is None or not seq.request.cache_prompt:
             return
         tokens = self.generator.running_tokens(uid)
         if tokens is None:  # removed meanwhile
@@ -451,20 +442,18 @@ class Engine:
 
     def _cancel(self, group_id: int) -> None:
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
-        members = list(self._groups.get(group_id, []))
+        members = self.live.group(group_id)
         if members:
             self._remove(members)
             self.stats.cancelled_sequences += len(members)
-            self.stats.active_sequences = len(self._by_uid)
+            self.stats.active_sequences = len(self.live)
 
     def _fail_all(self, message: str, unavailable: bool = False) -> None:
-        for members in list(self._groups.values()):
-            for seq in members:
-                seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
+        for seq in self.live.all():
+            seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
         for f in self._followers.take_all():
             f.group.post(GenerationEvent(index=f.index, error=message, unavailable=unavailable))
-        self._groups.clear()
-        self._by_uid.clear()
+        self.live.clear()
         if self.slot.loaded is not None:
             self.generator = self._new_generator()
         self.stats.active_sequences = 0
@@ -500,13 +489,8 @@ class Engine:
                 )
             return
         for seq in sequences:
-            self._register(group.group_id, seq)
-        self.stats.active_sequences = len(self._by_uid)
-
-    def _register(self, group_id: int, seq: SequenceState) -> None:
-        if seq.uid is not None:
-            self._groups.setdefault(group_id, []).append(seq)
-            self._by_uid[seq.uid] = (group_id, seq)
+            self.live.add(group.group_id, seq)
+        self.stats.active_sequences = len(self.live)
 
     def _shares_prefill(self, request: GenerationRequest) -> bool:
         """Whether later choices of the same prompt should wait for this one's prefill."""
@@ -529,8 +513,8 @@ class Engine:
                     GenerationEvent(index=f.index, error=f"could not start generation: {error}")
                 )
                 continue
-            self._register(f.group.group_id, seq)
-        self.stats.active_sequences = len(self._by_uid)
+            self.live.add(f.group.group_id, seq)
+        self.stats.active_sequences = len(self.live)
 
     def _start_sequence(self, index: int, request: GenerationRequest, post) -> SequenceState:
         self.stats.prompt_tokens += len(request.prompt_ids)
