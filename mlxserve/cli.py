@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -75,11 +76,26 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def version_text() -> str:
+    """mlxserve's version and the MLX stack it runs on, from the installed packages' metadata
+    (nothing is imported: `--version` answers at once)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"mlxserve {of('mlxserve')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxserve",
         description="A local, OpenAI-compatible LLM server built on MLX.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
@@ -211,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --distributed: a step that waits this long on the other ranks means one is "
         "gone: requests in flight get 503 and the server exits",
     )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much the server logs (debug: each engine step's work)",
+    )
     return parser
 
 
@@ -257,6 +278,8 @@ def serve(args: argparse.Namespace) -> int:
         api_key = read_api_key(args.api_key, args.api_key_file)
         limits = request_limits(args)
         chat = chat_settings(args)
+        if not args.distributed:  # there, rank 0 alone listens: it checks when it binds
+            check_port_free(args.host, args.port)
     except ValueError as error:
         print(f"mlxserve: error: {error}", file=sys.stderr)
         return 2
@@ -284,6 +307,21 @@ def serve(args: argparse.Namespace) -> int:
         **memory,
     )
     return serve_forever(settings)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Before the model loads (a minute, for some): a port another program listens on is a
+    one-line error now, not a traceback after the load."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(
+                f"cannot listen on {host}:{port}: {error.strerror or error} "
+                "(another server there? choose another with --port)"
+            ) from error
 
 
 def chat_settings(args: argparse.Namespace) -> ChatSettings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -39,6 +40,40 @@ def test_help_documents_every_flag():
     ):
         assert flag in result.stdout
     assert "127.0.0.1" in result.stdout
+
+
+def test_every_flag_has_help():
+    from mlxserve.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in commands.choices["serve"]._actions:
+        assert action.help, action.option_strings
+
+
+def test_version_names_mlxserve_and_its_mlx():
+    from importlib.metadata import version
+
+    result = mlxserve("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == (
+        f"mlxserve {version('mlxserve')} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
+    )
+
+
+def test_a_port_in_use_is_a_one_line_error_before_the_model_loads():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = mlxserve("serve", "--port", str(port))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "loading" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"mlxserve: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another server there? choose another with --port)"
+    ]
 
 
 def test_bad_model_path_is_a_one_line_error():
