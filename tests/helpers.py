@@ -19,10 +19,13 @@ def texts(result: dict[str, Any]) -> list[str]:
     return [c["text"] for c in sorted(result["choices"], key=lambda c: c["index"])]
 
 
-def stream_chunks(http: httpx.Client, **body: Any) -> list[dict[str, Any] | str]:
-    """Every SSE data payload of a streamed completion, parsed; '[DONE]' kept as a string."""
+def stream_chunks(
+    http: httpx.Client, path: str = "/v1/completions", **body: Any
+) -> list[dict[str, Any] | str]:
+    """Every SSE data payload of a streamed completion (or chat, by `path`), parsed; '[DONE]'
+    kept as a string."""
     chunks: list[dict[str, Any] | str] = []
-    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():

@@ -155,6 +155,22 @@ def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     }
 
 
+def whole_response(
+    meta: dict[str, Any],
+    kind: str,
+    choices: list[dict[str, Any]],
+    plan: Plan,
+    results: list[SequenceResult],
+    with_timings: bool,
+) -> dict[str, Any]:
+    """OpenAI's unstreamed answer around its choices: `meta` (id, created, model, ...), the
+    object `kind`, usage, and llama.cpp's timings when asked."""
+    response = {**meta, "object": kind, "choices": choices, "usage": usage(plan, results)}
+    if with_timings:
+        response["timings"] = llama_timings([r.timings for r in results if r.timings])
+    return response
+
+
 def error_chunk(message: str, unavailable: bool = False) -> dict[str, Any]:
     """A stream's last chunk when generation fails after the 200 went out."""
     kind = "service_unavailable" if unavailable else "server_error"

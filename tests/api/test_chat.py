@@ -14,7 +14,7 @@ import re
 import jsonschema
 import pytest
 
-from ..helpers import complete, error_of
+from ..helpers import complete, error_of, stream_chunks
 
 USER = [{"role": "user", "content": "Say something."}]
 SEEDS = 20
@@ -66,17 +66,7 @@ def chat(http, path: str = "/v1/chat/completions", **body) -> dict:
 
 def chat_chunks(http, **body) -> list:
     """Every SSE payload of a streamed chat, parsed; '[DONE]' kept as a string."""
-    chunks = []
-    with http.stream(
-        "POST", "/v1/chat/completions", json={"messages": USER, **body, "stream": True}
-    ) as response:
-        assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                payload = line[len("data: ") :]
-                chunks.append(payload if payload == "[DONE]" else json.loads(payload))
-    return chunks
+    return stream_chunks(http, "/v1/chat/completions", **{"messages": USER, **body})
 
 
 def streamed(chunks: list) -> dict[int, dict]:

@@ -29,8 +29,9 @@ from ..responses import (
     llama_timings,
     sse,
     usage,
+    whole_response,
 )
-from .chat_prompt import prepare
+from .chat_prompt import ChatPrompt, prepare
 from .chat_protocol import ChatCompletionRequest
 from .completions import FINGERPRINT
 
@@ -41,13 +42,19 @@ def chat_settings() -> ChatSettings:
     return current_app.config["SETTINGS"].chat
 
 
+async def read_chat() -> tuple[ChatCompletionRequest, Any, Any, ChatPrompt]:
+    """The request's body, the engine and model that serve it, and its messages rendered."""
+    body = await read_completion_request(ChatCompletionRequest)
+    engine, loaded = await ready_model(body.model)
+    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
+    return body, engine, loaded, chat
+
+
 @blueprint.post("/v1/chat/completions")
 @blueprint.post("/chat/completions")
 @document_request(ChatCompletionRequest)
 async def create_chat_completion():
-    body = await read_completion_request(ChatCompletionRequest)
-    engine, loaded = await ready_model(body.model)
-    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
+    body, engine, loaded, chat = await read_chat()
     plan = await plan_on(engine, loaded, chat.request, chat.constraint)
     meta = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -66,9 +73,7 @@ async def create_chat_completion():
 @document_request(ChatCompletionRequest)
 async def apply_template():
     """llama.cpp's /apply-template: the prompt these messages render to, generating nothing."""
-    body = await read_completion_request(ChatCompletionRequest)
-    _, loaded = await ready_model(body.model)
-    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
+    *_, chat = await read_chat()
     return {"prompt": chat.text}
 
 
@@ -98,15 +103,7 @@ def chat_completion(
             choice["prompt_token_ids"] = list(plan.prompts[0].ids)
             choice["token_ids"] = result.token_ids
         choices.append(choice)
-    response = {
-        **meta,
-        "object": "chat.completion",
-        "choices": choices,
-        "usage": usage(plan, results),
-    }
-    if body.timings_per_token:
-        response["timings"] = llama_timings([r.timings for r in results if r.timings])
-    return response
+    return whole_response(meta, "chat.completion", choices, plan, results, body.timings_per_token)
 
 
 def message(answer: Delta) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..responses import (
     llama_timings,
     sse,
     usage,
+    whole_response,
 )
 
 blueprint = Blueprint("openai_completions", __name__)
@@ -70,15 +71,7 @@ def completion(results: list[SequenceResult], plan: Plan, meta: dict[str, Any]) 
                 choice["prompt_token_ids"] = list(prompt.ids)
                 choice["token_ids"] = result.token_ids
             choices.append(choice)
-    response = {
-        **meta,
-        "object": "text_completion",
-        "choices": choices,
-        "usage": usage(plan, results),
-    }
-    if body.timings_per_token:
-        response["timings"] = llama_timings([r.timings for r in results if r.timings])
-    return response
+    return whole_response(meta, "text_completion", choices, plan, results, body.timings_per_token)
 
 
 async def stream_completion(
