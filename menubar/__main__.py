@@ -7,6 +7,7 @@ import sys
 
 from . import actions
 from .controller import ServerController
+from .tray import NoWindow, TkTray
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("serve_args", nargs="*", help="flags for `mlxserve serve` (after --)")
     args = parser.parse_args(argv)
     controller = ServerController(args.host, args.port, args.serve_args, args.api_key)
-    ui = _ui(controller)
+    try:
+        ui = _ui(controller)  # before the server starts: no window, no server left behind
+    except NoWindow as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     if not args.no_start:
         actions.start(controller, ui)
     controller.start_polling(1.0)
@@ -34,8 +39,6 @@ def _ui(controller: ServerController):
             return MenubarApp(controller)
         except ImportError:  # rumps not installed: the Tk window still works
             pass
-    from .tray import TkTray
-
     return TkTray(controller)
 
 

@@ -1,5 +1,6 @@
 """The menu in a small Tk window: the Linux (and fallback) rendering of the same menu the macOS
-app shows in the menu bar. Tk ships with Python, so it runs anywhere with a display, Xvfb too."""
+app shows in the menu bar. Tk comes with most Pythons (Debian's: python3-tk), so it runs
+anywhere with a display, Xvfb too."""
 
 from __future__ import annotations
 
@@ -12,16 +13,42 @@ from . import actions, login, menu
 from .controller import PortConflict, ServerController, Snapshot
 
 
+class NoWindow(RuntimeError):
+    """Tk cannot open a window here (no display, or no Tk for this Python); the message says
+    what to do instead."""
+
+
+def _import_tkinter():
+    try:
+        import tkinter
+    except ImportError as error:
+        if sys.platform == "darwin":
+            fix = "brew install python-tk, or use python.org's Python"
+        elif "libtk" in str(error) or "libtcl" in str(error):
+            fix = "apt-get install libtk8.6"
+        else:
+            fix = "apt-get install python3-tk"
+        raise NoWindow(f"this Python has no Tk for the menu window ({error}): {fix}") from None
+    return tkinter
+
+
 class TkTray:
     """The window is one menu button titled like the menu bar item; its menu is rebuilt from
     each snapshot (on Tk's thread: the controller publishes from its polling thread)."""
 
     def __init__(self, controller: ServerController, root=None):
-        import tkinter as tk
-
+        tk = _import_tkinter()
         self.tk = tk
         self.controller = controller
-        self.root = root or tk.Tk()
+        try:
+            self.root = root or tk.Tk()
+        except tk.TclError as error:
+            if "display" not in str(error):
+                raise NoWindow(f"Tk cannot open the menu window: {error}") from None
+            raise NoWindow(
+                f"no display to show the menu on ({error}); on a server use the HTTP API,"
+                " or run the menu under Xvfb: xvfb-run python -m menubar"
+            ) from None
         self.root.title("mlxserve")
         self.root.attributes("-topmost", True)
         self.button = tk.Menubutton(self.root, relief="raised", padx=12, pady=4, width=28)

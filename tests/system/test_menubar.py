@@ -1,26 +1,47 @@
 """The menubar app: its controller against a real `mlxserve serve` subprocess on the tiny
-models, and the Tk rendering of its menu driven under Xvfb (skipped where Xvfb is missing)."""
+models, the Tk rendering of its menu driven under Xvfb (skipped where Xvfb is missing), what
+`python -m menubar` says where it cannot open a window, and the dependencies its extra declares."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from menubar import login, menu
 from menubar.controller import ServerController, wait_until
 
 from ..live_server import free_port
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+# The platforms a menubar module runs on: app.py (rumps) on macOS alone, the rest everywhere.
+PLATFORMS = {
+    "darwin": {"sys_platform": "darwin", "platform_machine": "arm64"},
+    "linux": {"sys_platform": "linux", "platform_machine": "x86_64"},
+}
+RUNS_ON = {"app.py": ("darwin",)}
+tk_is_the_window = pytest.mark.skipif(
+    sys.platform == "darwin", reason="macOS: the rumps menu bar, and Tk needs no $DISPLAY there"
+)
 
 
 def controller_for(models: Path, tmp_path: Path) -> ServerController:
@@ -196,3 +217,85 @@ def test_the_tk_menu_starts_lists_switches_and_stops(tiny_models_dir, tmp_path, 
         controller.stop_polling()
         controller.stop()
         tray.root.destroy()
+
+
+def run_menubar(args: list[str], tmp_path: Path, python_code: str | None = None):
+    """`python -m menubar ARGS` (or `python -c CODE ARGS`) with no $DISPLAY; the server log,
+    were a server started, would go under tmp_path."""
+    env = {name: value for name, value in os.environ.items() if name != "DISPLAY"}
+    env["XDG_STATE_HOME"] = str(tmp_path)  # platformdirs' user_log_dir on Linux
+    program = ["-c", python_code] if python_code else ["-m", "menubar"]
+    return subprocess.run(
+        [sys.executable, *program, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@tk_is_the_window
+@pytest.mark.parametrize("start", [False, True], ids=["no-start", "start"])
+def test_without_a_display_it_says_so_in_one_line_and_starts_no_server(start, tmp_path):
+    # Were a server started, it would exit at once: its model does not exist.
+    args = ["--port", str(free_port()), "--", "--model", str(tmp_path / "no-model")]
+    result = run_menubar(args if start else ["--no-start", *args], tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("python -m menubar: error: no display to show the menu on")
+    assert "$DISPLAY" in lines[0] and "Xvfb" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.rglob("server.log")) == []
+
+
+@tk_is_the_window
+def test_without_tk_it_names_the_package_to_install(tmp_path):
+    no_tkinter = (
+        "import sys; sys.modules['tkinter'] = None; "
+        "from menubar.__main__ import main; sys.exit(main())"
+    )
+    result = run_menubar(["--no-start"], tmp_path, python_code=no_tkinter)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("python -m menubar: error: this Python has no Tk")
+    assert lines[0].endswith("apt-get install python3-tk")
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level modules `path` imports, anywhere in it, less the standard library's."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module.partition(".")[0])
+    return modules - set(sys.stdlib_module_names)
+
+
+def test_the_menubar_extra_declares_every_module_the_menubar_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [
+        Requirement(line)
+        for line in project["dependencies"] + project["optional-dependencies"]["menubar"]
+    ]
+    distributions = importlib.metadata.packages_distributions()
+    imported = {}
+    for path in sorted((ROOT / "menubar").glob("*.py")):
+        for module in third_party_imports(path):
+            imported[path.name, module] = canonicalize_name(distributions.get(module, [module])[0])
+    assert {"httpx", "platformdirs", "rumps"} <= set(imported.values())
+    undeclared = [
+        f"{file} imports {module} ({name}), which `pip install mlxserve[menubar]` on {platform}"
+        " does not install"
+        for (file, module), name in imported.items()
+        for platform in RUNS_ON.get(file, tuple(PLATFORMS))
+        if not any(
+            canonicalize_name(requirement.name) == name
+            and (requirement.marker is None or requirement.marker.evaluate(PLATFORMS[platform]))
+            for requirement in declared
+        )
+    ]
+    assert undeclared == []
