@@ -46,8 +46,8 @@ LIMIT_FLAGS = (
         "--max-tokens-limit",
         "max_tokens",
         int,
-        "the most tokens one sequence may generate: a larger max_tokens gets 400, and -1/null "
-        "(until the context is full) stops here",
+        "the most tokens one sequence may generate: a larger max_tokens is lowered to it "
+        "(400 with --strict-context), and -1/null (until the context is full) stops here",
     ),
     ("--max-n", "max_n", int, "largest n and best_of"),
     ("--max-sequences", "max_sequences_per_request", int, "prompts x best_of per request"),
@@ -207,6 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
         "of the current one (without it, only POST /admin/load switches)",
     )
     serve.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="a request naming a model this server does not serve gets 404 (model_not_found); "
+        "without it, the loaded model answers whatever name a client sends (the response's "
+        "`model` says which), as llama.cpp and LM Studio do",
+    )
+    serve.add_argument(
+        "--strict-context",
+        action="store_true",
+        help="a max_tokens that does not fit the context beside the prompt (or exceeds "
+        "--max-tokens-limit) gets 400, as OpenAI answers; without it, max_tokens is lowered to "
+        "what fits and generation stops when the context is full (finish_reason length)",
+    )
+    serve.add_argument(
         "--idle-unload",
         type=float,
         default=None,
@@ -301,6 +315,8 @@ def serve(args: argparse.Namespace) -> int:
         chat=chat,
         models_dirs=tuple(args.models_dir),
         allow_switch=args.allow_switch,
+        strict_model_names=args.strict_model_names,
+        strict_context=args.strict_context,
         idle_unload_s=args.idle_unload,
         distributed=args.distributed,
         rank_timeout_s=args.rank_timeout,

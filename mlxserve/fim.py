@@ -149,6 +149,14 @@ def _resolve(template: FimTemplate, vocab: Mapping[str, int]) -> Fim | None:
     )
 
 
+def fim_token_names() -> str:
+    """The FIM tokens the known templates look for, for an error that says what is missing."""
+    sets = dict.fromkeys(
+        "/".join(x for x in (t.prefix, t.suffix, t.middle) if x) for t in TEMPLATES
+    )
+    return "none of " + ", ".join(sets)
+
+
 def detect_fim(vocab: Mapping[str, int], name: str | None = None) -> Fim | None:
     """The model's FIM template: the one named (`--fim-template`), else the first family whose
     tokens the vocabulary has. None when it has none (or "none" was named)."""

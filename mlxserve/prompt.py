@@ -13,11 +13,20 @@ from typing import Any
 
 
 class PromptError(ValueError):
-    """A prompt the model cannot take; `code` says why for the API's error body."""
+    """A prompt the model cannot take; `code` says why for the API's error body, `details` the
+    numbers a client may read (llama.cpp's n_prompt_tokens and n_ctx)."""
 
-    def __init__(self, message: str, code: str = "invalid_value"):
+    def __init__(
+        self,
+        message: str,
+        code: str = "invalid_value",
+        param: str = "prompt",
+        details: dict[str, int] | None = None,
+    ):
         super().__init__(message)
         self.code = code
+        self.param = param
+        self.details = details or {}
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,7 @@ class Prompt:
 class Budget:
     ids: tuple[int, ...]
     max_tokens: int
-    truncated: bool
+    truncated: bool  # prompt tokens were cut
 
 
 def split_prompts(prompt: Any) -> list[Any]:
@@ -90,13 +99,16 @@ def fit_context(
     keep_last: int | None = None,
     max_prompt_tokens: int | None = None,
     max_new_tokens: int | None = None,
+    strict: bool = False,
 ) -> Budget:
     """Make prompt + completion fit the context window and the server's limits.
 
     max_tokens None or -1 means "until the window is full" (or `max_new_tokens`, the server's
-    ceiling). Without `truncate`, overflowing is an error naming the numbers; with it, max_tokens
-    shrinks first, then the oldest prompt tokens go. `keep_last` (vLLM's truncate_prompt_tokens)
-    keeps only the prompt's last N tokens up front; so does `max_prompt_tokens` with `truncate`.
+    ceiling). A larger max_tokens than the window leaves, or than the ceiling, is lowered to
+    it, as llama.cpp, LM Studio and Ollama do; `strict` makes it an error naming the numbers,
+    as OpenAI does. A prompt that leaves no room is an error unless `truncate`: then the oldest
+    prompt tokens go. `keep_last` (vLLM's truncate_prompt_tokens) keeps only the prompt's last
+    N tokens up front; so does `max_prompt_tokens` with `truncate`.
     """
     truncated = False
     if keep_last is not None and len(ids) > keep_last:
@@ -108,25 +120,48 @@ def fit_context(
                 f"{max_prompt_tokens}. Shorten it, or send "
                 f'"context_length_exceeded_behavior": "truncate" to keep its end.',
                 code="prompt_too_long",
+                details={"n_prompt_tokens": len(ids), "n_ctx": context_length},
             )
         ids, truncated = ids[-max_prompt_tokens:], True
-    until_full = max_tokens is None or max_tokens < 0
     room = context_length - len(ids)
-    if until_full:
+    if max_tokens is None or max_tokens < 0:
         if room >= 1:
             return Budget(ids, min(room, max_new_tokens or room), truncated)
         max_tokens = 1
+    elif max_new_tokens is not None and max_tokens > max_new_tokens:
+        if strict:
+            raise PromptError(
+                f"max_tokens is {max_tokens}; this server generates at most {max_new_tokens} "
+                "tokens per sequence.",
+                code="max_tokens_exceeded",
+                param="max_tokens",
+            )
+        max_tokens = max_new_tokens
     if len(ids) + max_tokens <= context_length:
         return Budget(ids, max_tokens, truncated)
+    if room >= 1 and (truncate or not strict):
+        return Budget(ids, room, truncated)
     if not truncate:
-        raise PromptError(
-            f"This model's maximum context length is {context_length} tokens, but "
-            f"{len(ids) + max_tokens} were requested ({len(ids)} in the prompt, {max_tokens} for "
-            f"the completion). Shorten the prompt, lower max_tokens, or send "
-            f'"context_length_exceeded_behavior": "truncate".',
-            code="context_length_exceeded",
-        )
-    if room >= 1:
-        return Budget(ids, room, True)
+        raise _overflow(len(ids), max_tokens, context_length, strict)
     max_tokens = min(max_tokens, 1)
     return Budget(ids[len(ids) - (context_length - max_tokens) :], max_tokens, True)
+
+
+def _overflow(prompt_tokens: int, max_tokens: int, context_length: int, strict: bool):
+    details = {"n_prompt_tokens": prompt_tokens, "n_ctx": context_length}
+    if prompt_tokens < context_length and strict:
+        return PromptError(
+            f"This model's maximum context length is {context_length} tokens, but "
+            f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the completion). Shorten the prompt, lower max_tokens, or send "
+            f'"context_length_exceeded_behavior": "truncate".',
+            code="context_length_exceeded",
+            details=details,
+        )
+    return PromptError(
+        f"The prompt is {prompt_tokens} tokens, and this model's context is {context_length}: "
+        "no room is left to generate. Shorten the prompt, or send "
+        '"context_length_exceeded_behavior": "truncate" to keep its end.',
+        code="context_length_exceeded",
+        details=details,
+    )

@@ -68,6 +68,8 @@ class Settings:
     chat: ChatSettings = field(default_factory=ChatSettings)
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio
     allow_switch: bool = False  # a request's `model` may load another known model
+    strict_model_names: bool = False  # a `model` the server does not serve: 404, not the loaded one
+    strict_context: bool = False  # max_tokens beyond the context or the limit: 400, not clamped
     idle_unload_s: float | None = None  # free the model after this long without requests
     distributed: bool = False  # one model over the ranks mlx.launch started
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails

@@ -18,17 +18,21 @@ class APIError(Exception):
         code: str | None = None,
         status: int | None = None,
         headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
     ):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.details = details or {}  # more fields of the error object (llama.cpp's n_ctx)
         if status is not None:
             self.status = status
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
+        body = error_body(self.message, self.type, self.param, self.code)
+        body["error"].update(self.details)
+        return body
 
 
 class InvalidRequest(APIError):

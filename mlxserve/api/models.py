@@ -1,7 +1,9 @@
-"""GET /v1/models: the models this machine has (the registry), the loaded one marked; and the
-`model` field of requests, which may only name one of them."""
+"""GET /v1/models: the models this machine has (the registry), the loaded one marked; and what
+the `model` field of a request selects."""
 
 from __future__ import annotations
+
+import logging
 
 from quart import Blueprint, current_app
 
@@ -11,6 +13,7 @@ from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound
 
 blueprint = Blueprint("models", __name__)
+log = logging.getLogger("mlxserve.api")
 STARTED = "created"
 
 
@@ -37,22 +40,42 @@ def known_model(name: str) -> ModelEntry:
 
 def check_model_name(name: str | None) -> None:
     """A request may name the served model (by id or as given on the command line), none, or
-    with --allow-switch any known model, which is then loaded in its place."""
+    with --allow-switch any known model, which is then loaded in its place. Any other name is
+    answered by the loaded model, as llama.cpp and LM Studio do (clients send fixed names:
+    gpt-3.5-turbo, davinci-002), unless --strict-model-names asks for 404s."""
     engine = current_app.config["ENGINE"]
     if name in (None, "", served_model_id(), engine.model_source):
         return
-    entry = known_model(name)
-    if not current_app.config["SETTINGS"].allow_switch:
+    settings = current_app.config["SETTINGS"]
+    entry = known_model(name) if settings.strict_model_names else registry().find(name)
+    if entry is not None and settings.allow_switch:
+        try:
+            engine.switch(str(entry.path), entry.name)
+        except EngineError as error:
+            raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
+        return
+    if settings.strict_model_names:
         raise InvalidRequest(
             f"The model '{name}' is not the one loaded ('{served_model_id()}'); this server "
             "switches models only when started with --allow-switch.",
             param="model",
             code="model_not_loaded",
         )
-    try:
-        engine.switch(str(entry.path), entry.name)
-    except EngineError as error:
-        raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
+    _note_stand_in(name)
+
+
+_stand_ins_noted: set[str] = set()
+
+
+def _note_stand_in(name: str) -> None:
+    """Say once per name that the loaded model answers for it."""
+    if name not in _stand_ins_noted and len(_stand_ins_noted) < 1000:
+        _stand_ins_noted.add(name)
+        log.info(
+            "requests for model %r are answered by %s (--strict-model-names refuses them)",
+            name,
+            served_model_id(),
+        )
 
 
 def model_card(entry: ModelEntry | None = None) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from quart import current_app
 
 from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec
-from ..fim import FimError, InfillParts, build_infill
+from ..fim import FimError, InfillParts, build_infill, fim_token_names
 from ..prompt import (
     Prompt,
     PromptError,
@@ -127,7 +127,9 @@ def make_plan(
     try:
         return _make_plan(body, loaded, settings, grammar, infill)
     except PromptError as error:
-        raise InvalidRequest(str(error), param="prompt", code=error.code) from error
+        raise InvalidRequest(
+            str(error), param=error.param, code=error.code, details=error.details
+        ) from error
 
 
 def _make_plan(
@@ -137,10 +139,14 @@ def _make_plan(
     grammar: str | None,
     infill: InfillParts | None,
 ) -> Plan:
+    if infill is not None and loaded.fim is None and not infill.suffix:
+        # Nothing after the cursor: a model without FIM tokens continues the text before it.
+        pieces, infill = [infill.prefix + infill.prompt], None
+    else:
+        pieces = [infill.prompt] if infill is not None else split_prompts(body.prompt)
     filling = infill is not None or bool(body.suffix)
     if filling:
-        _check_filling(body, loaded, infill)
-    pieces = [infill.prompt] if infill is not None else split_prompts(body.prompt)
+        _check_filling(body, loaded, infill, settings)
     per_prompt = body.best_of or body.n
     limit = settings.limits.max_sequences_per_request
     if len(pieces) * per_prompt > limit:
@@ -175,6 +181,7 @@ def _make_plan(
             body.truncate_prompt_tokens,
             settings.limits.max_prompt_tokens,
             settings.limits.max_tokens,
+            strict=settings.strict_context,
         )
         prompt_stop = _stop_for(loaded, stop, budget.ids, budget.max_tokens, filling)
         plan.prompts.append(Prompt(budget.ids, prompt.text))
@@ -197,14 +204,22 @@ def _make_plan(
     return plan
 
 
-def _check_filling(body: CompletionRequest, loaded, infill: InfillParts | None) -> None:
+def _check_filling(
+    body: CompletionRequest, loaded, infill: InfillParts | None, settings: Settings
+) -> None:
     """A fill-in-the-middle request needs a model with FIM tokens, and cannot echo logprobs."""
     if loaded.fim is None:
+        field = "input_suffix" if infill is not None else "suffix"
+        why = (
+            "infill is turned off (--fim-template none)"
+            if settings.fim_template == "none"
+            else f"its vocabulary has no fill-in-the-middle tokens ({fim_token_names()})"
+        )
         raise InvalidRequest(
-            f"The model {loaded.model_id} has no fill-in-the-middle tokens, so it cannot fill in "
-            "between a prefix and a suffix. Serve a code model with FIM (Qwen2.5-Coder, "
-            "StarCoder2, CodeLlama, ...), or send the text before the cursor alone as the prompt.",
-            param="input_suffix" if infill is not None else "suffix",
+            f"The model {loaded.model_id} cannot fill in before '{field}': {why}. Serve a code "
+            "model with FIM (Qwen2.5-Coder, StarCoder2, CodeLlama, ...), or send no suffix: the "
+            "text before the cursor is then continued.",
+            param=field,
             code="fim_not_supported",
         )
     if body.echo and body.logprobs is not None:

@@ -47,6 +47,7 @@ from .schema_docs import (
 )
 
 DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_FIELD = 2**31 - 1  # llama.cpp reads n_predict as a 32-bit int; more is a client bug
 MAX_BREAKERS = 32
 MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
 MAX_WINDOW = 2**31 - 1  # penalty windows: MLX slices with 32-bit indices; "all" needs no more
@@ -61,7 +62,6 @@ def alias(*names: str) -> AliasChoices:
 
 # Limits a server's flags set (settings.Limits); /openapi.json shows the values it runs with.
 LIMITED_FIELDS = {
-    "max_tokens": "max_tokens",
     "n": "max_n",
     "best_of": "max_n",
     "logprobs": "max_logprobs",
@@ -115,8 +115,10 @@ class CompletionRequest(BaseModel):
     max_tokens: StrictInt | None = Field(
         DEFAULT_MAX_TOKENS,
         ge=-1,
+        le=MAX_TOKENS_FIELD,
         validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
-        description="-1 or null: until the context window is full",
+        description="-1 or null: until the context window is full; more than the context "
+        "leaves, or than the server's limit, is lowered to it (400 under --strict-context)",
     )
     temperature: StrictFloat = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)

@@ -86,7 +86,6 @@ HOSTILE = [
     ("negative token id", {"prompt": [1, -3]}, {}, 400),
     ("stop token id beyond the vocabulary", {"prompt": "x", "stop_token_ids": [10**6]}, {}, 400),
     ("n x best_of x prompts explosion", {"prompt": ["a"] * 100, "n": 100, "best_of": 100}, {}, 400),
-    ("n x max_tokens explosion", {"prompt": "x", "n": 128, "max_tokens": 10**6}, {}, 400),
     ("nested regex", {"prompt": "x", "max_tokens": 8, "guided_regex": "(a*)*b"}, {}, None),
     (
         "regex with a huge repeat",
@@ -133,8 +132,9 @@ HOSTILE = [
     ),
     ("XML content type", b"<prompt>x</prompt>", {"Content-Type": "application/xml"}, 415),
     ("a prompt that is an object", {"prompt": {"text": "x"}}, {}, 400),
-    ("a model given as a path", {"prompt": "x", "model": "/etc/passwd"}, {}, 404),
-    ("a model given as a relative path", {"prompt": "x", "model": "../../../etc"}, {}, 404),
+    # Never loaded: the loaded model answers (404 under --strict-model-names).
+    ("a model given as a path", {"prompt": "x", "model": "/etc/passwd"}, {}, 200),
+    ("a model given as a relative path", {"prompt": "x", "model": "../../../etc"}, {}, 200),
     (
         "100,000 logit_bias entries",
         {"prompt": "x", "max_tokens": 2, "logit_bias": {str(i % 1000): 1 for i in range(100_000)}},
@@ -276,12 +276,15 @@ def test_slow_headers_are_cut_off(strict):
 
 def test_limits_set_by_flags_are_enforced_and_named(strict):
     with httpx.Client(base_url=strict.url) as http:
-        for field, value in (("max_tokens", 9), ("n", 3), ("best_of", 3), ("logprobs", 2)):
+        for field, value in (("n", 3), ("best_of", 3), ("logprobs", 2)):
             error = error_of(http.post("/v1/completions", json={"prompt": "x", field: value}), 400)
             assert error["param"] == field and "this server's limit" in error["message"]
-        for alias, value in (("n_predict", 9), ("n_probs", 2), ("max_completion_tokens", 9)):
-            error = error_of(http.post("/v1/completions", json={"prompt": "x", alias: value}), 400)
-            assert error["param"] == alias
+        error = error_of(http.post("/v1/completions", json={"prompt": "x", "n_probs": 2}), 400)
+        assert error["param"] == "n_probs"
+        # max_tokens beyond the limit is lowered to it (as llama.cpp caps n_predict).
+        for alias in ("max_tokens", "n_predict", "max_completion_tokens"):
+            result = complete(http, prompt="x", ignore_eos=True, **{alias: 9})
+            assert result["usage"]["completion_tokens"] == 8, alias
         # -1 (until the context is full) stops at the server's limit.
         result = complete(http, prompt="x", max_tokens=-1, ignore_eos=True)
         assert result["usage"]["completion_tokens"] == 8
@@ -310,11 +313,11 @@ def test_the_openapi_document_states_the_servers_limits(strict):
         branches = properties[name].get("anyOf", [properties[name]])
         return next(b["maximum"] for b in branches if b.get("type") == "integer")
 
-    assert maximum("max_tokens") == maximum("n_predict") == maximum("max_completion_tokens") == 8
     assert maximum("n") == maximum("best_of") == 2
     assert maximum("logprobs") == maximum("n_probs") == 1
-    native = document["paths"]["/infill"]["post"]["requestBody"]["content"]["application/json"]
-    assert native["schema"]["properties"]["n_predict"]["anyOf"][0]["maximum"] == 8
+    # max_tokens above the limit is lowered to it, not refused: the schema says so.
+    assert maximum("max_tokens") == maximum("n_predict") == maximum("max_completion_tokens")
+    assert "lowered" in properties["max_tokens"]["description"]
 
 
 def test_a_request_deadline_ends_generation_with_length(live_server, tiny_model):

@@ -279,8 +279,10 @@ def test_models_without_fim_tokens_refuse_infill_by_name(server, http):
     error = response.json()["error"]
     assert error["param"] == "suffix" and error["code"] == "fim_not_supported"
     assert "fill-in-the-middle" in error["message"]
+    assert "<fim_prefix>/<fim_suffix>/<fim_middle>" in error["message"]  # what is missing
     response = http.post("/infill", json={"input_prefix": "def f(", "input_suffix": ")"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "input_suffix"
+    # No suffix: the prefix is continued (tests/api/test_lenient_requests.py).
 
 
 def test_smollm2_has_no_fim_tokens_so_suffix_is_a_400(smollm2_server):
@@ -288,7 +290,9 @@ def test_smollm2_has_no_fim_tokens_so_suffix_is_a_400(smollm2_server):
         response = client.post("/v1/completions", json={"prompt": "def f(", "suffix": ")\n"})
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "fim_not_supported"
-        assert client.post("/infill", json={"input_prefix": "x"}).status_code == 400
+        body = {"input_prefix": "x", "input_suffix": "y"}
+        assert client.post("/infill", json=body).status_code == 400
+        assert client.post("/infill", json={"input_prefix": "x", "n_predict": 2}).status_code == 200
         # Plain completions still work on it.
         assert client.post("/completion", json={"prompt": "x", "n_predict": 2}).status_code == 200
 

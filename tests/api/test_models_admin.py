@@ -45,7 +45,9 @@ def test_models_lists_the_registry_with_facts_from_disk(live_server, tiny_model,
     assert models["mlxserve-demo-coder"]["fim"] == "starcoder"
 
 
-def test_unknown_names_and_paths_are_404_everywhere(live_server, tiny_model, tiny_models_dir):
+def test_unknown_names_and_paths_never_load(live_server, tiny_model, tiny_models_dir):
+    """/admin/load refuses them; a request naming one is answered by the loaded model (404
+    under --strict-model-names: tests/api/test_lenient_requests.py)."""
     live = live_server(tiny_model, models_dirs=(str(tiny_models_dir),), allow_switch=True)
     with httpx.Client(base_url=live.url, timeout=60) as http:
         for name in ("gpt-9", str(tiny_models_dir / "tiny2"), "/etc", "../shared/models/x"):
@@ -53,7 +55,8 @@ def test_unknown_names_and_paths_are_404_everywhere(live_server, tiny_model, tin
             assert response.status_code == 404, name
             assert response.json()["error"]["code"] == "model_not_found"
             response = http.post("/v1/completions", json={"prompt": "x", "model": name})
-            assert response.status_code == 404, name
+            assert response.status_code == 200, name
+            assert response.json()["model"] == "tiny"
         assert http.get("/admin/status").json()["model"] == "tiny"
 
 
@@ -112,9 +115,8 @@ def test_a_failed_switch_keeps_serving_the_previous_model(live_server, tiny_mode
 def test_a_request_may_switch_only_with_allow_switch(live_server, tiny_model, tiny_models_dir):
     models_dirs = (str(tiny_models_dir),)
     with httpx.Client(base_url=live_server(tiny_model, models_dirs=models_dirs).url) as http:
-        response = http.post("/v1/completions", json={"prompt": "x", "model": "tiny2"})
-        assert response.status_code == 400
-        assert response.json()["error"]["code"] == "model_not_loaded"
+        # Without it, the loaded model answers (a 400 under --strict-model-names).
+        assert greedy(http, model="tiny2")["model"] == "tiny"
     switching = live_server(tiny_model, own=True, models_dirs=models_dirs, allow_switch=True)
     with httpx.Client(base_url=switching.url, timeout=60) as http:
         assert greedy(http, model="tiny2")["model"] == "tiny2"

@@ -32,11 +32,21 @@ def test_fit_context_cases():
     assert fit_context(ids, 20, 128, truncate=False).max_tokens == 20
     assert fit_context(ids, None, 128, truncate=False).max_tokens == 28
     assert fit_context(ids, -1, 128, truncate=False).max_tokens == 28
-    with pytest.raises(PromptError) as caught:
-        fit_context(ids, 50, 128, truncate=False)
+    clamped = fit_context(ids, 50, 128, truncate=False)  # llama.cpp's, LM Studio's, Ollama's
+    assert (clamped.max_tokens, clamped.truncated) == (28, False)
+    assert fit_context(ids, 50, 128, truncate=False, max_new_tokens=10).max_tokens == 10
+    with pytest.raises(PromptError) as caught:  # OpenAI's
+        fit_context(ids, 50, 128, truncate=False, strict=True)
     assert caught.value.code == "context_length_exceeded"
+    assert caught.value.details == {"n_prompt_tokens": 100, "n_ctx": 128}
+    with pytest.raises(PromptError) as caught:
+        fit_context(ids, 50, 128, truncate=False, max_new_tokens=40, strict=True)
+    assert (caught.value.code, caught.value.param) == ("max_tokens_exceeded", "max_tokens")
+    with pytest.raises(PromptError) as caught:  # no room at all, whatever max_tokens
+        fit_context(tuple(range(128)), 5, 128, truncate=False)
+    assert caught.value.details == {"n_prompt_tokens": 128, "n_ctx": 128}
     shrunk = fit_context(ids, 50, 128, truncate=True)
-    assert (len(shrunk.ids), shrunk.max_tokens, shrunk.truncated) == (100, 28, True)
+    assert (len(shrunk.ids), shrunk.max_tokens, shrunk.truncated) == (100, 28, False)
     long = tuple(range(200))
     cut = fit_context(long, 10, 128, truncate=True)
     assert cut.ids == long[-127:] and cut.max_tokens == 1

@@ -57,6 +57,10 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
     body = plan.body
     prompt = index // plan.per_prompt
     ids = plan.prompts[prompt].ids
+    context_full = (
+        result.finish_reason == "length"
+        and len(ids) + result.completion_tokens >= loaded.context_length
+    )
     if result.finish_reason == "length":
         stop_type = "limit"
     else:
@@ -74,7 +78,8 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
         # The prompt as the model saw it (a FIM template included): editors and tests read it.
         "prompt": loaded.tokenizer.decode(list(ids), skip_special_tokens=False),
         "has_new_line": "\n" in result.text,
-        "truncated": plan.truncated[prompt],
+        # llama.cpp's sense: part of the prompt was cut, or the context filled up.
+        "truncated": plan.truncated[prompt] or context_full,
         "stop_type": stop_type,
         "stopping_word": result.stopping_word or "",
         "tokens_cached": result.cached_tokens,

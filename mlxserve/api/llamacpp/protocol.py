@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from ..protocol import MAX_TEXT_CHARS, CompletionRequest, alias
+from ..protocol import MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
 MAX_EXTRA_CHUNKS = 256
@@ -24,6 +24,7 @@ class NativeCompletionRequest(CompletionRequest):
     max_tokens: StrictInt | None = Field(
         -1,
         ge=-1,
+        le=MAX_TOKENS_FIELD,
         validation_alias=alias("n_predict", "max_tokens"),
         description="-1: until the context window is full",
     )

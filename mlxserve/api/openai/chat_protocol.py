@@ -22,7 +22,7 @@ from pydantic.json_schema import SkipJsonSchema
 from ...chat.templates import RESERVED_KWARGS
 from ...settings import Limits
 from ..errors import FieldError
-from ..protocol import CompletionRequest, alias
+from ..protocol import MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -124,6 +124,7 @@ class ChatCompletionRequest(CompletionRequest):
     max_tokens: StrictInt | None = Field(
         None,
         ge=-1,
+        le=MAX_TOKENS_FIELD,
         validation_alias=alias("max_completion_tokens", "max_tokens", "n_predict"),
         description="max_completion_tokens or max_tokens; null or -1: until the model ends its "
         "turn or the context window is full",
