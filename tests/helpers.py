@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
+import pytest
 
 
 def complete(http: httpx.Client, **body: Any) -> dict[str, Any]:
@@ -131,3 +133,12 @@ class BackgroundStream:
         if self._error is not None:
             raise self._error
         return self
+
+
+def skip_for_missing(reason: str) -> NoReturn:
+    """Skip for want of something the project's own files install (a Debian package from
+    scripts/install_system_packages.sh, a pip package from pyproject.toml). Under .ci/run
+    (MLXSERVE_CI=1) such a skip means CI did not install it: the test fails instead."""
+    if os.environ.get("MLXSERVE_CI") == "1":
+        pytest.fail(f"{reason}; .ci/run installs it, so CI must not skip this", pytrace=False)
+    pytest.skip(reason)

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..helpers import wait_healthy
+from ..helpers import skip_for_missing, wait_healthy
 from ..live_server import free_port
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -48,7 +48,7 @@ def launch(command: list[str], log: Path, port_base: int) -> subprocess.Popen:
 def ring(tmp_path_factory):
     """Skips, saying why, where two ring ranks cannot start here."""
     if not LAUNCH.exists() or shutil.which("bash") is None:
-        pytest.skip("mlx.launch is not installed with mlx")
+        skip_for_missing("mlx.launch is not installed with mlx")
     log = tmp_path_factory.mktemp("ring") / "probe.log"
     probe = launch([sys.executable, "-c", PROBE], log, free_port())
     try:

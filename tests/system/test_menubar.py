@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from menubar import login, menu
 from menubar.controller import ServerController, wait_until
 
+from ..helpers import skip_for_missing
 from ..live_server import free_port
 
 try:
@@ -148,7 +149,7 @@ def test_launch_at_login_writes_and_removes_the_login_item(tmp_path):
 @pytest.fixture
 def display():
     if shutil.which("Xvfb") is None:
-        pytest.skip("Xvfb is not installed (apt-get install xvfb): no display for the Tk menu")
+        skip_for_missing("Xvfb is not installed (apt-get install xvfb): no display for the Tk menu")
     # -displayfd: Xvfb takes a display number no other X server holds, and writes it once ready.
     ready, told = os.pipe()
     server = subprocess.Popen(

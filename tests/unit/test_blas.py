@@ -11,6 +11,8 @@ import pytest
 
 from mlxserve.platform.blas import HUGE_PAGES_TUNABLE, cpu_environment, openblas_library
 
+from ..helpers import skip_for_missing
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="macOS runs as started")
 
 
@@ -30,8 +32,9 @@ def test_once_set_nothing_changes_so_the_process_re_executes_once():
     assert cpu_environment(once) == once
 
 
-@pytest.mark.skipif(openblas_library() is None, reason="no OpenBLAS on this machine")
 def test_openblas_is_preloaded_before_the_users_preloads():
+    if openblas_library() is None:
+        skip_for_missing("no OpenBLAS on this machine (apt-get install libopenblas0-pthread)")
     env = cpu_environment({"LD_PRELOAD": "/x/mine.so"})
     assert env["LD_PRELOAD"] == f"{openblas_library()}:/x/mine.so"
 
