@@ -53,12 +53,15 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# pip's progress shows (not --quiet): the first install downloads MLX and takes a minute or two.
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(BIN)/python -m pip install --quiet -e .
+	@echo "Installing mlxserve and MLX into $(VENV) (the first time takes a minute or two)"
+	$(BIN)/python -m pip install --progress-bar on -e .
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@echo "Installing mlxserve, MLX and the test tools into $(VENV) (the first time takes minutes)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	touch $(VENV)/.installed $@
 
 clean:
