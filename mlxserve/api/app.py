@@ -6,19 +6,20 @@ import logging
 import time
 from pathlib import Path
 
-from quart import Quart, request
+from quart import Quart, g, request
 from quart_cors import cors
 from werkzeug.exceptions import HTTPException
 
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
-from . import admin, health, metrics, models, openapi
+from . import access_log, admin, health, metrics, models, openapi
 from .auth import check_api_key
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import infill as llamacpp_infill
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
+from .parsing import UNKNOWN_FIELDS_HEADER, unknown_fields_header
 
 log = logging.getLogger("mlxserve.api")
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings, engine) -> Quart:
         BODY_TIMEOUT=limits.body_timeout_s,
     )
     app.config[models.STARTED] = int(time.time())
+    access_log.install(app)
     openapi.install(app, settings)
     app.json.sort_keys = False  # after QuartSchema, which installs its own JSON provider
     for module in (
@@ -67,6 +69,7 @@ def create_app(settings: Settings, engine) -> Quart:
             allow_origin=list(settings.cors_origins),
             allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
             allow_methods=["GET", "POST", "OPTIONS"],
+            expose_headers=[UNKNOWN_FIELDS_HEADER],
             max_age=600,
         )
 
@@ -78,6 +81,13 @@ def create_app(settings: Settings, engine) -> Quart:
     @app.after_request
     async def settle_unread_body(response):
         return await read_rest_of_body(response)
+
+    @app.after_request
+    async def name_unknown_fields(response):
+        names = g.get("unknown_fields")
+        if names:
+            response.headers[UNKNOWN_FIELDS_HEADER] = unknown_fields_header(names)
+        return response
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import GenerationEvent, Timings, TokenLogprob
+from . import access_log
 from .errors import ServerError, ServiceUnavailable
 from .planning import Plan
 
@@ -58,9 +59,12 @@ async def collect(events: AsyncIterator[GenerationEvent], plan: Plan) -> list[Se
     """Every sequence's text, tokens and ending, once all have finished; an engine error becomes
     the request's 500 or 503."""
     results = [SequenceResult() for _ in plan.sequences]
-    async for event in events:
-        raise_on_error(event)
-        results[event.index].add(event)
+    try:
+        async for event in events:
+            raise_on_error(event)
+            results[event.index].add(event)
+    finally:
+        note_usage(plan, results)
     return results
 
 
@@ -85,6 +89,16 @@ def usage(plan: Plan, results: list[SequenceResult]) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": sum(cached)},
     }
+
+
+def note_usage(plan: Plan, results: list[SequenceResult]) -> None:
+    """The request's token counts for its access-log line; a sequence cut short counts the
+    tokens it had generated."""
+    counts = usage(plan, results)
+    generated = sum(max(r.completion_tokens, len(r.token_ids)) for r in results)
+    access_log.note_tokens(
+        counts["prompt_tokens"], generated, counts["prompt_tokens_details"]["cached_tokens"]
+    )
 
 
 def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, list]:

@@ -26,6 +26,7 @@ from ..responses import (
     completion_probabilities,
     error_chunk,
     llama_timings,
+    note_usage,
     sse,
 )
 from .protocol import NativeCompletionRequest
@@ -155,3 +156,5 @@ async def stream(
                 yield sse(pick_fields(answer, body.response_fields))
     except EngineError as error:
         yield sse(error_chunk(str(error)))
+    finally:
+        note_usage(plan, results)

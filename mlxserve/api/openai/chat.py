@@ -27,6 +27,7 @@ from ..responses import (
     collect,
     error_chunk,
     llama_timings,
+    note_usage,
     sse,
     usage,
     whole_response,
@@ -191,6 +192,8 @@ async def stream_chat(
         yield SSE_DONE
     except EngineError as error:
         yield sse(error_chunk(str(error)))
+    finally:
+        note_usage(plan, results)
 
 
 def _delta(answer: Delta, calls_before: int) -> dict[str, Any]:

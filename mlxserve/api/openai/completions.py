@@ -24,6 +24,7 @@ from ..responses import (
     event_tokens,
     legacy_logprobs,
     llama_timings,
+    note_usage,
     sse,
     usage,
     whole_response,
@@ -125,3 +126,5 @@ async def stream_completion(
         yield SSE_DONE
     except EngineError as error:
         yield sse(error_chunk(str(error)))
+    finally:
+        note_usage(plan, results)
