@@ -19,12 +19,14 @@ from .llamacpp import completion as llamacpp_completion
 from .llamacpp import infill as llamacpp_infill
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
+from .origin import check_origin
 from .parsing import UNKNOWN_FIELDS_HEADER, unknown_fields_header
 
 log = logging.getLogger("mlxserve.api")
 
 HTTP_ERROR_TYPES = {
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
 }
 HTTP_ERROR_CODES = {
@@ -75,6 +77,7 @@ def create_app(settings: Settings, engine) -> Quart:
 
     @app.before_request
     async def authenticate() -> None:
+        check_origin(settings.cors_origins)
         if request.method != "OPTIONS":  # a browser's CORS preflight carries no credentials
             check_api_key(settings.api_key)
 

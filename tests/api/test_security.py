@@ -44,16 +44,37 @@ def test_a_missing_or_empty_key_file_stops_serve_before_it_starts(tmp_path, caps
 
 
 def test_cors_is_off_by_default(http):
-    response = http.post(
-        "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers={"Origin": ORIGIN}
-    )
-    assert response.status_code == 200
-    assert "access-control-allow-origin" not in response.headers
     preflight = http.options(
         "/v1/completions",
         headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"},
     )
     assert "access-control-allow-origin" not in preflight.headers
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [
+        # What a page on another site can send without a preflight, and what it can't.
+        ('{"prompt": "x", "max_tokens": 1}', "text/plain"),
+        ('{"prompt": "x", "max_tokens": 1}', "application/x-www-form-urlencoded"),
+        ('{"prompt": "x", "max_tokens": 1}', "application/json"),
+    ],
+)
+def test_web_pages_of_other_origins_cannot_drive_the_server(server, http, content, content_type):
+    generated = server.engine.stats.generated_tokens
+    headers = {"Origin": "http://evil.example", "Content-Type": content_type}
+    response = http.post("/v1/completions", content=content, headers=headers)
+    error = error_of(response, 403)
+    assert error["code"] == "origin_not_allowed" and "--cors-origin" in error["message"]
+    assert "access-control-allow-origin" not in response.headers
+    assert server.engine.stats.generated_tokens == generated
+    error_of(http.post("/admin/unload", headers={"Origin": "http://evil.example"}), 403)
+    assert server.engine.state == "ready"
+    # Our own page (/docs' "Try it out") and clients that send no Origin are served.
+    same = {"Origin": server.url, "Content-Type": content_type}
+    assert http.post("/v1/completions", content=content, headers=same).status_code == 200
+    plain = http.post("/v1/completions", content=content, headers={"Content-Type": content_type})
+    assert plain.status_code == 200
 
 
 def test_cors_allows_only_the_origins_given(live_server, tiny_model):
@@ -84,6 +105,7 @@ def test_cors_allows_only_the_origins_given(live_server, tiny_model):
             json=body,
             headers={"Origin": "http://evil.example", "Authorization": "Bearer k"},
         )
+        assert other.status_code == 403
         assert "access-control-allow-origin" not in other.headers
         # The key is still required on the real request.
         error_of(http.post("/v1/completions", json=body, headers={"Origin": ORIGIN}), 401)
