@@ -255,7 +255,7 @@ class CompletionRequest(BaseModel):
         limits = (info.context or {}).get("limits") or Limits()
         limit = getattr(limits, LIMITED_FIELDS[info.field_name])
         if value is not None and value > limit:
-            raise ValueError(f"Input should be less than or equal to {limit} (this server's limit)")
+            raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
         return value
 
     @field_validator("stop")

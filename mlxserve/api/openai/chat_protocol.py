@@ -172,7 +172,7 @@ class ChatCompletionRequest(CompletionRequest):
     def _top_logprobs_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
         limit = ((info.context or {}).get("limits") or Limits()).max_logprobs
         if value is not None and value > limit:
-            raise ValueError(f"Input should be less than or equal to {limit} (this server's limit)")
+            raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
         return value
 
     @field_validator("chat_template_kwargs")
