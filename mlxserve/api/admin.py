@@ -28,12 +28,13 @@ class LoadRequest(BaseModel):
 
 def status() -> dict:
     engine = current_app.config["ENGINE"]
-    loading = engine.loading_since
+    loading, progress = engine.loading_since, engine.load_progress
     return {
         "state": engine.state,
         "model": served_model_id(),
         "model_path": engine.model_source,
         "loading_s": round(time.monotonic() - loading, 1) if loading is not None else None,
+        "progress": progress.as_dict() if progress is not None else None,
         "load_error": engine.load_error,
         "error": engine.error,
         "memory_bytes": engine.memory_bytes(),

@@ -1,4 +1,5 @@
-"""GET /health: 200 once the model is ready, 503 while it loads (llama.cpp's contract)."""
+"""GET /health: 200 once the model is ready, 503 while it loads (llama.cpp's contract), with the
+load's progress."""
 
 from __future__ import annotations
 
@@ -20,4 +21,7 @@ async def health():
         code="model_loading" if engine.state in ("starting", "loading") else "engine_error",
     )
     body["status"] = engine.state
+    progress = engine.load_progress
+    if progress is not None:
+        body["progress"] = progress.as_dict()
     return body, 503, {"Retry-After": "1"}

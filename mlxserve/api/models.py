@@ -81,15 +81,15 @@ def _note_stand_in(name: str) -> None:
 def model_card(entry: ModelEntry | None = None) -> dict:
     engine = current_app.config["ENGINE"]
     name = entry.name if entry is not None else served_model_id()
-    loaded = name == served_model_id()
+    serving = name == served_model_id()
     card = {
         "id": name,
         "object": "model",
         "created": current_app.config[STARTED],
         "owned_by": "mlxserve",
-        "loaded": loaded,
+        "loaded": serving and engine.state not in ("starting", "loading"),
     }
-    if loaded:
+    if serving:
         card["status"] = engine.state
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length

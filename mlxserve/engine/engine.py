@@ -39,6 +39,7 @@ log = logging.getLogger("mlxserve.engine")
 
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
 CLEAR_CACHE_EVERY = 256
+READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
 
 
 class EngineError(Exception):
@@ -112,13 +113,14 @@ class Engine:
     model_name = _slot_attribute("name")
     loads = _slot_attribute("loads")
     loading_since = _slot_attribute("loading_since")
+    load_progress = _slot_attribute("progress")
     load_error = _slot_attribute("load_error")
     idle_unload_s = _slot_attribute("idle_unload_s")
 
     # ---- called from any thread -------------------------------------------------------------
 
     def start(self) -> Engine:
-        self.slot.state = "loading"
+        self.slot.begin_first_load()
         self._thread.start()
         return self
 
@@ -161,15 +163,21 @@ class Engine:
         self._inbox.put(ModelChanged())
 
     async def ensure_loaded(self, timeout: float) -> None:
-        """A request's wait for the model: an unloaded one (idle, or unloaded by the admin
-        route) is loaded again; a switch under way is waited for, up to `timeout`. The first
-        load at start-up is not waited for: until then requests get 503 (llama.cpp's contract)."""
-        if self.slot.loads == 0:
+        """A request's wait for the model, up to `timeout`: the first load at start-up, or a
+        switch under way, is waited for; an unloaded one (idle, or unloaded by the admin route)
+        is loaded again. Clients give up on a 503 within seconds (the openai client's retries
+        take 4.5 s) while a first load takes a minute on some machines. An engine not started,
+        failed or stopped is not waited for."""
+        slot = self.slot
+        if slot.loads > 0 and slot.state == "unloaded" and slot.pending is None:
+            self.switch(slot.source)
+        if slot.state in ("starting", "error", "stopped") or slot.ready.is_set():
             return
-        if self.slot.state == "unloaded" and self.slot.pending is None:
-            self.switch(self.slot.source)
-        if not self.slot.ready.is_set():  # cleared by switch / unload until the change is done
-            await asyncio.to_thread(self.wait_ready, timeout)
+        # Polled, not a thread each: a crowd of waiting requests must not take every worker
+        # thread of the event loop (planning and grammar compiling run on them).
+        deadline = time.monotonic() + timeout
+        while not slot.ready.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(READY_POLL_S)
 
     def memory_bytes(self) -> int:
         """Memory MLX holds now: weights, KV caches, buffers."""

@@ -17,6 +17,11 @@ from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
+# A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
+# not twice: it was most of a minute-long load.
+REPEAT_TIMING_UNDER_S = 2.0
+HUB_TIMEOUT_S = 10.0  # the start-up check that the Hugging Face hub answers
+LOCAL_FOLDER_HINT = "or serve a model folder on this machine: --model /path/to/folder"
 log = logging.getLogger("mlxserve.engine")
 
 
@@ -51,6 +56,56 @@ class LoadedModel:
             return self._grammars
 
 
+class LoadProgress:
+    """What a load is doing now, for the log (one INFO line a phase), GET /admin/status and
+    GET /health's 503 body. The engine thread writes it; any thread reads it.
+
+    Phases, in order: `downloading` (a hub repo not in the local cache), `reading config and
+    tokenizer`, `reading weights`, `converting weights` (for MLX's CPU backend: dequantized,
+    float32), `calibrating` (timing a decode step and a prompt chunk on this machine: the
+    prefill chunk's start, minutes on a slow BLAS)."""
+
+    def __init__(self, source: str):
+        self.name = model_id_for(source)
+        self.phase = "starting"
+        self.weight_files = 0
+        self.weight_bytes = 0
+        self.started = self.phase_started = time.monotonic()
+
+    def enter(self, phase: str, detail: str = "") -> None:
+        self.phase, self.phase_started = phase, time.monotonic()
+        log.info(
+            "loading %s [%.1f s]: %s%s",
+            self.name,
+            self.phase_started - self.started,
+            phase,
+            f" ({detail})" if detail else "",
+        )
+
+    def count_weights(self, folder: Path) -> str:
+        """Note the weight files in `folder` (those mlx-lm reads); their names and size."""
+        files = sorted(folder.glob("model*.safetensors"))
+        self.weight_files = len(files)
+        self.weight_bytes = sum(f.stat().st_size for f in files)
+        names = ", ".join(f.name for f in files[:2]) + (", ..." if len(files) > 2 else "")
+        plural = "" if len(files) == 1 else "s"
+        return f"{len(files)} file{plural}: {names}, {_size(self.weight_bytes)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "phase": self.phase,
+            "weight_files": self.weight_files,
+            "weight_bytes": self.weight_bytes,
+            "elapsed_s": round(now - self.started, 1),
+            "phase_elapsed_s": round(now - self.phase_started, 1),
+        }
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
 def model_id_for(path_or_repo: str) -> str:
     """The name clients use: a local folder's name, or the repo id as given."""
     path = Path(path_or_repo).expanduser()
@@ -58,14 +113,87 @@ def model_id_for(path_or_repo: str) -> str:
 
 
 def check_model_source(path_or_repo: str) -> None:
-    """Fail fast, before serving, on a source that cannot possibly load."""
+    """Fail fast, before serving, on a source that cannot possibly load: a folder that is not
+    a model, or a hub repo id that is not in the local cache while the hub cannot be reached
+    (or has no such repo)."""
     path = Path(path_or_repo).expanduser()
-    looks_like_path = path_or_repo.startswith((".", "/", "~")) or path.exists()
-    if looks_like_path:
+    if _looks_like_path(path_or_repo):
         if not path.is_dir():
             raise ModelLoadError(f"model folder not found: {path_or_repo}")
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
+    elif _cached_hub_folder(path_or_repo) is None:
+        _check_hub(path_or_repo)
+
+
+def _looks_like_path(path_or_repo: str) -> bool:
+    return path_or_repo.startswith((".", "/", "~")) or Path(path_or_repo).expanduser().exists()
+
+
+def _cached_hub_folder(repo: str) -> Path | None:
+    """`repo`'s snapshot folder in the local Hugging Face cache, if it is there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        config = try_to_load_from_cache(repo, "config.json")
+    except ValueError:  # not a repo id at all
+        return None
+    return Path(config).parent if isinstance(config, str) else None
+
+
+def _not_cached(repo: str) -> str:
+    from huggingface_hub import constants
+
+    return (
+        f"model {repo} is not a folder here nor in the local Hugging Face cache "
+        f"({constants.HF_HUB_CACHE})"
+    )
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _hub_failed(repo: str, what: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{_not_cached(repo)}, and {what}; check the network (or HF_ENDPOINT), {LOCAL_FOLDER_HINT}"
+    )
+
+
+def _check_hub(repo: str) -> None:
+    """One look-up on the hub for a repo not in the cache: an unreachable hub, or no such repo,
+    is a one-line error before serving, not a failed load after it."""
+    from huggingface_hub import constants, model_info
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(
+            f"{_not_cached(repo)}, and HF_HUB_OFFLINE is set, so it is not downloaded from "
+            f"{constants.ENDPOINT}: unset HF_HUB_OFFLINE, {LOCAL_FOLDER_HINT}"
+        )
+    try:
+        model_info(repo, timeout=HUB_TIMEOUT_S)
+    except ValueError as error:  # huggingface_hub's HFValidationError
+        raise ModelLoadError(
+            f"model folder not found, and not a Hugging Face repo id either: {repo} ({error})"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ModelLoadError(
+            f"{_not_cached(repo)}, and {constants.ENDPOINT} has no such repo (or it is private "
+            f"or gated: `hf auth login`); {LOCAL_FOLDER_HINT.removeprefix('or ')}"
+        ) from error
+    except HfHubHTTPError:
+        return  # the hub answered: the download itself may still work
+    except Exception as error:  # the network's errors (httpx, OSError), in the user's words
+        reason = f"{type(error).__name__}: {_first_line(error)}"
+        raise _hub_failed(repo, f"{constants.ENDPOINT} cannot be reached ({reason})") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def load_model(
@@ -73,37 +201,59 @@ def load_model(
     fim_template: str | None = None,
     cluster=None,
     policy: PlatformPolicy | None = None,
+    progress: LoadProgress | None = None,
 ) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
     detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py).
-    `policy`: how this platform runs the model (None: `current_policy()`)."""
+    `policy`: how this platform runs the model (None: `current_policy()`). `progress`: where
+    the load says what it is doing (phase by phase, in the log too)."""
+    import mlx.core as mx
     import mlx_lm
 
     check_model_source(path_or_repo)
     policy = policy if policy is not None else current_policy()
+    progress = progress if progress is not None else LoadProgress(path_or_repo)
+    sharded = cluster is not None and cluster.size > 1
+    from_hub = not _looks_like_path(path_or_repo)
+    folder = _cached_hub_folder(path_or_repo) if from_hub else Path(path_or_repo).expanduser()
     try:
-        if cluster is not None and cluster.size > 1:
+        if sharded:
+            shard_of = progress.count_weights(folder) if folder is not None else path_or_repo
+            progress.enter("reading weights", f"this rank's shard of {shard_of}")
             model, tokenizer, config = cluster.load(path_or_repo)
         else:
-            model, tokenizer, config = mlx_lm.load(path_or_repo, return_config=True)
+            if folder is None:
+                progress.enter("downloading", f"{path_or_repo} from the Hugging Face hub")
+            else:
+                progress.enter("reading config and tokenizer", str(folder))
+            model, tokenizer, config = mlx_lm.load(path_or_repo, lazy=True, return_config=True)
+            folder = folder or _cached_hub_folder(path_or_repo)
+            weights = progress.count_weights(folder) if folder is not None else ""
+            progress.enter("reading weights", weights)
+            mx.eval(model.parameters())
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelLoadError(f"could not load model {path_or_repo}: {reason}") from error
+        if from_hub and folder is None:
+            failed = f"downloading it from {_hub_endpoint()} failed ({_first_line(error)})"
+            raise _hub_failed(path_or_repo, failed) from error
+        raise ModelLoadError(
+            f"could not load model {path_or_repo}: {_first_line(error)}"
+        ) from error
     try:
         fim = detect_fim(tokenizer.get_vocab(), fim_template)
     except FimError as error:
         raise ModelLoadError(f"--fim-template for {path_or_repo}: {error}") from error
-    policy.prepare_model(model, sharded=cluster is not None and cluster.size > 1)
-    vocab_size = _vocab_size(config, tokenizer)
-    eos = tuple(sorted(tokenizer.eos_token_ids))
+    if policy.converts_weights:
+        progress.enter("converting weights", "for MLX's CPU backend")
+    policy.prepare_model(model, sharded=sharded)
+    progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
         path=str(path_or_repo),
         model=model,
         tokenizer=tokenizer,
         context_length=_context_length(config, Path(path_or_repo)),
-        vocab_size=vocab_size,
-        eos_token_ids=eos,
+        vocab_size=_vocab_size(config, tokenizer),
+        eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
         bos_token_id=tokenizer.bos_token_id,
         kv_bytes_per_token=kv_bytes_per_token(model),
         prefill_chunk=measure_prefill_chunk(model),
@@ -132,7 +282,10 @@ def measure_prefill_chunk(model: nn.Module) -> int:
     cache = make_prompt_cache(model)
     timed(64, cache)  # warm up; the decode steps below attend to 64 cached tokens
     decode = min(timed(1, cache) for _ in range(3))
-    prefill = min(timed(128, make_prompt_cache(model)) for _ in range(2)) / 128
+    prefill = timed(128, make_prompt_cache(model))
+    if prefill < REPEAT_TIMING_UNDER_S:  # a second try, against noise, where it is cheap
+        prefill = min(prefill, timed(128, make_prompt_cache(model)))
+    prefill /= 128
     return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..platform import PlatformPolicy
-from .model_host import LoadedModel, ModelLoadError, load_model, model_id_for
+from .model_host import LoadedModel, LoadProgress, ModelLoadError, load_model, model_id_for
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -62,6 +62,7 @@ class ModelSlot:
         self.loaded: LoadedModel | None = None
         self.loads = 0  # models loaded so far, the first one included
         self.loading_since: float | None = None
+        self.progress: LoadProgress | None = None  # the load under way, phase by phase
         self.pending: ModelChange | None = None  # asked for, applied once no work is in flight
         self.last_work = time.monotonic()
         self.ready = threading.Event()
@@ -72,17 +73,22 @@ class ModelSlot:
 
     def load(self, source: str) -> None:
         """Load `source` (raises ModelLoadError, whatever went wrong, in one line)."""
-        started = self.loading_since = time.monotonic()
+        if self.progress is None:  # else the first load's, begun as the engine started
+            self.progress = LoadProgress(source)
+        progress = self.progress
+        started = self.loading_since = progress.started
         self.state = "loading"
         log.info("loading model %s", source)
         try:
-            self.loaded = load_model(source, self.fim_template, self.cluster, self.policy)
+            self.loaded = load_model(
+                source, self.fim_template, self.cluster, self.policy, progress=progress
+            )
         except ModelLoadError:
             raise
         except Exception as error:
             raise ModelLoadError(f"could not load model {source}: {error}") from error
         finally:
-            self.loading_since = None
+            self.loading_since = self.progress = None
         self.source = source
         self.loaded_name = self.name
         self._on_loaded(self.loaded)
@@ -158,6 +164,11 @@ class ModelSlot:
         )
 
     # ---- any thread -------------------------------------------------------------------------
+
+    def begin_first_load(self) -> None:
+        """Before the engine thread starts: clients see the load under way from now on."""
+        self.state = "loading"
+        self.progress = LoadProgress(self.source)
 
     def ask(self, change: ModelChange) -> None:
         """Note a change for the engine thread, which applies it once the work in flight ends."""

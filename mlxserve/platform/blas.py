@@ -5,6 +5,7 @@ matrix products an order of magnitude faster, and with them float32 batched deco
 (`weights.py`). A preload only works from process start, so the process re-executes
 itself once with LD_PRELOAD set. macOS (Metal, Accelerate) is never touched.
 `MLXSERVE_NO_OPENBLAS=1` opts out; `MLXSERVE_PORTABLE=1` (policy.py) skips the re-execution.
+Without OpenBLAS the server starts with a warning (`slow_blas_reason`).
 
 MLX's CPU backend has no buffer cache: every array is a fresh malloc, and an array of some MB is
 fresh pages, and page faults dominated copying a long prompt's KV into the running batch. glibc
@@ -25,11 +26,40 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
 )
 
+INSTALL_OPENBLAS = (
+    "sudo apt-get install libopenblas0-pthread (or scripts/install_system_packages.sh)"
+)
+
 
 def openblas_library() -> str | None:
     if sys.platform != "linux" or os.environ.get("MLXSERVE_NO_OPENBLAS"):
         return None
+    return _installed_openblas()
+
+
+def _installed_openblas() -> str | None:
     return next((path for path in OPENBLAS_CANDIDATES if os.path.exists(path)), None)
+
+
+def slow_blas_reason() -> str | None:
+    """Why MLX's CPU backend in this process runs on the reference BLAS of MLX's Linux wheel
+    (prompts ran at 3.5 tokens/s, prefill chunks of 1 token), or None where it does not: macOS,
+    a GPU, `MLXSERVE_PORTABLE=1`, or OpenBLAS loaded."""
+    from .policy import current_policy
+
+    if sys.platform != "linux" or not current_policy().cpu_tricks or _openblas_loaded():
+        return None
+    if os.environ.get("MLXSERVE_NO_OPENBLAS"):
+        return "MLXSERVE_NO_OPENBLAS is set"
+    library = _installed_openblas()
+    if library is None:
+        return f"OpenBLAS is not installed: {INSTALL_OPENBLAS}"
+    return f"OpenBLAS is not preloaded (`mlxserve serve` preloads it; else LD_PRELOAD={library})"
+
+
+def _openblas_loaded() -> bool:
+    with open("/proc/self/maps") as maps:
+        return any("libopenblas" in line for line in maps)
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"

@@ -33,6 +33,11 @@ class PlatformPolicy:
             return "CPU backend (float32 weights, vectorised attention, malloc tuning)"
         return "portable (as on a Mac's GPU)" if portable() else "GPU"
 
+    @property
+    def converts_weights(self) -> bool:
+        """Whether `prepare_model` does anything (a phase of its own in the load's progress)."""
+        return self.cpu_tricks
+
     def prepare_model(self, model, sharded: bool = False) -> None:
         """The model as this platform runs it best. Sharded quantized layers stay quantized."""
         if not self.cpu_tricks:
