@@ -34,7 +34,9 @@ from .metrics import timed
 from .models import check_model_name
 from .protocol import CompletionRequest
 
-LOAD_WAIT_S = 30.0  # a request waits this long for a model being (re)loaded, then gets 503
+# A request waits this long for a model being (re)loaded, then gets 503: longer than a small
+# model's load on a slow machine, shorter than clients' own timeouts (openai's: 600 s).
+LOAD_WAIT_S = 120.0
 
 
 @dataclass
@@ -69,8 +71,11 @@ async def ready_model(model: str | None):
     try:
         loaded = engine.check_ready()
     except EngineError as error:
+        loading = error.state in ("starting", "loading")
         raise ServiceUnavailable(
-            str(error), code="model_loading", headers={"Retry-After": "1"}
+            str(error),
+            code="model_loading" if loading else "model_unavailable",
+            headers={"Retry-After": "1"},
         ) from error
     return engine, loaded
 

@@ -249,3 +249,12 @@ def test_503_while_the_model_loads(live_server, tiny_model):
         assert live.engine.wait_ready(30)
         ready = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert ready.status_code == 200
+
+
+def test_503_after_the_model_failed_to_load_says_so(live_server, tiny_models_dir):
+    live = live_server(str(tiny_models_dir / "broken"), own=True, start_engine=False)
+    live.engine.start()
+    assert not live.engine.wait_ready(60) and live.engine.state == "error"
+    with httpx.Client(base_url=live.url) as http:
+        error = error_of(http.post("/v1/completions", json={"prompt": "x"}), 503)
+        assert error["code"] == "model_unavailable" and "broken" in error["message"]
