@@ -12,6 +12,11 @@ import pytest
 
 from ..helpers import complete
 
+# A real model's chat over hundreds of tokens: once, in the CPU pass. What it checks (template,
+# end of turn, prefix reuse, tool calls) is the same code on every platform; the portable pass
+# keeps SmolLM2's 4-bit kernels in tests/engine/test_engine_models.py.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def smollm2(smollm2_server):
