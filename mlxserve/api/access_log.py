@@ -1,4 +1,5 @@
-"""The access log ("mlxserve.access"): one INFO line per request, written when its response has
+"""The access log ("mlxserve.access"): one INFO line per request (polls that succeed: DEBUG),
+written when its response has
 gone out (a stream's when it ends): who asked, what, the status, how long it took, and for a
 generation its token counts. At DEBUG, each request's headers (the API key never) and its JSON
 body, cut short.
@@ -23,6 +24,9 @@ log = logging.getLogger("mlxserve.access")
 
 SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
 MAX_LOGGED_BODY = 2000  # characters of a request body at DEBUG
+# What clients poll (the menubar, health checks, Prometheus): logged at DEBUG when it succeeds,
+# as llama.cpp leaves /health out of its log, so the INFO lines stay the requests' own.
+POLLED_PATHS = frozenset({"/health", "/admin/status", "/metrics"})
 
 
 @dataclass
@@ -51,7 +55,8 @@ class Entry:
         if cut:
             parts.append("stream cut short")
         parts.append(f'"{self.agent}"')
-        log.info(" ".join(parts))
+        polled = self.method == "GET" and self.path in POLLED_PATHS and status < 400
+        log.log(logging.DEBUG if polled else logging.INFO, " ".join(parts))
 
 
 _entry: ContextVar[Entry | None] = ContextVar("mlxserve_access_entry", default=None)

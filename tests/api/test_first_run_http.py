@@ -183,6 +183,27 @@ def test_each_request_gets_one_access_line_with_its_tokens(server, caplog):
     assert re.fullmatch(line.format(400, "", re.escape(agent)), refused), refused
 
 
+def test_polls_that_succeed_are_logged_at_debug_only(server, caplog):
+    """The menubar polls /admin/status every second: INFO stays the requests' own."""
+    caplog.set_level(logging.DEBUG, logger="mlxserve.access")
+    agent = f"first-run-test/{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=server.url, timeout=60, headers={"User-Agent": agent}) as http:
+        for path in ("/health", "/admin/status", "/metrics", "/v1/models"):
+            assert http.get(path).status_code == 200
+
+    def lines() -> list[logging.LogRecord]:  # not the DEBUG header lines, which name it too
+        return [r for r in caplog.records if r.getMessage().endswith(f'"{agent}"')]
+
+    assert wait_until(lambda: len(lines()) == 4)
+    levels = {r.getMessage().split('"')[1]: r.levelname for r in lines()}
+    assert levels == {
+        "GET /health": "DEBUG",
+        "GET /admin/status": "DEBUG",
+        "GET /metrics": "DEBUG",
+        "GET /v1/models": "INFO",
+    }
+
+
 def test_a_stream_the_client_leaves_is_logged_when_it_stops(server, caplog):
     caplog.set_level(logging.INFO, logger="mlxserve.access")
     agent = f"first-run-test/{uuid.uuid4().hex[:8]}"
