@@ -1,8 +1,7 @@
 """The access log ("mlxserve.access"): one INFO line per request (polls that succeed: DEBUG),
-written when its response has
-gone out (a stream's when it ends): who asked, what, the status, how long it took, and for a
-generation its token counts. At DEBUG, each request's headers (the API key never) and its JSON
-body, cut short.
+written when its response has gone out (a stream's when it ends): who asked, what, the status,
+how long it took, and for a generation its token counts. At DEBUG, each request's headers (the
+API key never) and its JSON body, cut short.
 
 The line is kept in a context variable for the request's task, which also sends the response:
 a stream's generator runs there after the request context has closed, and still finds it.
