@@ -3,9 +3,10 @@
 Reports:
 - validation loss, nats/token, over fixed 512-token windows of the held-out files;
 - single-line infill: 200 tasks, each a line removed from inside a held-out function, the model
-  given prefix and suffix in StarCoder's FIM format and asked for the middle (greedy, up to the
-  first newline). Exact match (trailing spaces ignored) and parse rate (the file with the
-  completion in place still passes `ast.parse`);
+  given prefix and suffix in StarCoder's FIM format (at most 1,024 tokens, 3/4 of them prefix)
+  and asked for the middle (greedy, up to the first newline). Exact match (trailing spaces
+  ignored) and parse rate (the file with the completion in place still passes `ast.parse`; an
+  empty completion never counts);
 - how many completions were empty, and how many non-empty ones sat at the removed line's depth;
 - the same for a bigram baseline (most likely next token given the previous one,
   counted on the training split), which sees only the prefix;
@@ -45,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "mlxserve" / "models" / "mlxserve-demo-coder"
 MAX_NEW_TOKENS = 48
 PREFIX_SHARE = 0.75  # of the prompt budget, as llama.cpp's /infill splits it
+PROMPT_TOKENS = 1024  # an infill prompt's budget: prefix and suffix (the reference: its prefix)
+LOSS_WINDOW = 512  # tokens per held-out window of the validation loss
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ class ModelInfiller:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt(self, task: InfillTask) -> list[int]:
-        budget = self.config["max_position_embeddings"] - MAX_NEW_TOKENS - 3
+        budget = min(self.config["max_position_embeddings"] - MAX_NEW_TOKENS, PROMPT_TOKENS) - 3
         before, after = self.encode(task.before), self.encode(task.after)
         keep_after = min(len(after), int(budget * (1 - PREFIX_SHARE)))
         keep_before = min(len(before), budget - keep_after)
@@ -163,7 +166,7 @@ class ModelInfiller:
     def validation_loss(self, stream: np.ndarray, windows: int) -> float:
         import mlx.nn as nn
 
-        context = self.config["max_position_embeddings"]
+        context = min(self.config["max_position_embeddings"], LOSS_WINDOW)
         mx = self.mx
         starts = np.linspace(0, len(stream) - context - 2, windows).astype(int)
         total = 0.0
@@ -174,13 +177,24 @@ class ModelInfiller:
         return total / (windows * context)
 
 
+def bigram_successors(stream: np.ndarray) -> dict[int, int]:
+    """Each token's most frequent next token in `stream` (sparse: a vocabulary of 49k squared
+    does not fit in memory)."""
+    pairs = stream[:-1].astype(np.int64) << 32 | stream[1:].astype(np.int64)
+    codes, counts = np.unique(pairs, return_counts=True)
+    order = np.lexsort((-counts, codes >> 32))  # by first token, most frequent pair first
+    firsts = codes[order] >> 32
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = firsts[1:] != firsts[:-1]
+    best = codes[order][keep]
+    return dict(zip((best >> 32).tolist(), (best & 0xFFFFFFFF).tolist()))
+
+
 class BigramInfiller:
     """The baseline: greedy next token from bigram counts of the training split; prefix only."""
 
-    def __init__(self, stream: np.ndarray, vocab_size: int, infiller: ModelInfiller):
-        counts = np.zeros((vocab_size, vocab_size), dtype=np.int32)
-        np.add.at(counts, (stream[:-1], stream[1:]), 1)
-        self.next_token = counts.argmax(axis=1)
+    def __init__(self, stream: np.ndarray, infiller: ModelInfiller):
+        self.next_token = bigram_successors(stream)
         self.infiller = infiller
 
     def complete(self, task: InfillTask) -> str:
@@ -189,7 +203,7 @@ class BigramInfiller:
         generated: list[int] = []
         token = context[-1]
         for _ in range(MAX_NEW_TOKENS):
-            token = int(self.next_token[token])
+            token = self.next_token.get(token, token)
             generated.append(token)
             if token in self.infiller.newline:
                 break
@@ -202,7 +216,7 @@ class PrefixInfiller:
     newline with the indentation after it, so a prompt ending in a bare newline is one such a
     model rarely saw (SmolLM2-135M then wrote 110 empty lines of 200 and no exact match)."""
 
-    CONTEXT = 512  # prefix tokens
+    CONTEXT = int(PROMPT_TOKENS * PREFIX_SHARE)  # prefix tokens, as many as the FIM prompt's
 
     def __init__(self, path: Path):
         self.model, self.tokenizer = load_for_eval(path)
@@ -226,7 +240,9 @@ def score(name: str, infiller, tasks: list[InfillTask]) -> dict:
         if n % 50 == 0:
             print(f"{name}: {n}/{len(tasks)} tasks", file=sys.stderr, flush=True)
         exact += line.rstrip() == task.line.rstrip()
-        parsed += parses(task, line)
+        # An empty answer leaves a parseable file more often than not: a failure all the same
+        # (the removed lines are never blank).
+        parsed += bool(line.strip()) and parses(task, line)
         empty += not line.strip()
         indented += bool(line.strip()) and indentation(line) == indentation(task.line)
     return {
@@ -268,8 +284,7 @@ def main() -> None:
         "model_infill": score("model", infiller, tasks),
     }
     train_stream = token_stream(train_files, infiller.encode, file_sep)
-    vocab = infiller.config["vocab_size"]
-    results["bigram_infill"] = score("bigram", BigramInfiller(train_stream, vocab, infiller), tasks)
+    results["bigram_infill"] = score("bigram", BigramInfiller(train_stream, infiller), tasks)
     if args.reference:
         reference = score("reference", PrefixInfiller(args.reference), tasks)
         results["reference_infill"] = {"model": str(args.reference), **reference}
