@@ -76,6 +76,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--middle-weight", type=float, default=4.0)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument(
+        "--export-only",
+        action="store_true",
+        help="export the last checkpoint to --out/model as it is, without training further",
+    )
     return parser.parse_args()
 
 
@@ -376,7 +381,8 @@ def train(args: argparse.Namespace) -> None:
         (ckpt / "state.json").write_text(json.dumps(state_json))
 
     tokens_per_step = args.batch * args.context
-    progress = tqdm(total=args.steps, initial=step, unit="step", dynamic_ncols=True)
+    last_step = step if args.export_only else args.steps
+    progress = tqdm(total=last_step, initial=step, unit="step", dynamic_ncols=True)
     tic, running = time.monotonic(), None
     with log_path.open("a") as log:
 
@@ -384,11 +390,11 @@ def train(args: argparse.Namespace) -> None:
             return sampler.batch(np.random.default_rng([args.seed, step]), args.batch)
 
         upcoming = draw(step)
-        while step < args.steps:
+        while step < last_step:
             batch, weights = (mx.array(a) for a in upcoming)
             loss = train_step(batch[:, :-1], batch[:, 1:], weights[:, 1:])
             mx.async_eval(state, loss)
-            if step + 1 < args.steps:  # build the next batch while this step computes
+            if step + 1 < last_step:  # build the next batch while this step computes
                 upcoming = draw(step + 1)
             step += 1
             loss_value = loss.item()
@@ -399,7 +405,7 @@ def train(args: argparse.Namespace) -> None:
                 "lr": float(schedule(step)),
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
-            if step % args.eval_every == 0 or step == args.steps:
+            if step % args.eval_every == 0 or step == last_step:
                 record["val_loss"] = round(evaluate(model, held_stream, args.context), 4)
             log.write(json.dumps(record) + "\n")
             log.flush()
@@ -422,10 +428,11 @@ def train(args: argparse.Namespace) -> None:
         "cpu_count": os.cpu_count(),
         "device": str(mx.default_device()),
         "seed": args.seed,
-        "steps": args.steps,
+        "steps": step,
+        "planned_steps": args.steps,
         "batch": args.batch,
         "context": args.context,
-        "tokens_seen": args.steps * tokens_per_step,
+        "tokens_seen": step * tokens_per_step,
         "learning_rate": args.lr,
         "warmup_steps": args.warmup,
         "schedule": "linear warm-up, then cosine decay to 10%; clip 1.0",
