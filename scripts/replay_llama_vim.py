@@ -1,0 +1,149 @@
+"""Replay llama.vim's /infill requests against a running server, as the plugin sends them when a
+user types `return ` inside a function of a held-out standard-library file.
+
+Each request is llama.vim's (autoload/llama.vim, default settings): the 256 lines before the
+cursor's line as `input_prefix`, the rest of that line and the 64 lines after as `input_suffix`,
+the line up to the cursor as `prompt`, `n_indent` from its indentation, 16 ring-buffer chunks of
+64 lines from other files as `input_extra`, and its sampler settings. Reports how many
+suggestions are non-empty, and how many of those leave the file parseable.
+
+    python scripts/replay_llama_vim.py [--url http://127.0.0.1:8080] [--positions 50] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_data import split_files
+
+N_PREFIX, N_SUFFIX, N_PREDICT = 256, 64, 128
+RING_CHUNKS, RING_CHUNK_LINES = 16, 64
+T_MAX_PROMPT_MS, T_MAX_PREDICT_MS = 500, 1000
+TYPED = "return "
+RESPONSE_FIELDS = [
+    "content",
+    "timings/prompt_n",
+    "timings/prompt_ms",
+    "timings/predicted_n",
+    "timings/predicted_ms",
+    "truncated",
+    "tokens_cached",
+]
+
+
+def positions(files, count: int, seed: int) -> list[tuple[str, list[str], int]]:
+    """(file name, its lines, line index) of `return <something>` lines in function bodies."""
+    found = []
+    for f in files:
+        lines = f.text.split("\n")
+        for index, line in enumerate(lines):
+            stripped = line.strip()
+            if stripped.startswith(TYPED) and len(stripped) > len(TYPED):
+                found.append((f.name, lines, index))
+    random.Random(seed).shuffle(found)
+    return found[:count]
+
+
+def ring_chunks(files, exclude: str, rng: random.Random) -> list[dict]:
+    chunks = []
+    while len(chunks) < RING_CHUNKS:
+        f = files[rng.randrange(len(files))]
+        if f.name == exclude:
+            continue
+        lines = f.text.split("\n")
+        first = rng.randrange(max(1, len(lines) - RING_CHUNK_LINES))
+        text = "\n".join(lines[first : first + RING_CHUNK_LINES]) + "\n"
+        chunks.append({"text": text, "filename": f.name})
+    return chunks
+
+
+def request(lines: list[str], index: int, extra: list[dict]) -> tuple[dict, str, str]:
+    """llama.vim's body with the cursor after `return ` on line `index` (the rest of the line
+    not yet typed); also the text before and after the cursor in the whole file."""
+    line = lines[index]
+    typed = line[: line.index(TYPED) + len(TYPED)]
+    before = lines[max(0, index - N_PREFIX) : index]
+    after = lines[index + 1 : index + 1 + N_SUFFIX]
+    body = {
+        "input_prefix": "\n".join(before) + "\n",
+        "input_suffix": "\n" + "\n".join(after) + "\n",
+        "input_extra": extra,
+        "prompt": typed,
+        "n_predict": N_PREDICT,
+        "n_indent": len(typed) - len(typed.lstrip()),
+        "top_k": 40,
+        "top_p": 0.90,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": T_MAX_PROMPT_MS,
+        "t_max_predict_ms": T_MAX_PREDICT_MS,
+        "response_fields": RESPONSE_FIELDS,
+    }
+    whole_before = "\n".join(lines[:index]) + "\n" + typed
+    whole_after = "\n" + "\n".join(lines[index + 1 :])
+    return body, whole_before, whole_after
+
+
+def parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--positions", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    _, held_out = split_files()
+    rng = random.Random(args.seed)
+    results = []
+    started = time.monotonic()
+    with httpx.Client(base_url=args.url, timeout=120) as http:
+        for name, lines, index in positions(held_out, args.positions, args.seed):
+            body, before, after = request(lines, index, ring_chunks(held_out, name, rng))
+            answer = http.post("/infill", json=body)
+            answer.raise_for_status()
+            content = answer.json()["content"]
+            # The suggestion as llama.vim shows it: up to the end of what it generated.
+            results.append(
+                {
+                    "file": name,
+                    "line": index + 1,
+                    "content": content,
+                    "non_empty": bool(content.strip()),
+                    "parses": bool(content.strip()) and parses(before + content + after),
+                }
+            )
+    non_empty = sum(r["non_empty"] for r in results)
+    parsed = sum(r["parses"] for r in results)
+    summary = {
+        "url": args.url,
+        "positions": len(results),
+        "non_empty": non_empty,
+        "non_empty_share": round(non_empty / len(results), 3),
+        "parseable_of_non_empty": round(parsed / max(1, non_empty), 3),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({**summary, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
