@@ -463,7 +463,7 @@ def export(target: Path, model, config: dict, base: Path, tok_dir: Path, log_pat
     target.mkdir(parents=True, exist_ok=True)
     weights = {k: v.astype(mx.float16) for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(target / "model.safetensors"), weights)
-    (target / "config.json").write_text(json.dumps(config, indent=2))
+    (target / "config.json").write_text(json.dumps({**config, "torch_dtype": "float16"}, indent=2))
     for path in tok_dir.iterdir():
         shutil.copy(path, target / path.name)
     if (base / "generation_config.json").exists():

@@ -3,9 +3,11 @@ user types `return ` inside a function of a held-out standard-library file.
 
 Each request is llama.vim's (autoload/llama.vim, default settings): the 256 lines before the
 cursor's line as `input_prefix`, the rest of that line and the 64 lines after as `input_suffix`,
-the line up to the cursor as `prompt`, `n_indent` from its indentation, 16 ring-buffer chunks of
-64 lines from other files as `input_extra`, and its sampler settings. Reports how many
-suggestions are non-empty, and how many of those leave the file parseable.
+the line up to the cursor as `prompt`, `n_indent` from its indentation, its ring buffer (16
+chunks of 64 lines from other files, as if they were open) as `input_extra`, and its sampler
+settings; first the warm-up llama.vim sends when the ring buffer changes (`input_extra` alone,
+`n_predict` 0). Reports how many suggestions are non-empty, and how many of those leave the file
+parseable.
 
     python scripts/replay_llama_vim.py [--url http://127.0.0.1:8080] [--positions 50] [--json F]
 """
@@ -53,12 +55,10 @@ def positions(files, count: int, seed: int) -> list[tuple[str, list[str], int]]:
     return found[:count]
 
 
-def ring_chunks(files, exclude: str, rng: random.Random) -> list[dict]:
+def ring_chunks(files, rng: random.Random) -> list[dict]:
     chunks = []
     while len(chunks) < RING_CHUNKS:
         f = files[rng.randrange(len(files))]
-        if f.name == exclude:
-            continue
         lines = f.text.split("\n")
         first = rng.randrange(max(1, len(lines) - RING_CHUNK_LINES))
         text = "\n".join(lines[first : first + RING_CHUNK_LINES]) + "\n"
@@ -114,9 +114,25 @@ def main() -> None:
     rng = random.Random(args.seed)
     results = []
     started = time.monotonic()
-    with httpx.Client(base_url=args.url, timeout=120) as http:
+    ring = ring_chunks(held_out, rng)
+    with httpx.Client(base_url=args.url, timeout=600) as http:
+        warm_up = {  # llama.vim's ring-buffer update, field for field
+            "input_prefix": "",
+            "input_suffix": "",
+            "input_extra": ring,
+            "prompt": "",
+            "n_predict": 0,
+            "temperature": 0.0,
+            "stream": False,
+            "samplers": [],
+            "cache_prompt": True,
+            "t_max_prompt_ms": 1,
+            "t_max_predict_ms": 1,
+            "response_fields": [""],
+        }
+        http.post("/infill", json=warm_up).raise_for_status()
         for name, lines, index in positions(held_out, args.positions, args.seed):
-            body, before, after = request(lines, index, ring_chunks(held_out, name, rng))
+            body, before, after = request(lines, index, ring)
             answer = http.post("/infill", json=body)
             answer.raise_for_status()
             content = answer.json()["content"]
