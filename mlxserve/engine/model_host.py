@@ -210,11 +210,12 @@ def load_model(
     import mlx.core as mx
     import mlx_lm
 
-    check_model_source(path_or_repo)
+    from_hub = not _looks_like_path(path_or_repo)
+    if not from_hub:  # a hub repo was looked up before serving; its download says what failed
+        check_model_source(path_or_repo)
     policy = policy if policy is not None else current_policy()
     progress = progress if progress is not None else LoadProgress(path_or_repo)
     sharded = cluster is not None and cluster.size > 1
-    from_hub = not _looks_like_path(path_or_repo)
     folder = _cached_hub_folder(path_or_repo) if from_hub else Path(path_or_repo).expanduser()
     try:
         if sharded:
