@@ -28,13 +28,14 @@ class LoadRequest(BaseModel):
 
 def status() -> dict:
     engine = current_app.config["ENGINE"]
-    loading, progress = engine.loading_since, engine.load_progress
+    load = engine.load_progress  # read once: the engine thread clears it when the load ends
+    progress = load.as_dict() if load is not None else None
     return {
         "state": engine.state,
         "model": served_model_id(),
         "model_path": engine.model_source,
-        "loading_s": round(time.monotonic() - loading, 1) if loading is not None else None,
-        "progress": progress.as_dict() if progress is not None else None,
+        "loading_s": progress["elapsed_s"] if progress is not None else None,
+        "progress": progress,
         "load_error": engine.load_error,
         "error": engine.error,
         "memory_bytes": engine.memory_bytes(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from quart import Blueprint, current_app
 
+from ..engine import LOADING_STATES
 from .errors import error_body
 
 blueprint = Blueprint("health", __name__)
@@ -15,10 +16,11 @@ async def health():
     engine = current_app.config["ENGINE"]
     if engine.state == "ready":
         return {"status": "ok", "model": engine.loaded.model_id}
+    loading = engine.state in LOADING_STATES
     body = error_body(
-        "Loading model" if engine.state in ("starting", "loading") else f"Engine {engine.state}",
+        "Loading model" if loading else f"Engine {engine.state}",
         "service_unavailable",
-        code="model_loading" if engine.state in ("starting", "loading") else "engine_error",
+        code="model_loading" if loading else "engine_error",
     )
     body["status"] = engine.state
     progress = engine.load_progress

@@ -8,7 +8,7 @@ import logging
 from quart import Blueprint, current_app
 
 from ..chat.templates import chat_capabilities
-from ..engine import EngineError
+from ..engine import LOADING_STATES, EngineError
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound
 
@@ -87,7 +87,7 @@ def model_card(entry: ModelEntry | None = None) -> dict:
         "object": "model",
         "created": current_app.config[STARTED],
         "owned_by": "mlxserve",
-        "loaded": serving and engine.state not in ("starting", "loading"),
+        "loaded": serving and engine.state not in LOADING_STATES,
     }
     if serving:
         card["status"] = engine.state

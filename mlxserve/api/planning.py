@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from quart import current_app
 
-from ..engine import EngineError, GenerationEvent, GenerationRequest, StopSpec
+from ..engine import LOADING_STATES, EngineError, GenerationEvent, GenerationRequest, StopSpec
 from ..fim import FimError, InfillParts, build_infill, fim_token_names
 from ..prompt import (
     Prompt,
@@ -71,10 +71,9 @@ async def ready_model(model: str | None):
     try:
         loaded = engine.check_ready()
     except EngineError as error:
-        loading = error.state in ("starting", "loading")
         raise ServiceUnavailable(
             str(error),
-            code="model_loading" if loading else "model_unavailable",
+            code="model_loading" if error.state in LOADING_STATES else "model_unavailable",
             headers={"Retry-After": "1"},
         ) from error
     return engine, loaded

@@ -2,6 +2,7 @@
 
 from .engine import Engine, EngineError
 from .mlx_lm_compat import MAX_BATCH
+from .model_slot import LOADING_STATES
 from .requests import (
     FinishReason,
     GenerationEvent,
@@ -13,6 +14,7 @@ from .requests import (
 )
 
 __all__ = [
+    "LOADING_STATES",
     "MAX_BATCH",
     "Engine",
     "EngineError",

@@ -26,7 +26,7 @@ from .inbox import Add, Cancel, Group, ModelChanged, Stop
 from .live import LiveSequences
 from .mlx_lm_compat import ServerBatchGenerator
 from .model_host import LoadedModel, ModelLoadError, model_id_for
-from .model_slot import EngineState, LoadModel, ModelSlot, UnloadModel
+from .model_slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
 from .pacing import MAX_CHUNK, PrefillPacer, spare_the_join
 from .prefix_cache import default_budget_bytes
 from .prefix_keeper import PrefixKeeper
@@ -112,7 +112,6 @@ class Engine:
     model_source = _slot_attribute("source")
     model_name = _slot_attribute("name")
     loads = _slot_attribute("loads")
-    loading_since = _slot_attribute("loading_since")
     load_progress = _slot_attribute("progress")
     load_error = _slot_attribute("load_error")
     idle_unload_s = _slot_attribute("idle_unload_s")
@@ -138,7 +137,7 @@ class Engine:
         slot = self.slot
         if slot.state == "ready" and slot.loaded is not None and slot.pending is None:
             return slot.loaded
-        if slot.state in ("starting", "loading") or slot.pending is not None:
+        if slot.state in LOADING_STATES or slot.pending is not None:
             raise EngineError(f"model {slot.source} is loading", "loading")
         raise EngineError(f"engine is {slot.state}: {slot.error or 'no model loaded'}", slot.state)
 

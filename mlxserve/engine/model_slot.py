@@ -21,6 +21,7 @@ from .model_host import LoadedModel, LoadProgress, ModelLoadError, load_model, m
 log = logging.getLogger("mlxserve.engine")
 
 EngineState = Literal["starting", "loading", "ready", "unloaded", "error", "stopped"]
+LOADING_STATES = frozenset({"starting", "loading"})  # a model is on its way
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,6 @@ class ModelSlot:
         self.load_error: str | None = None  # the last switch that failed (the old model stayed)
         self.loaded: LoadedModel | None = None
         self.loads = 0  # models loaded so far, the first one included
-        self.loading_since: float | None = None
         self.progress: LoadProgress | None = None  # the load under way, phase by phase
         self.pending: ModelChange | None = None  # asked for, applied once no work is in flight
         self.last_work = time.monotonic()
@@ -76,19 +76,17 @@ class ModelSlot:
         if self.progress is None:  # else the first load's, begun as the engine started
             self.progress = LoadProgress(source)
         progress = self.progress
-        started = self.loading_since = progress.started
         self.state = "loading"
         log.info("loading model %s", source)
         try:
             self.loaded = load_model(
                 source, self.fim_template, self.cluster, self.policy, progress=progress
             )
-        except ModelLoadError:
-            raise
         except Exception as error:
+            self.progress = None
+            if isinstance(error, ModelLoadError):
+                raise
             raise ModelLoadError(f"could not load model {source}: {error}") from error
-        finally:
-            self.loading_since = self.progress = None
         self.source = source
         self.loaded_name = self.name
         self._on_loaded(self.loaded)
@@ -99,12 +97,13 @@ class ModelSlot:
         self.last_work = time.monotonic()
         self.loads += 1
         self.state = "ready"
+        self.progress = None  # only now: until then, clients still see the load under way
         if self.pending is None:
             self.ready.set()
         log.info(
             "model %s ready in %.1f s (context %d tokens, prefill chunks of %d tokens; %s)",
             self.loaded.model_id,
-            time.monotonic() - started,
+            time.monotonic() - progress.started,
             self.loaded.context_length,
             self.loaded.prefill_chunk,
             self.policy.description,
