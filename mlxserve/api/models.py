@@ -11,6 +11,7 @@ from ..chat.templates import chat_capabilities
 from ..engine import LOADING_STATES, EngineError
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound
+from .log_once import FirstSight
 
 blueprint = Blueprint("models", __name__)
 log = logging.getLogger("mlxserve.api")
@@ -64,13 +65,12 @@ def check_model_name(name: str | None) -> None:
     _note_stand_in(name)
 
 
-_stand_ins_noted: set[str] = set()
+_stand_ins = FirstSight()
 
 
 def _note_stand_in(name: str) -> None:
     """Say once per name that the loaded model answers for it."""
-    if name not in _stand_ins_noted and len(_stand_ins_noted) < 1000:
-        _stand_ins_noted.add(name)
+    if _stand_ins.first(name):
         log.info(
             "requests for model %r are answered by %s (--strict-model-names refuses them)",
             name,

@@ -16,6 +16,7 @@ from ..settings import Limits
 from . import access_log
 from .errors import APIError, FieldError, InvalidRequest
 from .llamacpp.protocol import InfillRequest, NativeCompletionRequest
+from .log_once import FirstSight
 from .openai.chat_protocol import ChatCompletionRequest
 from .protocol import CompletionRequest
 
@@ -31,8 +32,7 @@ JSON_BODY_TYPES = ("", "application/json", "text/plain", "application/x-www-form
 DIALECT_MODELS = (CompletionRequest, NativeCompletionRequest, InfillRequest, ChatCompletionRequest)
 UNKNOWN_FIELDS_HEADER = "X-Unknown-Fields"
 MAX_NAMED_UNKNOWN = 16  # in one response's header
-MAX_LOGGED_UNKNOWN = 1000  # distinct names logged per process: a client cannot fill the log
-_logged_unknown: set[str] = set()
+_unknown_seen = FirstSight()
 
 # What a JSON value must be, by pydantic's error type: our words, with pydantic's `ctx` values.
 REQUIREMENTS = {
@@ -241,8 +241,7 @@ def note_unknown_fields(names: list[str]) -> None:
     """Log each unknown field's name once per process (INFO), and keep this request's for the
     response's X-Unknown-Fields header: a misspelled field is ignored, but not silently."""
     for name in names:
-        if name not in _logged_unknown and len(_logged_unknown) < MAX_LOGGED_UNKNOWN:
-            _logged_unknown.add(name)
+        if _unknown_seen.first(name):
             log.info(
                 "Unknown field %r in a request body: ignored (each name is logged once; the "
                 "response's %s header names them every time)",
