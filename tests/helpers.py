@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +55,17 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     assert set(body["error"]) - {"n_prompt_tokens", "n_ctx"} == {"message", "type", "param", "code"}
     assert body["error"]["message"]
     return body["error"]
+
+
+def start_serve(*args: str, **popen: Any) -> subprocess.Popen:
+    """`mlxserve serve ARGS` as a user starts it, in a subprocess whose output is captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlxserve", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def wait_healthy(url: str, timeout: float = 90) -> None:

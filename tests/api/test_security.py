@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 from mlxserve.cli import main, read_api_key
 
-from ..helpers import error_of, wait_healthy
+from ..helpers import error_of, start_serve, wait_healthy
 from ..live_server import free_port
 
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
@@ -121,12 +120,12 @@ def test_the_openapi_document_names_the_key_when_one_is_set(live_server, tiny_mo
 
 def serve(model, *args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlxserve", "serve", "--model", str(model), "--port", str(port)]
-        + list(args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = start_serve(
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *args,
         env={**os.environ, "MLXSERVE_API_KEY": ""},
     )
     url = f"http://127.0.0.1:{port}"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 
 import httpx
 
-from ..helpers import wait_healthy
+from ..helpers import start_serve, wait_healthy
 from ..live_server import free_port
 
 
@@ -103,21 +102,11 @@ def test_unloadable_model_exits_nonzero_without_traceback(tmp_path):
 def test_serve_answers_then_stops_on_sigint(tiny_model):
     """Also when SIGINT was ignored at start, as for a background job of a script."""
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlxserve",
-            "serve",
-            "--model",
-            str(tiny_model),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ,
+    process = start_serve(
+        "--model",
+        str(tiny_model),
+        "--port",
+        str(port),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
@@ -136,12 +125,7 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
 
 def test_without_a_model_it_serves_the_embedded_demo_coder():
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlxserve", "serve", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_serve("--port", str(port))
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)

@@ -12,7 +12,7 @@ import pytest
 
 from mlxserve.platform.blas import openblas_library
 
-from ..helpers import wait_healthy
+from ..helpers import start_serve, wait_healthy
 from ..live_server import free_port
 
 REPO = "mlx-community/SmolLM2-135M-Instruct-4bit"
@@ -92,20 +92,11 @@ def test_the_slow_blas_is_named_with_the_reason(settings, reason):
 
 def test_serve_warns_of_a_slow_blas_and_logs_its_stop(tiny_model):
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlxserve",
-            "serve",
-            "--model",
-            str(tiny_model),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = start_serve(
+        "--model",
+        str(tiny_model),
+        "--port",
+        str(port),
         env=started_fresh(MLXSERVE_NO_OPENBLAS="1"),
     )
     try:
