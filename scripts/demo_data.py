@@ -6,8 +6,10 @@ The Python standard library is PSF-licensed text present on every machine with P
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,19 @@ def stdlib_files() -> list[SourceFile]:
 def split_files() -> tuple[list[SourceFile], list[SourceFile]]:
     files = stdlib_files()
     return [f for f in files if not f.held_out], [f for f in files if f.held_out]
+
+
+def functions(files: list[SourceFile]) -> Iterator[tuple[SourceFile, list[str], ast.AST]]:
+    """(file, its lines, node) for every function of the files that parse."""
+    for f in files:
+        try:
+            tree = ast.parse(f.text)
+        except SyntaxError:
+            continue
+        lines = f.text.split("\n")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
+                yield f, lines, node
 
 
 def token_stream(files: list[SourceFile], encode, file_sep: int) -> np.ndarray:

@@ -38,6 +38,7 @@ from demo_data import (
     FIM_MIDDLE,
     FIM_PREFIX,
     FIM_SUFFIX,
+    functions,
     split_files,
     token_stream,
 )
@@ -61,18 +62,11 @@ class InfillTask:
 def infill_tasks(files, count: int, seed: int) -> list[InfillTask]:
     """Lines strictly inside held-out function bodies, chosen at random (seeded)."""
     candidates = []
-    for f in files:
-        try:
-            tree = ast.parse(f.text)
-        except SyntaxError:
-            continue
-        lines = f.text.split("\n")
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
-                for lineno in range(node.body[0].lineno, node.end_lineno + 1):
-                    text = lines[lineno - 1]
-                    if text.strip() and not text.strip().startswith("#"):
-                        candidates.append((f, lineno))
+    for f, lines, node in functions(files):
+        for lineno in range(node.body[0].lineno, node.end_lineno + 1):
+            text = lines[lineno - 1]
+            if text.strip() and not text.strip().startswith("#"):
+                candidates.append((f, lineno))
     rng = random.Random(seed)
     rng.shuffle(candidates)
     tasks, seen = [], set()

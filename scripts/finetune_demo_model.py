@@ -43,7 +43,16 @@ import numpy as np
 from mlxserve.platform import flush_denormals, reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_data import EOS, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, split_files, token_stream
+from demo_data import (
+    EOS,
+    FILE_SEP,
+    FIM_MIDDLE,
+    FIM_PREFIX,
+    FIM_SUFFIX,
+    functions,
+    split_files,
+    token_stream,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = REPO.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
@@ -124,29 +133,18 @@ def chat_examples(files) -> list[tuple[str, str]]:
     """(question, answer): each documented function of the files shown without its docstring,
     and the docstring's first paragraph."""
     examples = []
-    for f in files:
-        try:
-            tree = ast.parse(f.text)
-        except SyntaxError:
+    for _, lines, node in functions(files):
+        doc = ast.get_docstring(node)
+        if not doc or node.end_lineno - node.lineno > 40:
             continue
-        lines = f.text.split("\n")
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or not node.end_lineno or node.end_lineno - node.lineno > 40:
-                continue
-            answer = " ".join(doc.split("\n\n")[0].split())
-            if len(answer) < 40 or answer.startswith((">>>", ":")):
-                continue
-            first = node.body[0]
-            code = "\n".join(
-                lines[node.lineno - 1 : first.lineno - 1]
-                + lines[first.end_lineno : node.end_lineno]
-            )
-            examples.append(
-                (f"What does this Python function do?\n\n```python\n{code}\n```", answer)
-            )
+        answer = " ".join(doc.split("\n\n")[0].split())
+        if len(answer) < 40 or answer.startswith((">>>", ":")):
+            continue
+        first = node.body[0]
+        code = "\n".join(
+            lines[node.lineno - 1 : first.lineno - 1] + lines[first.end_lineno : node.end_lineno]
+        )
+        examples.append((f"What does this Python function do?\n\n```python\n{code}\n```", answer))
     return examples
 
 
