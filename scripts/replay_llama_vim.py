@@ -35,11 +35,62 @@ RESPONSE_FIELDS = [
     "content",
     "timings/prompt_n",
     "timings/prompt_ms",
+    "timings/prompt_per_token_ms",
+    "timings/prompt_per_second",
     "timings/predicted_n",
     "timings/predicted_ms",
+    "timings/predicted_per_token_ms",
+    "timings/predicted_per_second",
     "truncated",
     "tokens_cached",
 ]
+
+
+def fim_request(
+    prefix: str,
+    prompt: str,
+    suffix: str,
+    extra: list[dict],
+    indent: int,
+    n_predict: int = N_PREDICT,
+    t_max_predict_ms: int = T_MAX_PREDICT_MS,
+) -> dict:
+    """llama.vim's FIM request (llama#fim), field for field; n_predict and t_max_predict_ms
+    are its settings."""
+    return {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": extra,
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "n_indent": indent,
+        "top_k": 40,
+        "top_p": 0.90,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": T_MAX_PROMPT_MS,
+        "t_max_predict_ms": t_max_predict_ms,
+        "response_fields": RESPONSE_FIELDS,
+    }
+
+
+def warmup_request(extra: list[dict]) -> dict:
+    """llama.vim's ring-buffer update: only the other files' chunks, nothing to predict."""
+    return {
+        "input_prefix": "",
+        "input_suffix": "",
+        "input_extra": extra,
+        "prompt": "",
+        "n_predict": 0,
+        "temperature": 0.0,
+        "stream": False,
+        "samplers": [],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 1,
+        "t_max_predict_ms": 1,
+        "response_fields": [""],
+    }
 
 
 def positions(files, count: int, seed: int) -> list[tuple[str, list[str], int]]:
@@ -73,22 +124,13 @@ def request(lines: list[str], index: int, extra: list[dict]) -> tuple[dict, str,
     typed = line[: line.index(TYPED) + len(TYPED)]
     before = lines[max(0, index - N_PREFIX) : index]
     after = lines[index + 1 : index + 1 + N_SUFFIX]
-    body = {
-        "input_prefix": "\n".join(before) + "\n",
-        "input_suffix": "\n" + "\n".join(after) + "\n",
-        "input_extra": extra,
-        "prompt": typed,
-        "n_predict": N_PREDICT,
-        "n_indent": len(typed) - len(typed.lstrip()),
-        "top_k": 40,
-        "top_p": 0.90,
-        "stream": False,
-        "samplers": ["top_k", "top_p", "infill"],
-        "cache_prompt": True,
-        "t_max_prompt_ms": T_MAX_PROMPT_MS,
-        "t_max_predict_ms": T_MAX_PREDICT_MS,
-        "response_fields": RESPONSE_FIELDS,
-    }
+    body = fim_request(
+        "\n".join(before) + "\n",
+        typed,
+        "\n" + "\n".join(after) + "\n",
+        extra,
+        indent=len(typed) - len(typed.lstrip()),
+    )
     whole_before = "\n".join(lines[:index]) + "\n" + typed
     whole_after = "\n" + "\n".join(lines[index + 1 :])
     return body, whole_before, whole_after
@@ -116,21 +158,7 @@ def main() -> None:
     started = time.monotonic()
     ring = ring_chunks(held_out, rng)
     with httpx.Client(base_url=args.url, timeout=600) as http:
-        warm_up = {  # llama.vim's ring-buffer update, field for field
-            "input_prefix": "",
-            "input_suffix": "",
-            "input_extra": ring,
-            "prompt": "",
-            "n_predict": 0,
-            "temperature": 0.0,
-            "stream": False,
-            "samplers": [],
-            "cache_prompt": True,
-            "t_max_prompt_ms": 1,
-            "t_max_predict_ms": 1,
-            "response_fields": [""],
-        }
-        http.post("/infill", json=warm_up).raise_for_status()
+        http.post("/infill", json=warmup_request(ring)).raise_for_status()
         for name, lines, index in positions(held_out, args.positions, args.seed):
             body, before, after = request(lines, index, ring)
             answer = http.post("/infill", json=body)

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from mlxserve.settings import DEFAULT_MODEL
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from replay_llama_vim import fim_request, warmup_request  # noqa: E402
 
 PREFIX = "import math\n\n\ndef area(radius):\n"
 SUFFIX = "\n\n\nprint(area(2.0))\n"
@@ -36,53 +41,13 @@ def demo_http(demo):
 
 
 def llama_vim_warmup(extra):
-    """llama.vim's ring-buffer update: only extra context, nothing to predict."""
-    return {
-        "input_prefix": "",
-        "input_suffix": "",
-        "input_extra": extra,
-        "prompt": "",
-        "n_predict": 0,
-        "temperature": 0.0,
-        "stream": False,
-        "samplers": [],
-        "cache_prompt": True,
-        "t_max_prompt_ms": 1,
-        "t_max_predict_ms": 1,
-        "response_fields": [""],
-    }
+    """llama.vim's ring-buffer update (scripts/replay_llama_vim.py sends it too)."""
+    return warmup_request(extra)
 
 
 def llama_vim_fim(prefix, middle, suffix, extra, indent, n_predict=128):
-    """llama.vim's FIM request (llama#fim), field for field; n_predict is its setting."""
-    return {
-        "input_prefix": prefix,
-        "input_suffix": suffix,
-        "input_extra": extra,
-        "prompt": middle,
-        "n_predict": n_predict,
-        "n_indent": indent,
-        "top_k": 40,
-        "top_p": 0.90,
-        "stream": False,
-        "samplers": ["top_k", "top_p", "infill"],
-        "cache_prompt": True,
-        "t_max_prompt_ms": 500,
-        "t_max_predict_ms": 250,
-        "response_fields": [
-            "content",
-            "timings/prompt_n",
-            "timings/prompt_ms",
-            "timings/prompt_per_token_ms",
-            "timings/prompt_per_second",
-            "timings/predicted_n",
-            "timings/predicted_ms",
-            "timings/predicted_per_token_ms",
-            "timings/predicted_per_second",
-            "truncated",
-            "tokens_cached",
-        ],
-    }
+    """llama.vim's FIM request, its answers held short (t_max_predict_ms 250, not its 1000)."""
+    return fim_request(prefix, middle, suffix, extra, indent, n_predict, t_max_predict_ms=250)
 
 
 def test_llama_vim_warmup_then_fim_reuses_the_warmed_context(demo_http):

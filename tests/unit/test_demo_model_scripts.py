@@ -13,8 +13,23 @@ from eval_demo_model import bigram_successors  # noqa: E402
 from finetune_demo_model import middle_span  # noqa: E402
 from replay_llama_vim import request  # noqa: E402
 
-from ..api.test_infill_api import llama_vim_fim  # noqa: E402
-
+# llama#fim's fields (llama.vim's autoload/llama.vim).
+LLAMA_VIM_FIELDS = {
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
+    "prompt",
+    "n_predict",
+    "n_indent",
+    "top_k",
+    "top_p",
+    "stream",
+    "samplers",
+    "cache_prompt",
+    "t_max_prompt_ms",
+    "t_max_predict_ms",
+    "response_fields",
+}
 CODE = "def f(a, b):\n    x = a + b\n\n    return x * 2\n\n\nprint(f(1, 2))\n"
 
 
@@ -37,7 +52,7 @@ def test_the_replay_sends_llama_vims_fields_and_rebuilds_the_file():
     lines = CODE.split("\n")
     index = lines.index("    return x * 2")
     body, before, after = request(lines, index, extra=[])
-    assert set(body) == set(llama_vim_fim("", "", "", [], 0))
+    assert set(body) == LLAMA_VIM_FIELDS
     assert body["prompt"] == "    return " and body["n_indent"] == 4
     assert body["samplers"] == ["top_k", "top_p", "infill"]
     assert before + "x * 2" + after == CODE
