@@ -116,12 +116,17 @@ def greedy_text(model, tokenizer, ids: list[int], newlines: int) -> str:
     MAX_NEW_TOKENS."""
     from mlx_lm.generate import stream_generate
 
+    from mlxserve.text import IncrementalDetokenizer
+
+    # Decoded in the prompt's context as the server does: mlx-lm's streaming detokenizer drops
+    # a leading space from the first token, which would take one from every indentation.
+    detokenizer = IncrementalDetokenizer(tokenizer, ids)
     text = ""
     for response in stream_generate(model, tokenizer, ids, max_tokens=MAX_NEW_TOKENS):
-        text += response.text
+        text += detokenizer.add(response.token)
         if text.count("\n") >= newlines or response.finish_reason:
             break
-    return text
+    return text + detokenizer.flush()
 
 
 class ModelInfiller:
