@@ -3,7 +3,8 @@
 Reports:
 - validation loss, nats/token, over fixed 512-token windows of the held-out files;
 - single-line infill: 200 tasks, each a line removed from inside a held-out function, the model
-  given prefix and suffix in StarCoder's FIM format (at most 1,024 tokens, 3/4 of them prefix)
+  given prefix and suffix with StarCoder's FIM tokens, in the order /infill uses for it (SPM
+  where its config.json names "starcoder-spm"; at most 1,024 tokens, 3/4 of them prefix)
   and asked for the middle (greedy, up to the first newline). Exact match (trailing spaces
   ignored) and parse rate (the file with the completion in place still passes `ast.parse`; an
   empty completion never counts);
@@ -30,14 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxserve.fim import detect_fim
 from mlxserve.platform import reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import (
     FILE_SEP,
-    FIM_MIDDLE,
-    FIM_PREFIX,
-    FIM_SUFFIX,
     functions,
     split_files,
     token_stream,
@@ -137,8 +136,8 @@ class ModelInfiller:
         self.model, self.tokenizer = load_for_eval(path)
         self.tokenizer._tokenizer.model_max_length = 10**9  # whole files are encoded here
         self.config = json.loads((path / "config.json").read_text())
-        ids = self.tokenizer.convert_tokens_to_ids
-        self.fim = ids(FIM_PREFIX), ids(FIM_SUFFIX), ids(FIM_MIDDLE)
+        # the order /infill uses for this model: PSM, or SPM where its config.json says so
+        self.fim = detect_fim(self.tokenizer.get_vocab(), self.config.get("fim_template"))
         self.newline = set(self.tokenizer.encode("\n", add_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
@@ -150,14 +149,10 @@ class ModelInfiller:
         keep_after = min(len(after), int(budget * (1 - PREFIX_SHARE)))
         keep_before = min(len(before), budget - keep_after)
         keep_after = min(len(after), budget - keep_before)
-        prefix, suffix, middle = self.fim
-        return (
-            [prefix]
-            + before[len(before) - keep_before :]
-            + [suffix]
-            + after[:keep_after]
-            + [middle]
-        )
+        head = [self.fim.prefix, *before[len(before) - keep_before :]]
+        tail = [self.fim.suffix, *after[:keep_after]]
+        body = tail + head if self.fim.template.suffix_first else head + tail
+        return [*body, self.fim.middle]
 
     def complete(self, task: InfillTask) -> str:
         return first_line(greedy_text(self.model, self.tokenizer, self.prompt(task), newlines=1))

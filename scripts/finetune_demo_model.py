@@ -10,10 +10,13 @@ progress bar and a JSONL loss log.
    <file_sep> are in its vocabulary already. Their embedding rows start at the vocabulary's mean.
 2. Full fine-tuning with AdamW on the training split of the interpreter's standard library
    (held-out files chosen by a hash of their path, as eval_demo_model.py reads them):
-   - FIM samples (PSM order, as llama.cpp's /infill builds them): the middle is mostly one to three
-     whole lines; some samples start with other files' chunks in the repo-level format llama.vim's
-     ring buffer produces (<repo_name>, <file_sep>name). The middle and its <|endoftext|> weigh
-     --middle-weight against 1 for the context tokens.
+   - FIM samples, in PSM order (prefix, suffix, middle) up to --spm-from-step and in SPM order
+     (suffix, prefix, middle: llama.cpp's --spm-infill layout) after it. In SPM the middle
+     continues the prefix directly, so the base model's left-to-right skill applies from the
+     first step; the shipped model declares it and /infill renders its prompts that way. The
+     middle is mostly one to three whole lines; some samples start with other files' chunks in
+     the repo-level format llama.vim's ring buffer produces (<repo_name>, <file_sep>name). The
+     middle and its <|endoftext|> weigh --middle-weight against 1 for the context tokens.
    - Left-to-right windows of the same files.
    - Chat turns in the model's own ChatML template, built from the library itself (a function
      shown, its docstring's first paragraph as the answer), with the loss on the answer only: the
@@ -83,6 +86,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--chat-rate", type=float, default=0.1)
     parser.add_argument("--repo-rate", type=float, default=0.3, help="of FIM samples")
     parser.add_argument("--middle-weight", type=float, default=4.0)
+    parser.add_argument(
+        "--spm-from-step",
+        type=int,
+        default=150,
+        help="FIM samples from this step on are in SPM order (suffix first, the middle right "
+        "after the prefix), as /infill renders them for the shipped model; PSM before it",
+    )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument(
@@ -164,14 +174,16 @@ class Sampler:
         self.repo_name, self.file_sep, self.eos = ids(REPO_NAME), ids(FILE_SEP), ids(EOS)
         self.chats = chat_examples(files)
 
-    def batch(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens, weights = zip(*(self.sample(rng) for _ in range(size)))
+    def batch(
+        self, rng: np.random.Generator, size: int, spm: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        tokens, weights = zip(*(self.sample(rng, spm) for _ in range(size)))
         return np.stack(tokens), np.stack(weights)
 
-    def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, rng: np.random.Generator, spm: bool) -> tuple[np.ndarray, np.ndarray]:
         draw = rng.random()
         if draw < self.args.fim_rate:
-            return self.fim(rng)
+            return self.fim(rng, spm)
         if draw < self.args.fim_rate + self.args.chat_rate:
             return self.chat(rng)
         return self.left_to_right(rng), np.ones(self.context + 1, dtype=np.float32)
@@ -192,7 +204,7 @@ class Sampler:
     def random_file(self, rng):
         return self.files[rng.choice(len(self.files), p=self.weights)]
 
-    def fim(self, rng: np.random.Generator):
+    def fim(self, rng: np.random.Generator, spm: bool):
         extra: list[int] = []
         if rng.random() < self.args.repo_rate:
             extra = self.repo_context(rng)
@@ -214,14 +226,9 @@ class Sampler:
         )
         keep_suffix = min(len(suf), max(keep_suffix, 0))
         keep_prefix = min(len(pre), max(0, budget - keep_suffix))
-        tokens = [
-            *extra,
-            self.prefix,
-            *pre[len(pre) - keep_prefix :],
-            self.suffix,
-            *suf[:keep_suffix],
-            self.middle,
-        ]
+        prefix = [self.prefix, *pre[len(pre) - keep_prefix :]]
+        suffix = [self.suffix, *suf[:keep_suffix]]
+        tokens = [*extra, *(suffix + prefix if spm else prefix + suffix), self.middle]
         weights = [1.0] * len(tokens) + [self.args.middle_weight] * (len(mid) + 1)
         return self.packed(rng, tokens + mid + [self.eos], weights)
 
@@ -385,7 +392,8 @@ def train(args: argparse.Namespace) -> None:
     with log_path.open("a") as log:
 
         def draw(step: int):
-            return sampler.batch(np.random.default_rng([args.seed, step]), args.batch)
+            rng = np.random.default_rng([args.seed, step])
+            return sampler.batch(rng, args.batch, spm=step >= args.spm_from_step)
 
         upcoming = draw(step)
         while step < last_step:
@@ -439,6 +447,7 @@ def train(args: argparse.Namespace) -> None:
         "chat_rate": args.chat_rate,
         "repo_rate": args.repo_rate,
         "middle_loss_weight": args.middle_weight,
+        "fim_order": f"PSM for steps 1-{args.spm_from_step}, SPM after",
         "line_span_rate": LINE_SPAN_RATE,
         "train_files": len(train_files),
         "held_out_files": len(held_out),
@@ -448,6 +457,8 @@ def train(args: argparse.Namespace) -> None:
         "final_val_loss": json.loads(log_path.read_text().splitlines()[-1]).get("val_loss"),
         "minutes": round((time.monotonic() - started) / 60, 1),
     }
+    if args.spm_from_step < step:  # /infill renders prompts in the order the model ended on
+        config = {**config, "fim_template": "starcoder-spm"}
     export(out / "model", model, config, args.base, tok_dir, log_path, summary)
 
 

@@ -239,10 +239,13 @@ def load_model(
         raise ModelLoadError(
             f"could not load model {path_or_repo}: {_first_line(error)}"
         ) from error
+    # A model trained on one order says so in config.json (the demo model: suffix first).
+    declared = config.get("fim_template")
     try:
-        fim = detect_fim(tokenizer.get_vocab(), fim_template)
+        fim = detect_fim(tokenizer.get_vocab(), fim_template or declared)
     except FimError as error:
-        raise ModelLoadError(f"--fim-template for {path_or_repo}: {error}") from error
+        source = "--fim-template" if fim_template else "its config.json's fim_template"
+        raise ModelLoadError(f"{source} for {path_or_repo}: {error}") from error
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
     policy.prepare_model(model, sharded=sharded)

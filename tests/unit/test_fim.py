@@ -131,6 +131,16 @@ def test_a_named_template_overrides_and_a_missing_one_is_an_error():
         detect_fim(vocab, "gpt")
 
 
+def test_starcoder_spm_is_named_never_detected_and_puts_the_suffix_first():
+    tokenizer = family_tokenizer(FAMILIES["starcoder"])
+    assert detect_fim(tokenizer.get_vocab()).name == "starcoder"
+    fim = detect_fim(tokenizer.get_vocab(), "starcoder-spm")
+    built = build_infill(fim, encoder(tokenizer), PARTS, 4096, 64)
+    assert tokenizer.decode(list(built.ids)) == (
+        "<fim_suffix>\nprint(add(1, 2))\n<fim_prefix>def add(a, b):\n    <fim_middle>"
+    )
+
+
 def test_repo_level_tokens_frame_other_files_when_the_model_has_them():
     parts = InfillParts(prefix="x = 1\n", suffix="", extra=[("lib/a.py", "A = 2\n")])
     text, *_ = infill_text("qwen", parts)
