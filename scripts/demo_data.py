@@ -1,6 +1,6 @@
 """Data for the demo code model: the interpreter's own standard library, split by file.
 
-Shared by train_demo_model.py and eval_demo_model.py so both see the same split and tokens.
+Shared by finetune_demo_model.py and eval_demo_model.py so both see the same split and tokens.
 The Python standard library is PSF-licensed text present on every machine with Python.
 """
 
