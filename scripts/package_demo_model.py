@@ -2,11 +2,14 @@
 own records.
 
 Quantizes finetune_demo_model.py's export (--out/model) to 4-bit weights (8-bit embedding, which
-is also the output layer) into mlxserve/models/mlxserve-demo-coder, with its evaluation
-(eval_demo_model.py --json), the base model's licence, and README.md, the model card, written
-from config.json, training.json and eval.json: every figure in the card comes from a file.
+is also the output layer) into mlxserve/models/mlxserve-demo-coder with the base model's licence;
+the shipped weights are then evaluated in place, and README.md, the model card, is written from
+config.json, training.json and eval.json: every figure in the card comes from a file.
 
-    python scripts/package_demo_model.py build/demo-ft/model build/demo-ft/eval.json
+    python scripts/package_demo_model.py build/demo-ft/model      # quantize into the package
+    python scripts/eval_demo_model.py --json mlxserve/models/mlxserve-demo-coder/eval.json \
+        --reference ../shared/models/smollm2-135m-instruct-4bit
+    python scripts/package_demo_model.py                            # write the card
 """
 
 from __future__ import annotations
@@ -138,11 +141,12 @@ these weights; this fine-tuned model is under the same licence. The training tex
 - {training["steps"]:,} steps of {training["batch"]} sequences x {training["context"]} tokens =
   {training["tokens_seen"]:,} tokens; learning rate {training["learning_rate"]},
   {training["schedule"]}; {training["optimizer"]}.
-- Samples: {training["fim_rate"]:.0%} fill-in-the-middle
-  (`<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>`,
-  {training["line_span_rate"]:.0%} of middles whole lines, {training["repo_rate"]:.0%} after
-  other files' chunks in the repo-level format; the middle weighs
-  {training["middle_loss_weight"]:g}x),
+- Samples: {training["fim_rate"]:.0%} fill-in-the-middle ({training["fim_order"]}: PSM is
+  `<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>`, SPM
+  `<fim_suffix>suf<fim_prefix>pre<fim_middle>mid<|endoftext|>`, the order `/infill` uses for this
+  model, named in its `config.json`; {training["line_span_rate"]:.0%} of middles whole lines,
+  {training["repo_rate"]:.0%} after other files' chunks in the repo-level format; the middle
+  weighs {training["middle_loss_weight"]:g}x),
   {training["chat_rate"]:.0%} chat turns (a documented function shown, its docstring's first
   paragraph as the answer), the rest left-to-right code.
 - Files split by a hash of their path: {training["train_files"]:,} for training
@@ -167,28 +171,39 @@ these weights; this fine-tuned model is under the same licence. The training tex
 
 ```bash
 python scripts/finetune_demo_model.py --out build/demo-ft        # resumable
-python scripts/eval_demo_model.py --model build/demo-ft/model --json build/demo-ft/eval.json \\
+python scripts/package_demo_model.py build/demo-ft/model          # these weights, 4-bit
+python scripts/eval_demo_model.py --json mlxserve/models/mlxserve-demo-coder/eval.json \\
     --reference ../shared/models/smollm2-135m-instruct-4bit
-python scripts/package_demo_model.py build/demo-ft/model build/demo-ft/eval.json
+python scripts/package_demo_model.py                              # this card
 ```
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="finetune_demo_model.py's exported model folder")
-    parser.add_argument("eval", type=Path, help="eval_demo_model.py's --json output")
+    parser.add_argument(
+        "model",
+        type=Path,
+        nargs="?",
+        help="finetune_demo_model.py's exported model folder (omitted: only write the card)",
+    )
     parser.add_argument("--target", type=Path, default=TARGET)
     args = parser.parse_args()
 
-    if args.target.exists():
-        shutil.rmtree(args.target)
-    args.target.mkdir(parents=True)
-    quantize(args.model, args.target)
-    for name in KEPT:
-        shutil.copy(args.model / name, args.target / name)
-    shutil.copy(args.eval, args.target / "eval.json")
-    shutil.copy(LICENCE, args.target / "LICENSE")
+    if args.model is not None:  # new weights: the old evaluation goes with the old ones
+        if args.target.exists():
+            shutil.rmtree(args.target)
+        args.target.mkdir(parents=True)
+        quantize(args.model, args.target)
+        for name in KEPT:
+            shutil.copy(args.model / name, args.target / name)
+        shutil.copy(LICENCE, args.target / "LICENSE")
+    if not (args.target / "eval.json").exists():
+        print(
+            f"quantized into {args.target}; now evaluate it there (eval_demo_model.py --json "
+            f"{args.target / 'eval.json'}) and run this script again to write the card"
+        )
+        return
     config = json.loads((args.target / "config.json").read_text())
     training = json.loads((args.target / "training.json").read_text())
     evaluation = json.loads((args.target / "eval.json").read_text())

@@ -58,3 +58,30 @@ def test_the_replay_sends_llama_vims_fields_and_rebuilds_the_file():
     assert before + "x * 2" + after == CODE
     sent = body["input_prefix"] + body["prompt"] + "x * 2" + body["input_suffix"]
     assert sent.rstrip("\n") == CODE.rstrip("\n")  # llama.vim ends the suffix with a newline
+
+
+def test_spm_training_samples_are_laid_out_as_infill_renders_them():
+    """A sample in SPM order is /infill's starcoder-spm prompt followed by the middle."""
+    from argparse import Namespace
+
+    from demo_data import SourceFile
+    from finetune_demo_model import Sampler
+
+    from mlxserve.fim import InfillParts, build_infill, detect_fim
+
+    from .test_fim import FAMILIES, encoder, family_tokenizer
+
+    tokenizer = family_tokenizer(FAMILIES["starcoder"])
+    args = Namespace(context=64, repo_rate=0.0, middle_weight=4.0)
+    stream = np.array(tokenizer.encode(CODE * 8, add_special_tokens=False), dtype=np.int32)
+    sampler = Sampler(tokenizer, [SourceFile("f.py", CODE)], stream, args)
+    fim = detect_fim(tokenizer.get_vocab(), "starcoder-spm")
+    for seed in range(20):
+        tokens, weights = sampler.fim(np.random.default_rng(seed), spm=True)
+        ids = tokens.tolist()
+        end = ids.index(fim.middle) + 1
+        suffix = tokenizer.decode(ids[1 : ids.index(fim.prefix)])
+        prefix = tokenizer.decode(ids[ids.index(fim.prefix) + 1 : end - 1])
+        rendered = build_infill(fim, encoder(tokenizer), InfillParts(prefix, suffix), 4096, 64)
+        assert ids[:end] == list(rendered.ids)
+        assert weights[end] == 4.0 and weights[end - 1] == 1.0  # the middle weighs more
