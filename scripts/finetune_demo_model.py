@@ -77,7 +77,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     # ~24 s a step here (4 x 512 tokens, float32, OpenBLAS): 280 steps and the evaluations take
     # under two hours on 2 cores.
-    parser.add_argument("--steps", type=int, default=280)
+    parser.add_argument("--steps", type=int, default=280, help="the schedule's length")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=200,
+        help="end training here, the schedule unfinished: the shipped run's 120-minute budget",
+    )
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -386,7 +392,7 @@ def train(args: argparse.Namespace) -> None:
         (ckpt / "state.json").write_text(json.dumps(state_json))
 
     tokens_per_step = args.batch * args.context
-    last_step = step if args.export_only else args.steps
+    last_step = step if args.export_only else min(args.steps, args.stop_after)
     progress = tqdm(total=last_step, initial=step, unit="step", dynamic_ncols=True)
     tic, running = time.monotonic(), None
     with log_path.open("a") as log:

@@ -138,7 +138,8 @@ these weights; this fine-tuned model is under the same licence. The training tex
 
 ## Training run
 
-- {training["steps"]:,} steps of {training["batch"]} sequences x {training["context"]} tokens =
+- {training["steps"]:,} steps (of a {training["planned_steps"]}-step schedule, stopped there for the
+  time budget) of {training["batch"]} sequences x {training["context"]} tokens =
   {training["tokens_seen"]:,} tokens; learning rate {training["learning_rate"]},
   {training["schedule"]}; {training["optimizer"]}.
 - Samples: {training["fim_rate"]:.0%} fill-in-the-middle ({training["fim_order"]}: PSM is
