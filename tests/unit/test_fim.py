@@ -181,3 +181,17 @@ def test_n_indent_ends_at_a_line_indented_less_and_cuts_before_it():
     cut = rules.feed("\treturn x")
     assert cut.stopped and cut.text == "\t"  # one tab is less than 4: cut before "return"
     assert LineRules(min_indent=0).feed("a\nb\n").stopped is False
+
+
+def test_other_files_are_cut_the_same_whatever_n_predict():
+    """llama.vim's warm-up (n_predict 0) must leave in the prefix cache exactly the tokens its
+    next request (n_predict 128) starts with, even when other files' chunks do not fit."""
+    tokenizer = family_tokenizer(FAMILIES["starcoder"])
+    fim = detect_fim(tokenizer.get_vocab())
+    extra = [(f"pkg/m{i}.py", f"def add(a, b):\n    return a + {i}\n" * 8) for i in range(6)]
+    parts = InfillParts(prefix="x = 1\n", suffix="", extra=extra)
+    warm = build_infill(fim, encoder(tokenizer), parts, 512, 0)
+    request = build_infill(fim, encoder(tokenizer), parts, 512, 128)
+    assert warm.truncated and request.truncated
+    start = list(request.ids).index(fim.prefix)
+    assert list(warm.ids)[:start] == list(request.ids)[:start]
