@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .fim import detect_fim
+from .fim import FimError, detect_fim
 
 # Config keys architectures use for their context window, most specific first.
 CONTEXT_KEYS = (
@@ -81,7 +81,7 @@ def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
         size_bytes=sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
         quantization=_quantization(config),
         context_length=context_length_of(config, folder),
-        fim=_fim_of(folder),
+        fim=_fim_of(folder, config),
     )
 
 
@@ -209,11 +209,15 @@ def _quantization(config: Mapping[str, Any]) -> str | None:
     return dtype if isinstance(dtype, str) else None
 
 
-def _fim_of(folder: Path) -> str | None:
-    """The FIM template from the tokenizer's added tokens (special tokens live there)."""
+def _fim_of(folder: Path, config: Mapping[str, Any]) -> str | None:
+    """The FIM template config.json names, else the one the tokenizer's added tokens (special
+    tokens live there) match; as loading the model would resolve it."""
     tokenizer = _read_json(folder / "tokenizer.json")
     vocab = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", []) if "content" in t}
-    fim = detect_fim(vocab) if vocab else None
+    try:
+        fim = detect_fim(vocab, config.get("fim_template")) if vocab else None
+    except FimError:  # loading it will say why
+        return None
     return fim.name if fim is not None else None
 
 
