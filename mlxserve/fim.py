@@ -69,7 +69,7 @@ TEMPLATES: tuple[FimTemplate, ...] = (
     ),
     FimTemplate(  # never detected: named by --fim-template or the model's config.json
         "starcoder-spm",
-        "mlxserve-demo-coder; StarCoder's tokens in llama.cpp's --spm-infill order",
+        "StarCoder's tokens in llama.cpp's --spm-infill order (models fine-tuned suffix first)",
         "<fim_prefix>",
         "<fim_suffix>",
         "<fim_middle>",
