@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # llama.cpp's batch size: the prefix keeps up to 3/4 of it, the suffix up to 1/4.
 INFILL_BATCH_TOKENS = 2048
 EXTRA_RESERVE_TOKENS = 128  # llama.vim's n_predict: other files leave room for twice this
+CONFIG_KEY = "fim_template"  # where a model's config.json names its template
 REPO_NAME = "project"  # the repo-level header's name (llama.cpp has no input for it either)
 CURRENT_FILE = "filename"  # llama.cpp's placeholder for the file being edited
 
@@ -193,6 +194,23 @@ def detect_fim(vocab: Mapping[str, int], name: str | None = None) -> Fim | None:
     return None
 
 
+def model_fim(
+    vocab: Mapping[str, int], config: Mapping[str, object], named: str | None = None
+) -> Fim | None:
+    """A model's FIM template: `named` (--fim-template), else the one its config.json names
+    (a model fine-tuned on one order says so), else detected from the vocabulary."""
+    declared = config.get(CONFIG_KEY)
+    return detect_fim(vocab, named or (declared if isinstance(declared, str) else None))
+
+
+def fim_prompt(fim: Fim, prefix: Sequence[int], suffix: Sequence[int]) -> list[int]:
+    """The template's tokens around already-cut prefix and suffix ids, in its order."""
+    head = [fim.prefix, *prefix]
+    tail = [fim.suffix, *suffix]
+    body = tail + head if fim.template.suffix_first else head + tail
+    return body if fim.middle is None else [*body, fim.middle]
+
+
 @dataclass(frozen=True)
 class InfillParts:
     """What an editor sends: the code before and after the cursor, the current line's start
@@ -239,11 +257,7 @@ def build_infill(
     suffix, prompt = encode(parts.suffix), encode(parts.prompt)
     take_prefix = min(len(prefix), 3 * (batch // 4))
     take_suffix = min(len(suffix), max(0, batch // 4 - (2 + len(prompt))))
-    head = [fim.prefix, *prefix[len(prefix) - take_prefix :], *prompt]
-    tail = [fim.suffix, *suffix[:take_suffix]]
-    body = tail + head if fim.template.suffix_first else head + tail
-    if fim.middle is not None:
-        body.append(fim.middle)
+    body = fim_prompt(fim, [*prefix[len(prefix) - take_prefix :], *prompt], suffix[:take_suffix])
     ids = [*leading, *extra[len(extra) - take_extra :], *body]
     truncated = (take_prefix, take_suffix, take_extra) != (len(prefix), len(suffix), len(extra))
     return InfillPrompt(tuple(ids), truncated)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .fim import FimError, detect_fim
+from .fim import FimError, model_fim
 
 # Config keys architectures use for their context window, most specific first.
 CONTEXT_KEYS = (
@@ -215,7 +215,7 @@ def _fim_of(folder: Path, config: Mapping[str, Any]) -> str | None:
     tokenizer = _read_json(folder / "tokenizer.json")
     vocab = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", []) if "content" in t}
     try:
-        fim = detect_fim(vocab, config.get("fim_template")) if vocab else None
+        fim = model_fim(vocab, config) if vocab else None
     except FimError:  # loading it will say why
         return None
     return fim.name if fim is not None else None

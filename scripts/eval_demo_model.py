@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxserve.fim import detect_fim
+from mlxserve.fim import fim_prompt, model_fim
 from mlxserve.platform import reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -137,7 +137,7 @@ class ModelInfiller:
         self.tokenizer._tokenizer.model_max_length = 10**9  # whole files are encoded here
         self.config = json.loads((path / "config.json").read_text())
         # the order /infill uses for this model: PSM, or SPM where its config.json says so
-        self.fim = detect_fim(self.tokenizer.get_vocab(), self.config.get("fim_template"))
+        self.fim = model_fim(self.tokenizer.get_vocab(), self.config)
         self.newline = set(self.tokenizer.encode("\n", add_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
@@ -149,10 +149,7 @@ class ModelInfiller:
         keep_after = min(len(after), int(budget * (1 - PREFIX_SHARE)))
         keep_before = min(len(before), budget - keep_after)
         keep_after = min(len(after), budget - keep_before)
-        head = [self.fim.prefix, *before[len(before) - keep_before :]]
-        tail = [self.fim.suffix, *after[:keep_after]]
-        body = tail + head if self.fim.template.suffix_first else head + tail
-        return [*body, self.fim.middle]
+        return fim_prompt(self.fim, before[len(before) - keep_before :], after[:keep_after])
 
     def complete(self, task: InfillTask) -> str:
         return first_line(greedy_text(self.model, self.tokenizer, self.prompt(task), newlines=1))

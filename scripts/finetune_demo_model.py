@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxserve.fim import CONFIG_KEY, detect_fim, fim_prompt
 from mlxserve.platform import flush_denormals, reexec_for_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,6 +63,7 @@ DEFAULT_BASE = REPO.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
 FIM_PAD = "<fim_pad>"
 NEW_TOKENS = [FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD]
 REPO_NAME = "<repo_name>"
+ORDERS = {False: "starcoder", True: "starcoder-spm"}  # /infill's templates: PSM, SPM
 CHARS_PER_TOKEN = 3.3  # SmolLM2's tokenizer on the standard library
 LINE_SPAN_RATE = 0.85  # of FIM samples: the middle is whole lines (an editor's infill)
 LINE_COUNTS, LINE_COUNT_P = [1, 2, 3], [0.75, 0.17, 0.08]
@@ -176,7 +178,8 @@ class Sampler:
         self.weights /= self.weights.sum()
         self.stream = stream
         ids = tokenizer.convert_tokens_to_ids
-        self.prefix, self.suffix, self.middle = ids(FIM_PREFIX), ids(FIM_SUFFIX), ids(FIM_MIDDLE)
+        vocab = tokenizer.get_vocab()
+        self.orders = {spm: detect_fim(vocab, name) for spm, name in ORDERS.items()}
         self.repo_name, self.file_sep, self.eos = ids(REPO_NAME), ids(FILE_SEP), ids(EOS)
         self.chats = chat_examples(files)
 
@@ -232,9 +235,8 @@ class Sampler:
         )
         keep_suffix = min(len(suf), max(keep_suffix, 0))
         keep_prefix = min(len(pre), max(0, budget - keep_suffix))
-        prefix = [self.prefix, *pre[len(pre) - keep_prefix :]]
-        suffix = [self.suffix, *suf[:keep_suffix]]
-        tokens = [*extra, *(suffix + prefix if spm else prefix + suffix), self.middle]
+        kept = pre[len(pre) - keep_prefix :], suf[:keep_suffix]
+        tokens = [*extra, *fim_prompt(self.orders[spm], *kept)]
         weights = [1.0] * len(tokens) + [self.args.middle_weight] * (len(mid) + 1)
         return self.packed(rng, tokens + mid + [self.eos], weights)
 
@@ -464,7 +466,7 @@ def train(args: argparse.Namespace) -> None:
         "minutes": round((time.monotonic() - started) / 60, 1),
     }
     if args.spm_from_step < step:  # /infill renders prompts in the order the model ended on
-        config = {**config, "fim_template": "starcoder-spm"}
+        config = {**config, CONFIG_KEY: ORDERS[True]}
     export(out / "model", model, config, args.base, tok_dir, log_path, summary)
 
 

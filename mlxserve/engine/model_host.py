@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from ..fim import Fim, FimError, detect_fim
+from ..fim import CONFIG_KEY, Fim, FimError, model_fim
 from ..platform import PlatformPolicy, current_policy
 from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
@@ -239,12 +239,10 @@ def load_model(
         raise ModelLoadError(
             f"could not load model {path_or_repo}: {_first_line(error)}"
         ) from error
-    # A model trained on one order says so in config.json (the demo model: suffix first).
-    declared = config.get("fim_template")
     try:
-        fim = detect_fim(tokenizer.get_vocab(), fim_template or declared)
+        fim = model_fim(tokenizer.get_vocab(), config, fim_template)
     except FimError as error:
-        source = "--fim-template" if fim_template else "its config.json's fim_template"
+        source = "--fim-template" if fim_template else f"its config.json's {CONFIG_KEY}"
         raise ModelLoadError(f"{source} for {path_or_repo}: {error}") from error
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
