@@ -134,10 +134,14 @@ def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Pop
 
 
 def wait_healthy(
-    server: subprocess.Popen, base_url: str, log_path: Path, timeout: float = HEALTH_TIMEOUT_S
+    server: subprocess.Popen,
+    base_url: str,
+    log_path: Path,
+    timeout: float = HEALTH_TIMEOUT_S,
+    poll_s: float = 0.25,
 ) -> None:
-    """Poll /health until 200 (it answers 503 while the model loads); raise ServerDidNotStart
-    when the process exits first or `timeout` seconds pass."""
+    """Poll /health every `poll_s` until 200 (it answers 503 while the model loads); raise
+    ServerDidNotStart when the process exits first or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
         if server.poll() is not None:
@@ -151,7 +155,7 @@ def wait_healthy(
         if time.monotonic() > deadline:
             reason = f"no /health 200 within {timeout:.0f} s"
             break
-        time.sleep(0.25)
+        time.sleep(poll_s)
     raise ServerDidNotStart(f"{reason}; last lines of {log_path}:\n{log_tail(log_path)}")
 
 
