@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The embedded default: SmolLM2-135M-Instruct fine-tuned for Python fill-in-the-middle by
-# scripts/finetune_demo_model.py, in the wheel: the first `mlxserve serve` downloads nothing.
+# The embedded default: a small Python code model with fill-in-the-middle (its model card says
+# how it was trained), shipped in the wheel: the first `mlxserve serve` downloads nothing.
 DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "mlxserve-demo-coder"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
