@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,8 +53,14 @@ class SourceFile:
         return hashlib.sha1(self.name.encode()).digest()[index]
 
 
+def stdlib_root() -> Path:
+    """This interpreter's standard library, or DEMO_STDLIB: a copy of another interpreter's, so a
+    machine with another Python (a lent GPU's) trains on the same files."""
+    return Path(os.environ.get("DEMO_STDLIB") or sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_files() -> list[SourceFile]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     files = []
     for path in sorted(root.rglob("*.py")):
         if "site-packages" in path.parts or path.stat().st_size > MAX_FILE_BYTES:

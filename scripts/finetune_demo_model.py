@@ -55,6 +55,7 @@ from demo_data import (
     FIM_SUFFIX,
     functions,
     split_files,
+    stdlib_root,
     token_stream,
 )
 
@@ -317,7 +318,8 @@ def train(args: argparse.Namespace) -> None:
     cache = out / "streams.npz"
     if cache.exists():
         saved = np.load(cache)
-        train_stream, held_stream = saved["train"], saved["held"]
+        # int32 as written here; a copy carried to another machine may be packed as uint16
+        train_stream, held_stream = (saved[k].astype(np.int32) for k in ("train", "held"))
     else:
         train_stream = token_stream(train_files, encode, file_sep)
         held_stream = token_stream(held_out, encode, file_sep)
@@ -440,7 +442,9 @@ def train(args: argparse.Namespace) -> None:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "device": str(mx.default_device()),
+        "device": f"{mx.default_device()}: {mx.device_info().get('device_name', '?')}",
+        "mlx": mx.__version__,
+        "stdlib": str(stdlib_root()),
         "seed": args.seed,
         "steps": step,
         "planned_steps": args.steps,
