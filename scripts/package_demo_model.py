@@ -186,7 +186,8 @@ def main() -> None:
         "model",
         type=Path,
         nargs="?",
-        help="finetune_demo_model.py's exported model folder (omitted: only write the card)",
+        help="finetune_demo_model.py's exported model folder, or one already quantized as shipped "
+        "(omitted: only write the card)",
     )
     parser.add_argument("--target", type=Path, default=TARGET)
     args = parser.parse_args()
@@ -195,7 +196,11 @@ def main() -> None:
         if args.target.exists():
             shutil.rmtree(args.target)
         args.target.mkdir(parents=True)
-        quantize(args.model, args.target)
+        if "quantization" in json.loads((args.model / "config.json").read_text()):
+            for path in args.model.iterdir():  # quantized where it trained (scripts/cuda/train.sh)
+                shutil.copy(path, args.target / path.name)
+        else:
+            quantize(args.model, args.target)
         for name in KEPT:
             shutil.copy(args.model / name, args.target / name)
         shutil.copy(LICENCE, args.target / "LICENSE")
