@@ -174,6 +174,7 @@ def main() -> None:
                     "parses": bool(content.strip()) and parses(before + content + after),
                 }
             )
+            print(f"{len(results)}: {name}:{index + 1} {content!r}", flush=True)
     non_empty = sum(r["non_empty"] for r in results)
     parsed = sum(r["parses"] for r in results)
     summary = {
