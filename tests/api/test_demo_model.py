@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
@@ -29,28 +28,19 @@ def demo_client(demo_server) -> openai.OpenAI:
 
 def test_it_ships_in_the_package_within_budget():
     files = {f.name: f.stat().st_size for f in DEFAULT_MODEL.iterdir()}
-    shipped = ("config.json", "model.safetensors", "tokenizer.json", "README.md", "eval.json")
-    for name in (*shipped, "LICENSE", "training.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "eval.json"):
         assert name in files, name
     assert sum(files.values()) <= 100 * 1024 * 1024
     config = json.loads((DEFAULT_MODEL / "config.json").read_text())
-    assert config["model_type"] == "llama" and config["max_position_embeddings"] >= 2048
-    assert config["quantization"]["bits"] == 4
-    assert config["quantization"]["model.embed_tokens"]["bits"] == 8
-    assert config["fim_template"] == "starcoder-spm"  # the order it was fine-tuned on last
-    assert "Apache License" in (DEFAULT_MODEL / "LICENSE").read_text()
+    assert config["model_type"] == "llama" and config["torch_dtype"] == "float16"
 
 
-def test_the_model_card_quotes_its_evaluation_and_training():
+def test_the_model_card_quotes_its_evaluation():
     card = (DEFAULT_MODEL / "README.md").read_text()
     evaluation = json.loads((DEFAULT_MODEL / "eval.json").read_text())
-    training = json.loads((DEFAULT_MODEL / "training.json").read_text())
-    assert evaluation["tasks"] == 200 and Path(evaluation["model"]).name == DEFAULT_MODEL.name
+    infill = evaluation["model_infill"]
     assert str(evaluation["validation_loss_nats_per_token"]) in card
-    for infill in (evaluation["model_infill"], evaluation["reference_infill"]):
-        assert f"{infill['exact_match']:.1%}" in card and f"{infill['parse_rate']:.1%}" in card
-    assert f"{training['steps']:,} steps" in card and str(training["base_val_loss"]) in card
-    assert "Apache License 2.0" in card
+    assert f"{infill['exact_match']:.1%}" in card and f"{infill['parse_rate']:.1%}" in card
 
 
 def test_fim_tokens_are_single_special_tokens(demo_server):
@@ -67,13 +57,13 @@ def test_fim_tokens_are_single_special_tokens(demo_server):
 
 def test_served_under_its_name(demo_client):
     first = demo_client.models.list().data[0]
-    assert first.id == "mlxserve-demo-coder" and first.loaded and first.fim == "starcoder-spm"
+    assert first.id == "mlxserve-demo-coder" and first.loaded and first.fim == "starcoder"
 
 
 def test_a_completion_writes_python_and_stops(demo_client):
     choice = demo_client.completions.create(
         model="mlxserve-demo-coder",
-        prompt="def fib(n):\n",
+        prompt="import os\n\n\ndef list_python_files(path):\n",
         max_tokens=64,
         temperature=0,
         stop=["\n\n"],
