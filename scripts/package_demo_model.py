@@ -252,8 +252,8 @@ def main() -> None:
                 shutil.copy(path, args.target / path.name)
         else:
             quantize(args.model, args.target)
-        for name in KEPT:
-            shutil.copy(args.model / name, args.target / name)
+            for name in KEPT:  # the conversion copies the model's files, not its records
+                shutil.copy(args.model / name, args.target / name)
         shutil.copy(LICENCE, args.target / "LICENSE")
     if not (args.target / "eval.json").exists():
         print(

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from demo_data import MAX_FILE_BYTES, stdlib_root  # noqa: E402
+from demo_data import stdlib_files, stdlib_root  # noqa: E402
 
 DEFAULT_BASE = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
 CALL_LIMIT = 64 * 2**20  # the device tool's working tree per call
@@ -76,11 +76,11 @@ def streams_uint16(cache: Path, out: Path) -> None:
 
 
 def stdlib_tar(out: Path) -> None:
+    """The files demo_data reads from this interpreter's standard library, and no others."""
     root = stdlib_root()
     with tarfile.open(out, "w:xz", preset=6) as tar:
-        for path in sorted(root.rglob("*.py")):
-            if "site-packages" not in path.parts and path.stat().st_size <= MAX_FILE_BYTES:
-                tar.add(path, arcname=str(path.relative_to(root)))
+        for source in stdlib_files():
+            tar.add(root / source.name, arcname=source.name)
 
 
 def main() -> None:
