@@ -33,8 +33,9 @@ test-fast: $(VENV)/.installed-dev
 	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/unit tests/engine
 
 # MLXSERVE_PORTABLE=1: none of the CPU backend's own paths (mlxserve/platform), so quantized
-# weights stay quantized and attention is MLX's own, as on a Mac. Real-model statistics
-# (marked slow) run once, in the pass above; so do the http_only modules (validation,
+# weights stay quantized and attention is MLX's own, as on a Mac. Real models' own answers
+# (marked slow: the 4-bit default model, unconverted, is slow on a CPU) run once, in the pass
+# above, and the tiny coder takes the infill paths here; so do the http_only modules (validation,
 # security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"

@@ -117,6 +117,12 @@ def steps_text(training: dict) -> str:
     return f"{training['steps']:,} steps"
 
 
+def fim_order(training: dict) -> str:
+    """training.json's FIM order; a run that switched to SPM before its first step was SPM."""
+    order = training["fim_order"]
+    return "SPM throughout" if order in ("SPM", "PSM for steps 1-0, SPM after") else order
+
+
 def merge_text(training: dict) -> str:
     merge = training.get("merge")
     if not merge:
@@ -192,7 +198,7 @@ licence).
 - {steps_text(training)} of {training["batch"]} sequences x {training["context"]} tokens =
   {training["tokens_seen"]:,} tokens; learning rate {training["learning_rate"]},
   {training["schedule"]}; {training["optimizer"]}.
-- Samples: {training["fim_rate"]:.0%} fill-in-the-middle ({training["fim_order"]}: PSM is
+- Samples: {training["fim_rate"]:.0%} fill-in-the-middle ({fim_order(training)}: PSM is
   `<fim_prefix>pre<fim_suffix>suf<fim_middle>mid<|endoftext|>`, SPM
   `<fim_suffix>suf<fim_prefix>pre<fim_middle>mid<|endoftext|>`, the order `/infill` uses for this
   model, named in its `config.json`; {training["line_span_rate"]:.0%} of middles whole lines,

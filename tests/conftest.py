@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from mlxserve.platform import reexec_for_cpu
-from mlxserve.tiny_model import build_tiny_model
+from mlxserve.tiny_model import build_tiny_coder, build_tiny_model
 
 from .helpers import BackgroundStream
 
@@ -85,6 +85,13 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_coder(tmp_path_factory) -> Path:
+    """The tiny model with StarCoder's FIM tokens (SPM, as the demo model): editors' infill
+    requests end to end, fast in both passes."""
+    return build_tiny_coder(tmp_path_factory.mktemp("models") / "tiny-coder", seed=0)
 
 
 @pytest.fixture(scope="session")

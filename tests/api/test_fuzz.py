@@ -18,7 +18,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection, not_a_server_error
 
-from mlxserve.settings import DEFAULT_MODEL, Limits
+from mlxserve.settings import Limits
 
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
 pytestmark = pytest.mark.http_only
@@ -52,10 +52,10 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def api_schema(live_servers):
-    """The demo model: it has fill-in-the-middle tokens, so `suffix` and /infill run for real.
+def api_schema(live_servers, tiny_coder):
+    """The tiny coder: it has fill-in-the-middle tokens, so `suffix` and /infill run for real.
     A server of this module's own: the fuzzer loads and unloads models through /admin."""
-    with live_servers.own(DEFAULT_MODEL, limits=FUZZ_LIMITS) as live:
+    with live_servers.own(tiny_coder, limits=FUZZ_LIMITS) as live:
         schema = schemathesis.openapi.from_url(live.url + "/openapi.json")
         schema.config.update(base_url=live.url)
         yield schema

@@ -1,10 +1,10 @@
 """Editors' infill requests replayed as they send them (REFERENCE §3), against real servers: the
-FIM-trained default model for the infill paths, the tiny model and SmolLM2 (no FIM tokens) for
-the 400s."""
+tiny coder (StarCoder's FIM tokens, SPM like the default model) for the infill paths, the tiny
+model and SmolLM2 (no FIM tokens) for the 400s. The default model's own fills:
+tests/api/test_demo_model.py."""
 
 from __future__ import annotations
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -12,8 +12,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from mlxserve.settings import DEFAULT_MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from replay_llama_vim import fim_request, warmup_request  # noqa: E402
@@ -30,13 +28,13 @@ EXTRA = [
 
 
 @pytest.fixture
-def demo(live_server):
-    return live_server(DEFAULT_MODEL)
+def coder(live_server, tiny_coder):
+    return live_server(tiny_coder)
 
 
 @pytest.fixture
-def demo_http(demo):
-    with httpx.Client(base_url=demo.url, timeout=60) as client:
+def coder_http(coder):
+    with httpx.Client(base_url=coder.url, timeout=60) as client:
         yield client
 
 
@@ -50,31 +48,32 @@ def llama_vim_fim(prefix, middle, suffix, extra, indent, n_predict=128):
     return fim_request(prefix, middle, suffix, extra, indent, n_predict, t_max_predict_ms=250)
 
 
-def test_llama_vim_warmup_then_fim_reuses_the_warmed_context(demo_http):
-    # More other-file context than the 256-token model has room for: it is cut the same way in
-    # the warm-up and the request, whatever their n_predict.
+def test_llama_vim_warmup_then_fim_reuses_the_warmed_context(coder_http):
     extra = [
         {"filename": f"pkg/m{i}.py", "text": f"def helper_{i}(x):\n    return x + {i}\n" * 4}
         for i in range(4)
     ]
-    warm = demo_http.post("/infill", json=llama_vim_warmup(extra))
+    warm = coder_http.post("/infill", json=llama_vim_warmup(extra))
     assert warm.status_code == 200 and warm.json() == {}  # response_fields [""]: nothing asked
-    answer = demo_http.post("/infill", json=llama_vim_fim(PREFIX, "    ", SUFFIX, extra, 4))
+    answer = coder_http.post("/infill", json=llama_vim_fim(PREFIX, "    ", SUFFIX, extra, 4))
     assert answer.status_code == 200
     body = answer.json()
     assert set(body) == set(llama_vim_fim("", "", "", [], 0)["response_fields"])
-    assert isinstance(body["content"], str) and body["truncated"] is True
+    assert isinstance(body["content"], str) and body["truncated"] is False
     # The warm-up left the extra context's KV in the prefix cache; the FIM request starts there.
     assert body["tokens_cached"] >= 60
     assert body["timings/prompt_n"] > 0 and body["timings/predicted_n"] >= 1
 
 
-def test_the_infill_prompt_is_the_models_template_with_repo_context(demo_http):
+def test_the_infill_prompt_is_the_models_template_with_repo_context(coder_http):
     body = llama_vim_fim(PREFIX, "    ", SUFFIX, EXTRA, 4) | {"response_fields": None}
-    answer = demo_http.post("/infill", json=body).json()
+    answer = coder_http.post("/infill", json=body).json()
+    # StarCoder's tokens in SPM order, as the model's config.json names them.
     assert answer["prompt"] == (
-        "<file_sep>geometry/circle.py\n" + EXTRA[0]["text"] + "<file_sep>filename\n"
-        "<fim_prefix>" + PREFIX + "    <fim_suffix>" + SUFFIX + "<fim_middle>"
+        "<repo_name>project\n<file_sep>geometry/circle.py\n"
+        + EXTRA[0]["text"]
+        + "<file_sep>filename\n"
+        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "    <fim_middle>"
     )
     assert answer["stop"] is True and answer["stop_type"] in ("eos", "word", "limit")
     for key in ("tokens_predicted", "tokens_evaluated", "tokens_cached", "timings", "truncated"):
@@ -84,7 +83,7 @@ def test_the_infill_prompt_is_the_models_template_with_repo_context(demo_http):
         assert not line.strip() or len(line) - len(line.lstrip()) >= 4
 
 
-def test_llama_vscode_request(demo_http):
+def test_llama_vscode_request(coder_http):
     body = {
         "top_k": 40,
         "top_p": 0.99,
@@ -100,29 +99,29 @@ def test_llama_vscode_request(demo_http):
         "t_max_predict_ms": 1000,
         "n_indent": 4,
     }
-    answer = demo_http.post("/infill", json=body).json()
+    answer = coder_http.post("/infill", json=body).json()
     assert isinstance(answer["content"], str)
     assert isinstance(answer["tokens_cached"], int) and isinstance(answer["truncated"], bool)
     timings = answer["timings"]
     for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms"):
         assert key in timings
     assert answer["prompt"].endswith(
-        "<fim_prefix>" + PREFIX + "    return <fim_suffix>" + SUFFIX + "<fim_middle>"
+        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "    return <fim_middle>"
     )
 
 
-def test_repeated_infill_in_the_same_file_reuses_the_prefix_cache(demo_http):
+def test_repeated_infill_in_the_same_file_reuses_the_prefix_cache(coder_http):
     body = llama_vim_fim(PREFIX * 3, "    r", SUFFIX, [], 4) | {"response_fields": None}
-    demo_http.post("/infill", json=body)
-    again = demo_http.post("/infill", json=body | {"prompt": "    re"}).json()
+    coder_http.post("/infill", json=body)
+    again = coder_http.post("/infill", json=body | {"prompt": "    re"}).json()
     assert again["tokens_cached"] >= len(again["prompt"]) // 8  # most of the prefix
     assert again["timings"]["cache_n"] == again["tokens_cached"]
 
 
-def test_tabby_suffix_on_v1_completions(demo):
+def test_tabby_suffix_on_v1_completions(coder):
     """Tabby's openai/completion kind: prompt + suffix, streamed; the server builds the FIM."""
     body = {
-        "model": "mlxserve-demo-coder",
+        "model": coder.engine.model_name,
         "prompt": PREFIX + "    return ",
         "suffix": SUFFIX,
         "max_tokens": 24,
@@ -130,7 +129,7 @@ def test_tabby_suffix_on_v1_completions(demo):
         "stream": True,
         "presence_penalty": 0.0,
     }
-    with httpx.Client(base_url=demo.url, timeout=60) as client:
+    with httpx.Client(base_url=coder.url, timeout=60) as client:
         lines = client.post("/v1/completions", json=body).text.strip().split("\n\n")
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
@@ -138,10 +137,10 @@ def test_tabby_suffix_on_v1_completions(demo):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_suffix_prompt_is_the_template_echo_is_the_users_and_usage_counts_tokens(demo):
-    client = openai.OpenAI(base_url=demo.url + "/v1", api_key="unused", max_retries=0)
+def test_suffix_prompt_is_the_template_echo_is_the_users_and_usage_counts_tokens(coder):
+    client = openai.OpenAI(base_url=coder.url + "/v1", api_key="unused", max_retries=0)
     completion = client.completions.create(
-        model="mlxserve-demo-coder",
+        model=coder.engine.model_name,
         prompt=PREFIX,
         suffix=SUFFIX,
         max_tokens=8,
@@ -150,18 +149,20 @@ def test_suffix_prompt_is_the_template_echo_is_the_users_and_usage_counts_tokens
         extra_body={"return_token_ids": True},
     )
     choice = completion.choices[0]
-    tokenizer = demo.engine.loaded.tokenizer
+    tokenizer = coder.engine.loaded.tokenizer
     seen = tokenizer.decode(choice.prompt_token_ids, skip_special_tokens=False)
-    assert seen == "<fim_prefix>" + PREFIX + "<fim_suffix>" + SUFFIX + "<fim_middle>"
+    assert seen == "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "<fim_middle>"  # SPM
     assert choice.text.startswith(PREFIX) and "<fim_" not in choice.text
     assert completion.usage.prompt_tokens == len(choice.prompt_token_ids)
-    assert completion.usage.completion_tokens == len(choice.token_ids)
+    # A stop token (EOS, a FIM token) counts as generated but is neither text nor in token_ids.
+    stopped_by_token = choice.finish_reason == "stop"
+    assert completion.usage.completion_tokens == len(choice.token_ids) + stopped_by_token
 
 
-def test_continue_raw_fim_prompt_on_v1_completions(demo):
-    client = openai.OpenAI(base_url=demo.url + "/v1", api_key="unused", max_retries=0)
+def test_continue_raw_fim_prompt_on_v1_completions(coder):
+    client = openai.OpenAI(base_url=coder.url + "/v1", api_key="unused", max_retries=0)
     stream = client.completions.create(
-        model="mlxserve-demo-coder",
+        model=coder.engine.model_name,
         prompt=f"<fim_prefix>{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>",
         max_tokens=48,
         temperature=0.01,
@@ -186,7 +187,7 @@ def test_continue_raw_fim_prompt_on_v1_completions(demo):
     assert "<fim_" not in "".join(c.choices[0].text for c in chunks)
 
 
-def test_continue_llama_cpp_provider_on_completion(demo_http):
+def test_continue_llama_cpp_provider_on_completion(coder_http):
     """Continue's llama.cpp provider: POST /completion, streamed, llama.cpp's field names."""
     body = {
         "prompt": f"<fim_prefix>{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>",
@@ -199,42 +200,13 @@ def test_continue_llama_cpp_provider_on_completion(demo_http):
         "stop": ["<fim_prefix>", "\n\n"],
         "cache_prompt": True,
     }
-    lines = demo_http.post("/completion", json=body).text.strip().split("\n\n")
+    lines = coder_http.post("/completion", json=body).text.strip().split("\n\n")
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert all("content" in c and "stop" in c for c in chunks)
     assert [c["stop"] for c in chunks].count(True) == 1 and chunks[-1]["stop"] is True
     assert chunks[-1]["tokens_evaluated"] > 0 and "timings" in chunks[-1]
-    not_streamed = demo_http.post("/completion", json=body | {"stream": False}).json()
+    not_streamed = coder_http.post("/completion", json=body | {"stream": False}).json()
     assert not_streamed["stop"] is True and isinstance(not_streamed["content"], str)
-
-
-def test_infill_inside_a_function_stops_and_the_file_parses(demo_http):
-    """The default model fills a line of a small function as llama.vscode asks for it: the
-    cursor after the line's indentation (`prompt`), single-line, greedy."""
-    prefix = "import os\n\n\ndef list_files(path):\n    result = []\n"
-    prefix += "    for name in os.listdir(path):\n"
-    suffix = "\n    return result\n"
-    body = {
-        "input_prefix": prefix,
-        "input_suffix": suffix,
-        "input_extra": [],
-        "prompt": "        ",
-        "n_predict": 32,
-        "n_indent": 8,
-        "top_k": 40,
-        "top_p": 0.99,
-        "temperature": 0,
-        "stop": ["\n"],
-        "stream": False,
-        "samplers": ["top_k", "top_p", "infill"],
-        "cache_prompt": True,
-        "t_max_prompt_ms": 500,
-        "t_max_predict_ms": 1000,
-    }
-    answer = demo_http.post("/infill", json=body).json()
-    assert answer["content"].strip()
-    assert answer["stop_type"] in ("eos", "word")  # it stopped by itself, not at n_predict
-    ast.parse(prefix + "        " + answer["content"] + suffix)
 
 
 def test_models_without_fim_tokens_refuse_infill_by_name(server, http):

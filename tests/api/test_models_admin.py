@@ -42,7 +42,7 @@ def test_models_lists_the_registry_with_facts_from_disk(live_server, tiny_model,
     tiny2 = models["tiny2"]
     assert tiny2["context_length"] == 2048 and tiny2["quantization"] == "float32"
     assert tiny2["size_bytes"] > 100_000 and tiny2["fim"] is None
-    assert models["mlxserve-demo-coder"]["fim"] == "starcoder"
+    assert models["mlxserve-demo-coder"]["fim"] == "starcoder-spm"
 
 
 def test_unknown_names_and_paths_never_load(live_server, tiny_model, tiny_models_dir):
