@@ -226,6 +226,7 @@ class InfillParts:
 class InfillPrompt:
     ids: tuple[int, ...]
     truncated: bool  # prefix, suffix or extra context did not fit whole
+    healed: str = ""  # the prefix's trailing spaces, taken off for the middle to write again
 
 
 def build_infill(
@@ -235,6 +236,7 @@ def build_infill(
     context_length: int,
     max_tokens: int,
     leading: Sequence[int] = (),
+    heal: Callable[[list[int]], tuple[list[int], str]] | None = None,
 ) -> InfillPrompt:
     """The FIM prompt, within llama.cpp's budgets.
 
@@ -244,7 +246,8 @@ def build_infill(
     (n_predict 0) leaves in the prefix cache exactly the tokens its next request starts with.
     Of what remains after the completion, the prefix keeps its last 3/4, the suffix its first
     1/4 less the current line's tokens. `encode` must not parse special tokens; `leading` is
-    the tokenizer's BOS, when it adds one.
+    the tokenizer's BOS, when it adds one; `heal` takes trailing spaces off the prefix
+    (sampling/token_healing.py).
     """
     extra = _repo_context(fim, encode, parts.extra)
     half = min(INFILL_BATCH_TOKENS, context_length // 2)
@@ -253,14 +256,22 @@ def build_infill(
     reserve = max_tokens if max_tokens >= 0 else context_length // 4
     room = context_length - take_extra - max(reserve, 1) - len(leading) - 4
     batch = max(8, min(INFILL_BATCH_TOKENS, room))
-    prefix = encode(parts.prefix) if isinstance(parts.prefix, str) else list(parts.prefix)
     suffix, prompt = encode(parts.suffix), encode(parts.prompt)
-    take_prefix = min(len(prefix), 3 * (batch // 4))
+    if isinstance(parts.prefix, str):
+        # The current line is tokenized with the text before it, as code reads in training: a
+        # byte-level BPE merges the line break with the indentation after it.
+        prefix = encode(parts.prefix + parts.prompt)
+    else:
+        prefix = [*parts.prefix, *prompt]
+    take_prefix = min(len(prefix), 3 * (batch // 4) + len(prompt))
     take_suffix = min(len(suffix), max(0, batch // 4 - (2 + len(prompt))))
-    body = fim_prompt(fim, [*prefix[len(prefix) - take_prefix :], *prompt], suffix[:take_suffix])
+    kept, healed = prefix[len(prefix) - take_prefix :], ""
+    if heal is not None:
+        kept, healed = heal(kept)
+    body = fim_prompt(fim, kept, suffix[:take_suffix])
     ids = [*leading, *extra[len(extra) - take_extra :], *body]
     truncated = (take_prefix, take_suffix, take_extra) != (len(prefix), len(suffix), len(extra))
-    return InfillPrompt(tuple(ids), truncated)
+    return InfillPrompt(tuple(ids), truncated, healed)
 
 
 def _repo_context(

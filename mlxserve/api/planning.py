@@ -26,6 +26,7 @@ from ..prompt import (
     tokenize,
 )
 from ..sampling.grammars import Constraint, GrammarError
+from ..sampling.token_healing import heal
 from ..settings import Settings
 from .admission import admit, refuse_if_draining
 from .constraints import constraint_of
@@ -174,9 +175,11 @@ def _make_plan(
     plan = Plan(body, [], [], per_prompt)
     for piece in pieces:
         prompt = tokenize(piece, loaded.tokenizer, vocab, document_start)
-        cut = False
+        cut, healed = False, ""
         if filling:
-            prompt, cut = _fill_in_the_middle(loaded, body, prompt, piece, infill)
+            prompt, cut, healed = _fill_in_the_middle(
+                loaded, body, prompt, piece, infill, healing=grammar is None
+            )
         budget = fit_context(
             prompt.ids,
             body.max_tokens,
@@ -203,6 +206,7 @@ def _make_plan(
                     prompt_logprobs=body.echo and body.logprobs is not None,
                     skip_special_tokens=body.skip_special_tokens,
                     cache_prompt=body.cache_prompt,
+                    healed=healed,
                 )
             )
     return plan
@@ -250,10 +254,16 @@ def _deadline(timeout_s: float | None) -> float | None:
 
 
 def _fill_in_the_middle(
-    loaded, body: CompletionRequest, prompt: Prompt, piece, infill: InfillParts | None
-) -> tuple[Prompt, bool]:
-    """The FIM prompt for `suffix` (prompt = the text before the cursor) or /infill. Echo
-    still returns the user's prompt, not the template."""
+    loaded,
+    body: CompletionRequest,
+    prompt: Prompt,
+    piece,
+    infill: InfillParts | None,
+    healing: bool,
+) -> tuple[Prompt, bool, str]:
+    """The FIM prompt for `suffix` (prompt = the text before the cursor) or /infill, and the
+    text token healing took off its prefix (not with a grammar, which says how text starts).
+    Echo still returns the user's prompt, not the template."""
     leading = _leading_ids(loaded)
     if infill is None:
         ids = list(prompt.ids)
@@ -270,10 +280,11 @@ def _fill_in_the_middle(
             loaded.context_length,
             max_tokens,
             leading,
+            (lambda ids: heal(ids, loaded.token_texts)) if healing else None,
         )
     except FimError as error:
         raise InvalidRequest(str(error), param="suffix") from error
-    return Prompt(built.ids, prompt.text), built.truncated
+    return Prompt(built.ids, prompt.text), built.truncated, built.healed
 
 
 def _plain_ids(loaded, text: str) -> list[int]:

@@ -15,6 +15,7 @@ from ..fim import CONFIG_KEY, Fim, FimError, model_fim
 from ..platform import PlatformPolicy, current_policy
 from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
+from ..sampling.token_healing import TokenTexts
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
@@ -44,6 +45,7 @@ class LoadedModel:
     fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _token_texts: TokenTexts | None = field(default=None, repr=False)
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -54,6 +56,14 @@ class LoadedModel:
                     self.tokenizer._tokenizer, self.vocab_size, list(self.eos_token_ids)
                 )
             return self._grammars
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Each token's text, for token healing; built on first use (a fraction of a second)."""
+        with self._grammars_lock:
+            if self._token_texts is None:
+                self._token_texts = TokenTexts.of(self.tokenizer._tokenizer)
+            return self._token_texts
 
 
 class LoadProgress:

@@ -40,6 +40,7 @@ class GenerationRequest:
     cache_prompt: bool = True  # reuse and keep KV in the prefix cache; with max_tokens 0 the
     # prompt is still prefilled into the prefix cache (llama.cpp's warm-up request), unless echo
     # with logprobs scored it already.
+    healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
 
 
 def kv_tokens(requests) -> int:

@@ -16,6 +16,7 @@ import mlx.core as mx
 from ..sampling.chain import SequenceSampler, make_processors
 from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
+from ..sampling.token_healing import HealingMask
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
 from .model_host import LoadedModel
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob
@@ -46,6 +47,7 @@ class SequenceState:
     cached_tokens: int = 0
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    unsent: int = 0  # characters of the healed text still to drop from the generated text
 
     @classmethod
     def start(
@@ -68,6 +70,7 @@ class SequenceState:
             stops=StopMatcher(request.stop.strings, request.stop.include_in_output),
             lines=LineRules(request.stop.min_indent),
             logprob_reader=reader,
+            unsent=len(request.healed),
         )
 
     def timings(self) -> Timings:
@@ -101,6 +104,9 @@ class SequenceState:
             delta = self.detokenizer.add(response.token)
             if finish == "length":
                 delta += self.detokenizer.flush()
+            if self.unsent:  # the client has the healed text already
+                cut = min(self.unsent, len(delta))
+                delta, self.unsent = delta[cut:], self.unsent - cut
             result = self.stops.feed(delta, active=self.generated >= request.stop.min_tokens)
             lines = self.lines.feed(result.text)
             event.text = lines.text
@@ -167,6 +173,9 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         always_banned=loaded.eos_token_ids if ignore_eos else (),
         grammar_mask=mask,
     )
+    if request.healed:
+        healing = HealingMask(request.healed, loaded.token_texts, prompt_length, loaded.vocab_size)
+        processors.append(healing)
     sampler = SequenceSampler(request.sampling, loaded.vocab_size, request.seed)
     return SamplingSetup(sampler, processors, stop_ids)
 

@@ -73,8 +73,8 @@ def test_the_infill_prompt_is_the_models_template_with_repo_context(coder_http):
         "<repo_name>project\n<file_sep>geometry/circle.py\n"
         + EXTRA[0]["text"]
         + "<file_sep>filename\n"
-        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "    <fim_middle>"
-    )
+        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "<fim_middle>"
+    )  # the cursor's indentation, a token of spaces, is healed: the model writes it again
     assert answer["stop"] is True and answer["stop_type"] in ("eos", "word", "limit")
     for key in ("tokens_predicted", "tokens_evaluated", "tokens_cached", "timings", "truncated"):
         assert key in answer
@@ -106,8 +106,23 @@ def test_llama_vscode_request(coder_http):
     for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms"):
         assert key in timings
     assert answer["prompt"].endswith(
-        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "    return <fim_middle>"
+        "<fim_suffix>" + SUFFIX + "<fim_prefix>" + PREFIX + "    return<fim_middle>"
     )
+
+
+def test_the_space_after_the_cursor_is_healed_and_not_sent_back(coder, coder_http):
+    """`return ` ends in a token of one space; the model writes it again as the start of its
+    next token (`" x"`), and the client gets what follows it."""
+    body = llama_vim_fim(PREFIX, "    return ", SUFFIX, [], 0, n_predict=6)
+    # Greedy: on random weights llama.vim's infill sampler finds no confident token and ends.
+    body |= {"response_fields": None, "return_tokens": True, "temperature": 0}
+    answer = coder_http.post("/infill", json=body).json()
+    assert answer["prompt"].endswith("    return<fim_middle>")
+    tokenizer = coder.engine.loaded.tokenizer
+    written = tokenizer.decode(answer["tokens"])
+    assert tokenizer.decode(answer["tokens"][:1]).startswith(" ")
+    assert answer["content"] == written[1:]
+    assert answer["tokens_predicted"] >= len(answer["tokens"]) >= 1
 
 
 def test_repeated_infill_in_the_same_file_reuses_the_prefix_cache(coder_http):

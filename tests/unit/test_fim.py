@@ -195,3 +195,16 @@ def test_other_files_are_cut_the_same_whatever_n_predict():
     assert warm.truncated and request.truncated
     start = list(request.ids).index(fim.prefix)
     assert list(warm.ids)[:start] == list(request.ids)[:start]
+
+
+def test_the_current_line_is_tokenized_with_the_prefix_as_in_a_file():
+    """llama.vim's `prompt` (the line up to the cursor) joins the prefix before tokenizing: a
+    byte-level BPE merges a line break with the next line's indentation, as the model saw it."""
+    tokenizer = family_tokenizer(FAMILIES["starcoder"])
+    fim, encode = detect_fim(tokenizer.get_vocab()), encoder(tokenizer)
+    parts = InfillParts(prefix="def add(a, b):\n", suffix="\n", prompt="    return ")
+    built = build_infill(fim, encode, parts, 4096, 64)
+    whole = encode(parts.prefix + parts.prompt)
+    assert whole != encode(parts.prefix) + encode(parts.prompt)
+    start = built.ids.index(fim.prefix) + 1
+    assert list(built.ids[start : start + len(whole)]) == whole

@@ -1,0 +1,79 @@
+"""Token healing for fill-in-the-middle: a prefix that ends in spaces (an editor's cursor after
+`return `) ends in a token the model rarely saw there, since a byte-level BPE puts a word's
+leading space in the word's token. The spaces are taken off the prompt and the first tokens
+generated must write them again, so the model picks `" x"` as it would in a file, and never
+ends a middle it has not begun.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import mlx.core as mx
+import numpy as np
+
+HEALED = " \t"  # a last token made only of these is healed
+
+
+class TokenTexts:
+    """Each token's text, and lookups by text: the tokens that start with a string, and those
+    that are a string's beginning. Special tokens have no text here and never match."""
+
+    def __init__(self, texts: list[str]):
+        self.by_text: dict[str, list[int]] = {}
+        for token, text in enumerate(texts):
+            if text:
+                self.by_text.setdefault(text, []).append(token)
+        self.texts = texts
+        order = sorted((t for t in range(len(texts)) if texts[t]), key=texts.__getitem__)
+        self.sorted_texts = [texts[t] for t in order]
+        self.sorted_ids = np.array(order, dtype=np.int32)
+
+    @classmethod
+    def of(cls, hf_tokenizer) -> TokenTexts:
+        ids = [[token] for token in range(len(hf_tokenizer))]
+        return cls(hf_tokenizer.batch_decode(ids, skip_special_tokens=True))
+
+    def continuing(self, rest: str) -> np.ndarray:
+        """Tokens that can come next while `rest` is still to be written: those that start
+        with all of it, and those that are a beginning of it."""
+        lo = bisect.bisect_left(self.sorted_texts, rest)
+        hi = bisect.bisect_left(self.sorted_texts, rest + "\U0010ffff")
+        beginnings = [t for k in range(1, len(rest)) for t in self.by_text.get(rest[:k], ())]
+        return np.concatenate([self.sorted_ids[lo:hi], np.array(beginnings, dtype=np.int32)])
+
+
+def heal(prefix: list[int], texts: TokenTexts) -> tuple[list[int], str]:
+    """`prefix` without its last token when that token is only spaces or tabs, and the text
+    the generation must then start with ("" when nothing is healed)."""
+    if not prefix:
+        return prefix, ""
+    last = texts.texts[prefix[-1]] if prefix[-1] < len(texts.texts) else ""
+    if not last or last.strip(HEALED):
+        return prefix, ""
+    return prefix[:-1], last
+
+
+class HealingMask:
+    """Logits processor: until the healed text is written again, only tokens that continue it
+    keep their logits (EOS and the FIM end tokens never do)."""
+
+    def __init__(self, text: str, texts: TokenTexts, prompt_length: int, vocab_size: int):
+        self.rest = text
+        self.texts = texts
+        self.consumed = prompt_length
+        self.vocab_size = vocab_size
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if not self.rest:
+            return logits
+        if len(tokens) > self.consumed:
+            for token in tokens[self.consumed :].tolist():
+                written = self.texts.texts[token] if token < len(self.texts.texts) else ""
+                self.rest = self.rest[len(written) :] if self.rest.startswith(written) else ""
+            self.consumed = len(tokens)
+        if not self.rest:
+            return logits
+        allowed = np.zeros(logits.shape[-1], dtype=bool)
+        allowed[self.texts.continuing(self.rest)] = True
+        return mx.where(mx.array(allowed), logits, -mx.inf)
