@@ -48,6 +48,8 @@ ROUTES = {
     "POST /v1/chat/completions",
     "POST /chat/completions",
     "POST /apply-template",
+    "POST /tokenize",
+    "POST /detokenize",
 }
 
 

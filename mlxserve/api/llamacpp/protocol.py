@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from ..protocol import MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
@@ -70,3 +70,33 @@ class InfillRequest(NativeCompletionRequest):
     input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: llama.cpp's fields and defaults (no BOS unless asked; special-token text
+    such as `<|im_start|>` is parsed as the special token unless `parse_special` is false)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {"content": "def add(a, b):", "with_pieces": True},
+                {"content": "<|im_start|>user", "add_special": True, "parse_special": False},
+            ]
+        },
+    )
+
+    content: str = Field(max_length=MAX_TEXT_CHARS)
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+    model: str | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize: token ids back to text, special tokens included."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"tokens": [1, 2]}]})
+
+    tokens: list[StrictInt] = Field(max_length=MAX_TEXT_CHARS)
+    model: str | None = None
