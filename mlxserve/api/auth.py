@@ -8,7 +8,8 @@ from quart import request
 
 from .errors import AuthenticationError
 
-OPEN_PATHS = frozenset({"/health"})
+# llama.cpp's public routes: a client may probe readiness and the model before it has a key.
+OPEN_PATHS = frozenset({"/health", "/models"})
 
 
 def check_api_key(expected: str | None) -> None:

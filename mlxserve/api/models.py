@@ -109,7 +109,9 @@ def _entries() -> list[ModelEntry | None]:
 
 
 @blueprint.get("/v1/models")
+@blueprint.get("/models")
 async def list_models():
+    """OpenAI's list; `/models` is llama.cpp's name for it, open without the API key as there."""
     return {"object": "list", "data": [model_card(e) for e in _entries()]}
 
 

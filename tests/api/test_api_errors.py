@@ -191,10 +191,12 @@ def test_truncate_prompt_tokens_keeps_the_last_n(http):
     assert result["usage"]["prompt_tokens"] == 10
 
 
-def test_api_key_is_required_everywhere_but_health(live_server, tiny_model):
+def test_api_key_is_required_everywhere_but_health_and_models(live_server, tiny_model):
     live = live_server(tiny_model, api_key="s3cret")
     with httpx.Client(base_url=live.url) as http:
         assert http.get("/health").status_code == 200
+        # llama.cpp's /models is open, as /health; OpenAI's /v1/models needs the key.
+        assert http.get("/models").json()["data"][0]["loaded"] is True
         body = {"prompt": "x", "max_tokens": 1}
         missing = error_of(http.post("/v1/completions", json=body), 401)
         assert missing["code"] == "missing_api_key"

@@ -39,6 +39,7 @@ ROUTES = {
     "POST /completions",
     "POST /infill",
     "GET /v1/models",
+    "GET /models",
     "GET /v1/models/{name}",
     "GET /health",
     "GET /metrics",
