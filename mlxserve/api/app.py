@@ -17,6 +17,7 @@ from .auth import check_api_key
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import infill as llamacpp_infill
+from .llamacpp import props as llamacpp_props
 from .llamacpp import tokens as llamacpp_tokens
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
@@ -64,6 +65,7 @@ def create_app(settings: Settings, engine) -> Quart:
         llamacpp_completion,
         llamacpp_infill,
         llamacpp_tokens,
+        llamacpp_props,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)

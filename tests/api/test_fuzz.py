@@ -51,6 +51,7 @@ ROUTES = {
     "POST /apply-template",
     "POST /tokenize",
     "POST /detokenize",
+    "GET /props",
 }
 
 
