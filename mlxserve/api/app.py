@@ -76,6 +76,7 @@ def create_app(settings: Settings, engine) -> Quart:
             allow_headers=["Authorization", "Content-Type", "X-Api-Key"],
             allow_methods=["GET", "POST", "OPTIONS"],
             expose_headers=[UNKNOWN_FIELDS_HEADER],
+            allow_credentials=True,  # as llama.cpp: pages may send the key (only these origins)
             max_age=600,
         )
 

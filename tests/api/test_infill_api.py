@@ -224,6 +224,14 @@ def test_continue_llama_cpp_provider_on_completion(coder_http):
     assert not_streamed["stop"] is True and isinstance(not_streamed["content"], str)
 
 
+@pytest.mark.parametrize("chunk", [{}, {"filename": "x.py"}])
+def test_an_extra_chunk_without_text_is_a_400_as_in_llama_cpp(coder_http, chunk):
+    body = llama_vim_fim(PREFIX, "    ", SUFFIX, [chunk], 4)
+    response = coder_http.post("/infill", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"].startswith("input_extra")
+
+
 def test_models_without_fim_tokens_refuse_infill_by_name(server, http):
     assert server.engine.loaded.fim is None
     response = http.post("/v1/completions", json={"prompt": "def f(", "suffix": ")\n"})

@@ -99,6 +99,7 @@ def test_cors_allows_only_the_origins_given(live_server, tiny_model):
         )
         assert allowed.status_code == 200
         assert allowed.headers["access-control-allow-origin"] == ORIGIN
+        assert allowed.headers["access-control-allow-credentials"] == "true"  # as llama.cpp
         other = http.post(
             "/v1/completions",
             json=body,

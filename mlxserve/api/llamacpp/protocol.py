@@ -42,7 +42,7 @@ class InfillChunk(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     filename: str = Field("tmp", max_length=4096)
-    text: str = Field("", max_length=MAX_TEXT_CHARS)
+    text: str = Field(max_length=MAX_TEXT_CHARS)  # required, as llama.cpp requires it
 
 
 class InfillRequest(NativeCompletionRequest):
