@@ -43,18 +43,20 @@ class Budget:
 
 
 def split_prompts(prompt: Any) -> list[Any]:
-    """One entry per prompt: a string, or a list of ids/strings forming one prompt."""
+    """One entry per prompt: a string, or a list of ids/strings forming one prompt. In a list
+    holding nested lists, each element (a string or a list) is one prompt, as llama.cpp reads
+    `[[12, 34], "text"]`."""
     if isinstance(prompt, str):
         return [prompt]
     if all(isinstance(p, int) for p in prompt):
         return [prompt]
     if all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    if all(isinstance(p, list) for p in prompt):
-        return list(prompt)
+    if all(isinstance(p, (list, str)) for p in prompt):
+        return list(prompt)  # lists of ids and strings: each one prompt (llama.cpp's mixed form)
     if all(isinstance(p, (int, str)) for p in prompt):
         return [prompt]  # llama.cpp's mixed form: one prompt
-    raise PromptError("prompt lists must not mix nested lists with strings or token ids")
+    raise PromptError("prompt lists must not mix nested lists with bare token ids")
 
 
 def first_out_of_vocabulary(ids: list[int], vocab_size: int) -> int | None:

@@ -214,3 +214,14 @@ def test_null_means_the_default_except_for_max_tokens(http):
     assert len(result["choices"]) == 1 and result["usage"]["completion_tokens"] == 4
     until_full = complete(http, prompt=NEAR_FULL_IDS, max_tokens=None, ignore_eos=True, n=None)
     assert until_full["usage"]["total_tokens"] == 2048
+
+
+def test_llamacpp_mixed_prompt_list_is_one_prompt_per_element(http, tokenizer):
+    """llama.cpp's `[[12, 34], "text"]`: a list of ids and a string, two prompts, two answers."""
+    ids = tokenizer.encode("def f(x):", add_special_tokens=True)
+    body = {"prompt": [ids, "import os\n"], "n_predict": 3, "temperature": 0, "ignore_eos": True}
+    answers = http.post("/completion", json=body).json()
+    assert isinstance(answers, list) and len(answers) == 2
+    alone = http.post("/completion", json=body | {"prompt": "import os\n"}).json()
+    assert answers[1]["content"] == alone["content"]
+    assert answers[0]["tokens_evaluated"] == len(ids)

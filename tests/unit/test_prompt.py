@@ -16,15 +16,17 @@ from mlxserve.prompt import PromptError, fit_context, split_prompts
         ([[1], [2, 3]], 2),
         (["a", 5, "b"], 1),
         ([["a", 5], [6]], 2),
+        ([[12, 34], "text"], 2),  # llama.cpp: each element one prompt
+        ([[12, 34, "a"], [5], "b"], 3),
     ],
 )
 def test_split_prompts(prompt, count):
     assert len(split_prompts(prompt)) == count
 
 
-def test_nested_lists_beside_strings_are_refused():
+def test_nested_lists_beside_bare_ids_are_refused():
     with pytest.raises(PromptError):
-        split_prompts(["a", [1]])
+        split_prompts([5, [1]])
 
 
 def test_fit_context_cases():
