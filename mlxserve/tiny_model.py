@@ -125,7 +125,7 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     )
 
 
-def _write_weights(out: Path, seed: int, config: dict = TINY_CONFIG) -> None:
+def _write_weights(out: Path, seed: int, config: dict) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -169,33 +169,32 @@ def _train_byte_level_tokenizer(out: Path, vocab_size: int) -> None:
     ).save_pretrained(str(out))
 
 
+CODER_CONFIG = TINY_CONFIG | {
+    "bos_token_id": None,
+    "eos_token_id": CODER_SPECIAL_TOKENS.index("<|endoftext|>"),
+    "fim_template": "starcoder-spm",
+}
+
+
 def build_tiny_coder(out: Path, seed: int = 0, force: bool = False) -> Path:
     """The tiny model with the demo model's kind of vocabulary: StarCoder's FIM tokens in the SPM
     order its config.json names, so infill requests run end to end in milliseconds."""
-    out = Path(out)
-    done = out / ".complete"
-    if done.exists() and not force:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    _train_byte_level_tokenizer(out, TINY_CONFIG["vocab_size"])
-    config = TINY_CONFIG | {
-        "bos_token_id": None,
-        "eos_token_id": CODER_SPECIAL_TOKENS.index("<|endoftext|>"),
-        "fim_template": "starcoder-spm",
-    }
-    _write_weights(out, seed, config)
-    done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
-    return out
+    return _build(out, seed, force, _train_byte_level_tokenizer, CODER_CONFIG)
 
 
 def build_tiny_model(out: Path, seed: int = 0, force: bool = False) -> Path:
     """Build the model into `out` (idempotent: an existing complete build is reused)."""
+    return _build(out, seed, force, _train_tokenizer, TINY_CONFIG)
+
+
+def _build(out: Path, seed: int, force: bool, train_tokenizer, config: dict) -> Path:
+    """Tokenizer, then seeded weights, into `out`; a `.complete` marker makes it idempotent."""
     out = Path(out)
     done = out / ".complete"
     if done.exists() and not force:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    _train_tokenizer(out, TINY_CONFIG["vocab_size"])
-    _write_weights(out, seed)
+    train_tokenizer(out, config["vocab_size"])
+    _write_weights(out, seed, config)
     done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
     return out

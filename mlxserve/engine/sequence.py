@@ -174,8 +174,7 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         grammar_mask=mask,
     )
     if request.healed:
-        healing = HealingMask(request.healed, loaded.token_texts, prompt_length, loaded.vocab_size)
-        processors.append(healing)
+        processors.append(HealingMask(request.healed, loaded.token_texts, prompt_length))
     sampler = SequenceSampler(request.sampling, loaded.vocab_size, request.seed)
     return SamplingSetup(sampler, processors, stop_ids)
 

@@ -29,6 +29,10 @@ class TokenTexts:
         self.sorted_texts = [texts[t] for t in order]
         self.sorted_ids = np.array(order, dtype=np.int32)
 
+    def text(self, token: int) -> str:
+        """A token's text; "" for special tokens and ids past the tokenizer's (padded rows)."""
+        return self.texts[token] if token < len(self.texts) else ""
+
     @classmethod
     def of(cls, hf_tokenizer) -> TokenTexts:
         ids = [[token] for token in range(len(hf_tokenizer))]
@@ -48,7 +52,7 @@ def heal(prefix: list[int], texts: TokenTexts) -> tuple[list[int], str]:
     the generation must then start with ("" when nothing is healed)."""
     if not prefix:
         return prefix, ""
-    last = texts.texts[prefix[-1]] if prefix[-1] < len(texts.texts) else ""
+    last = texts.text(prefix[-1])
     if not last or last.strip(HEALED):
         return prefix, ""
     return prefix[:-1], last
@@ -58,18 +62,17 @@ class HealingMask:
     """Logits processor: until the healed text is written again, only tokens that continue it
     keep their logits (EOS and the FIM end tokens never do)."""
 
-    def __init__(self, text: str, texts: TokenTexts, prompt_length: int, vocab_size: int):
+    def __init__(self, text: str, texts: TokenTexts, prompt_length: int):
         self.rest = text
         self.texts = texts
         self.consumed = prompt_length
-        self.vocab_size = vocab_size
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if not self.rest:
             return logits
         if len(tokens) > self.consumed:
             for token in tokens[self.consumed :].tolist():
-                written = self.texts.texts[token] if token < len(self.texts.texts) else ""
+                written = self.texts.text(token)
                 self.rest = self.rest[len(written) :] if self.rest.startswith(written) else ""
             self.consumed = len(tokens)
         if not self.rest:

@@ -30,7 +30,7 @@ def test_the_next_tokens_start_with_the_healed_text_or_begin_it():
 
 def test_the_mask_holds_until_the_text_is_written_again():
     texts = TokenTexts(TEXTS)
-    mask = HealingMask("  ", texts, prompt_length=2, vocab_size=len(TEXTS))
+    mask = HealingMask("  ", texts, prompt_length=2)
     logits = mx.zeros((len(TEXTS),))
     allowed = mask(mx.array([5, 5]), logits)
     assert [i for i in range(len(TEXTS)) if allowed[i].item() == 0] == [1, 2, 6]
