@@ -18,6 +18,7 @@ from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import infill as llamacpp_infill
 from .llamacpp import props as llamacpp_props
+from .llamacpp import slots as llamacpp_slots
 from .llamacpp import tokens as llamacpp_tokens
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
@@ -66,6 +67,7 @@ def create_app(settings: Settings, engine) -> Quart:
         llamacpp_infill,
         llamacpp_tokens,
         llamacpp_props,
+        llamacpp_slots,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)

@@ -33,11 +33,13 @@ class SequenceResult:
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
     timings: Timings | None = None
+    slot: int = -1
 
     def add(self, event: GenerationEvent) -> None:
         self.text += event.text
         self.tokens += event.tokens
         self.token_ids += event.token_ids
+        self.slot = event.slot
         if event.prompt_tokens is not None:
             self.prompt_tokens = event.prompt_tokens
         self.token_chars += sum(len(t.text) for t in event_tokens(event))

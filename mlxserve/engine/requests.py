@@ -80,6 +80,7 @@ class GenerationEvent:
     finish_reason: FinishReason | None = None
     stopping_word: str | None = None  # the stop string that ended the text, if one did
     completion_tokens: int = 0
+    slot: int = -1  # the sequence's slot number (llama.cpp's id_slot)
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
     timings: Timings | None = None  # on the last event
     error: str | None = None

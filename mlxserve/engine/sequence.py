@@ -42,6 +42,7 @@ class SequenceState:
     logprob_reader: LogprobReader | None
     prefill_only: bool = False  # max_tokens 0: prefilled for the prefix cache, nothing generated
     uid: int | None = None  # its row in the batch, once inserted
+    slot: int = -1  # llama.cpp's slot number, given when it joins the live sequences
     generated: int = 0
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
@@ -95,7 +96,7 @@ class SequenceState:
         if self.prefill_only:
             self.generated = 0
             finish = "length"
-        event = GenerationEvent(index=self.index, completion_tokens=self.generated)
+        event = GenerationEvent(index=self.index, completion_tokens=self.generated, slot=self.slot)
         if finish == "stop":
             # A stop token (EOS or stop_token_ids) ends the text without adding to it.
             event.text = self.stops.flush() + self.detokenizer.flush()

@@ -203,9 +203,10 @@ def test_api_key_is_required_everywhere_but_health_and_models(live_server, tiny_
         wrong = {"Authorization": "Bearer nope"}
         error_of(http.post("/v1/completions", json=body, headers=wrong), 401)
         error_of(http.get("/v1/models", headers=wrong), 401)
-        for path in ("/infill", "/completion", "/admin/load", "/admin/unload"):
+        for path in ("/infill", "/completion", "/admin/load", "/admin/unload", "/tokenize"):
             error_of(http.post(path, json=body), 401)
-        error_of(http.get("/admin/status"), 401)
+        for path in ("/admin/status", "/props", "/slots"):
+            error_of(http.get(path), 401)
         ok = http.post("/v1/completions", json=body, headers={"X-Api-Key": "s3cret"})
         assert ok.status_code == 200
     assert_refusals_keep_the_connection(live.settings.port)

@@ -52,7 +52,11 @@ ROUTES = {
     "POST /tokenize",
     "POST /detokenize",
     "GET /props",
+    "GET /slots",
+    "POST /slots/{id_slot}",
 }
+# Routes whose answer is a 5xx by design: slot save/restore/erase are 501 (not supported).
+NOT_SUPPORTED = {"POST /slots/{id_slot}"}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,8 @@ def test_every_route_survives_fuzzing(api_schema, mode):
             response = case.call(timeout=30)
             statuses[(case.operation.label, response.status_code)] += 1
 
+            if case.operation.label in NOT_SUPPORTED and response.status_code == 501:
+                return
             case.validate_response(
                 response,
                 checks=[not_a_server_error, negative_data_rejection],

@@ -70,7 +70,7 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
         "index": index,
         "content": result.text,
         "tokens": result.token_ids if body.return_token_ids else [],
-        "id_slot": 0,
+        "id_slot": result.slot,
         "stop": True,
         "model": model,
         "tokens_predicted": result.completion_tokens,
@@ -144,7 +144,7 @@ async def stream(
                         "content": event.text,
                         "tokens": event.token_ids if body.return_token_ids else [],
                         "stop": False,
-                        "id_slot": -1,
+                        "id_slot": event.slot,
                         "tokens_predicted": event.completion_tokens,
                         "tokens_evaluated": len(plan.prompt_of(event.index).ids),
                     }

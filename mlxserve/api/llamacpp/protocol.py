@@ -100,3 +100,17 @@ class DetokenizeRequest(BaseModel):
 
     tokens: list[StrictInt] = Field(max_length=MAX_TEXT_CHARS)
     model: str | None = None
+
+
+class SlotsQuery(BaseModel):
+    """GET /slots' query string."""
+
+    fail_on_no_slot: StrictInt | None = Field(
+        None, description="1: answer 503 when every slot is busy"
+    )
+
+
+class SlotActionQuery(BaseModel):
+    """POST /slots/{id_slot}'s query string (each action is answered 501 here)."""
+
+    action: str = Field(description="save, restore or erase")
