@@ -15,7 +15,7 @@ from werkzeug.exceptions import NotFound
 
 from ..settings import Settings
 from .llamacpp.protocol import NativeCompletionRequest
-from .protocol import LIMITED_FIELDS, CompletionRequest
+from .protocol import CompletionRequest
 
 SWAGGER_UI_FILES = Path(swagger_ui.__file__).parent / "static"
 SWAGGER_UI_ASSETS = frozenset({"swagger-ui.css", "swagger-ui-bundle.js"})
@@ -88,15 +88,20 @@ def _provider(settings: Settings) -> type[OpenAPIProvider]:
     return Provider
 
 
-def limited_names() -> dict[str, str]:
-    """Each accepted name of a limited field (aliases too) -> its Limits attribute."""
+def limited_names(model: type[CompletionRequest]) -> dict[str, str]:
+    """Each accepted name of a model's limited fields (aliases too) -> its Limits attribute."""
     names = {}
-    for model in (CompletionRequest, NativeCompletionRequest):
-        for field, limit in LIMITED_FIELDS.items():
-            alias = model.model_fields[field].validation_alias
-            for name in [field, *(alias.choices if alias else [])]:
-                names[name] = limit
+    for field, limit in model.limited_fields.items():
+        alias = model.model_fields[field].validation_alias
+        for name in [field, *(alias.choices if alias else [])]:
+            names[name] = limit
     return names
+
+
+def limited_model(schema: dict[str, Any]) -> type[CompletionRequest]:
+    """The request model a body schema documents: llama.cpp's routes have their own limits."""
+    native = (NativeCompletionRequest, *NativeCompletionRequest.__subclasses__())
+    return next((m for m in native if m.__name__ == schema.get("title")), CompletionRequest)
 
 
 def require_bodies(document: dict[str, Any]) -> None:
@@ -109,12 +114,12 @@ def require_bodies(document: dict[str, Any]) -> None:
 
 def state_limits(document: dict[str, Any], settings: Settings) -> None:
     """Write each limited field's `maximum` (this server's flag) into every request body."""
-    names = limited_names()
     for operations in document["paths"].values():
         for operation in operations.values():
             body = operation.get("requestBody", {}).get("content", {}).get("application/json")
-            properties = (body or {}).get("schema", {}).get("properties", {})
-            for name, limit in names.items():
+            schema = (body or {}).get("schema", {})
+            properties = schema.get("properties", {})
+            for name, limit in limited_names(limited_model(schema)).items():
                 if name in properties:
                     _set_integer_maximum(properties[name], getattr(settings.limits, limit))
 

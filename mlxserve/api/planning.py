@@ -203,6 +203,7 @@ def _make_plan(
                     seed=(base_seed + choice) % 2**64,
                     stop=prompt_stop,
                     logprobs=logprobs,
+                    post_sampling_probs=body.probs_after_sampling,
                     prompt_logprobs=body.echo and body.logprobs is not None,
                     skip_special_tokens=body.skip_special_tokens,
                     cache_prompt=body.cache_prompt,

@@ -8,7 +8,7 @@ spanning fields included, is checked here, so a front door gets a request that i
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     AliasChoices,
@@ -60,7 +60,8 @@ def alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
-# Limits a server's flags set (settings.Limits); /openapi.json shows the values it runs with.
+# Limits a server's flags set (settings.Limits) on OpenAI's routes; a request model may set its
+# own (`limited_fields`). /openapi.json shows the values the server runs with.
 LIMITED_FIELDS = {
     "n": "max_n",
     "best_of": "max_n",
@@ -101,6 +102,7 @@ class CompletionRequest(BaseModel):
             {"prompt": "x", "max_tokens": 8, "mirostat": 2, "dry_multiplier": 0.8, "top_k": 40},
         ),
     )
+    limited_fields: ClassVar[dict[str, str]] = LIMITED_FIELDS
 
     model: str | None = None
     prompt: PromptInput = Field(
@@ -253,7 +255,7 @@ class CompletionRequest(BaseModel):
     def _within_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
         """This server's limits (its flags), passed as the validation context."""
         limits = (info.context or {}).get("limits") or Limits()
-        limit = getattr(limits, LIMITED_FIELDS[info.field_name])
+        limit = getattr(limits, cls.limited_fields[info.field_name])
         if value is not None and value > limit:
             raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
         return value
@@ -336,6 +338,11 @@ class CompletionRequest(BaseModel):
             or self.truncate_sequence
             or self.truncate_prompt_tokens is not None
         )
+
+    @property
+    def probs_after_sampling(self) -> bool:
+        """llama.cpp's post_sampling_probs (its routes only)."""
+        return False
 
     @property
     def token_bias(self) -> dict[int, float]:

@@ -5,6 +5,7 @@ the pieces each wire format is made of (usage, logprobs, llama.cpp timings, SSE 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,17 +118,24 @@ def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, 
     }
 
 
-def completion_probabilities(tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
-    """llama.cpp's `completion_probabilities` (n_probs)."""
+def completion_probabilities(
+    tokens: list[TokenLogprob], post_sampling: bool = False
+) -> list[dict[str, Any]]:
+    """llama.cpp's `completion_probabilities` (n_probs): per token its id, text, bytes and
+    logprob, and the top alternatives alike; with post_sampling_probs, `prob` and `top_probs`
+    (probabilities after the sampler chain, only the tokens it kept)."""
+    value, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
-    def entry(text: str, logprob: float | None) -> dict[str, Any]:
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    def entry(token_id: int, text: str, logprob: float | None) -> dict[str, Any]:
+        number = logprob
+        if post_sampling and logprob is not None:
+            number = math.exp(logprob)
+        return {"id": token_id, "token": text, "bytes": list(text.encode()), value: number}
 
     return [
         {
-            "id": t.token_id,
-            **entry(t.text, t.logprob),
-            "top_logprobs": [entry(text, lp) for text, lp in t.top.items()],
+            **entry(t.token_id, t.text, t.logprob),
+            top: [entry(a.token_id, a.text, a.logprob) for a in t.alternatives],
         }
         for t in tokens
     ]

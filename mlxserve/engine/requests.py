@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..sampling.logprobs import Alternative
 from ..sampling.params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
@@ -35,6 +36,7 @@ class GenerationRequest:
     seed: int
     stop: StopSpec = StopSpec()
     logprobs: int | None = None  # top-k alternatives per token; 0 = only the chosen token's
+    post_sampling_probs: bool = False  # logprobs of the distribution the token was drawn from
     prompt_logprobs: bool = False  # echo with logprobs: score the prompt too
     skip_special_tokens: bool = True
     cache_prompt: bool = True  # reuse and keep KV in the prefix cache; with max_tokens 0 the
@@ -53,7 +55,8 @@ class TokenLogprob:
     token_id: int
     text: str
     logprob: float | None  # None for the first prompt token, which nothing predicts
-    top: dict[str, float] = field(default_factory=dict)
+    top: dict[str, float] = field(default_factory=dict)  # text -> logprob, the token's own too
+    alternatives: list[Alternative] = field(default_factory=list)  # the top k by id, in order
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class SequenceState:
     stops: StopMatcher
     lines: LineRules
     logprob_reader: LogprobReader | None
+    sampler: SequenceSampler | None = None  # kept to read its final logits (post_sampling_probs)
     prefill_only: bool = False  # max_tokens 0: prefilled for the prefix cache, nothing generated
     uid: int | None = None  # its row in the batch, once inserted
     slot: int = -1  # llama.cpp's slot number, given when it joins the live sequences
@@ -176,7 +177,12 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
     )
     if request.healed:
         processors.append(HealingMask(request.healed, loaded.token_texts, prompt_length))
-    sampler = SequenceSampler(request.sampling, loaded.vocab_size, request.seed)
+    sampler = SequenceSampler(
+        request.sampling,
+        loaded.vocab_size,
+        request.seed,
+        keep_final=request.post_sampling_probs and request.logprobs is not None,
+    )
     return SamplingSetup(sampler, processors, stop_ids)
 
 
@@ -187,14 +193,25 @@ def read_logprob_rows(live: list[tuple]) -> dict[int, LogprobRow]:
     if not scored:
         return {}
     rows = LogprobReader.read_rows(
-        mx.stack([r.logprobs for r, _ in scored]),
+        mx.concatenate([scored_logprobs(r, s) for r, s in scored]),
         [r.token for r, _ in scored],
         max(s.request.logprobs for _, s in scored),
     )
     return {id(s): row for (_, s), row in zip(scored, rows)}
 
 
+def scored_logprobs(response, seq: SequenceState) -> mx.array:
+    """[1, V]: the model's logprobs (after the logits processors), or with post_sampling_probs
+    those of the distribution the sampler drew from."""
+    sampler = seq.sampler
+    if sampler is not None and sampler.finals:
+        final = sampler.finals.popleft().astype(mx.float32)
+        return final - mx.logsumexp(final, axis=-1, keepdims=True)
+    return response.logprobs.reshape(1, -1)
+
+
 def describe(reader: LogprobReader, ids_with_token, row: LogprobRow, text: str) -> TokenLogprob:
     """A token's logprob entry with its top alternatives rendered as text."""
-    top = reader.top_alternatives(ids_with_token, row, text)
-    return TokenLogprob(row.token_id, text, row.logprob, top)
+    alternatives = reader.alternatives(ids_with_token, row)
+    top = reader.by_text(alternatives, text, row.logprob)
+    return TokenLogprob(row.token_id, text, row.logprob, top, alternatives)

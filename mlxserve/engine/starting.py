@@ -47,6 +47,8 @@ def start_sequence(
         # generated to get there is dropped.
         seq.prefill_only = True
     setup = sampling_setup(request, loaded)
+    if setup.sampler.keep_final:
+        seq.sampler = setup.sampler
     (seq.uid,) = generator.insert(
         [prompt[len(cached_tokens) :]],
         max_tokens=[max(request.max_tokens, 1)],

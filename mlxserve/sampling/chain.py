@@ -10,6 +10,7 @@ top_n_sigma ignored, as in llama.cpp.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -41,10 +42,18 @@ class SequenceSampler:
     """Draws one token from `[1, V]` logprobs with this sequence's own key.
 
     The key is split once per draw, so a seeded sequence gives the same tokens alone or in a batch.
+    With `keep_final`, `finals` queues the logits of each draw after the chain (removed tokens at
+    -inf; greedy: only the chosen one), for llama.cpp's post_sampling_probs; with mirostat, the
+    logits before its own truncation. The batch draws a token a step before it reports it, so
+    the reader takes them first in, first out.
     """
 
-    def __init__(self, params: SamplingParams, vocab_size: int, seed: int):
+    def __init__(
+        self, params: SamplingParams, vocab_size: int, seed: int, keep_final: bool = False
+    ):
         self.params = params
+        self.keep_final = keep_final
+        self.finals: collections.deque[mx.array] = collections.deque()
         self.key = mx.random.key(seed % 2**64)
         sampling = not params.greedy
         self.mirostat = (
@@ -59,13 +68,22 @@ class SequenceSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         p = self.params
         if p.greedy:
-            return mx.argmax(logprobs, axis=-1)
+            token = mx.argmax(logprobs, axis=-1)
+            if self.keep_final:
+                chosen = mx.arange(logprobs.shape[-1]) == token[:, None]
+                self.finals.append(mx.where(chosen, 0.0, BANNED))
+            return token
         self.key, key = mx.random.split(self.key)
         if self.mirostat is not None:
-            return self.mirostat.sample(logprobs * (1.0 / p.temperature), key)
+            scaled = logprobs * (1.0 / p.temperature)
+            if self.keep_final:
+                self.finals.append(scaled)
+            return self.mirostat.sample(scaled, key)
         draw_key, step_key = mx.random.split(key) if self.chain_needs_key else (key, None)
         for step in self.steps:
             logprobs = step(logprobs, step_key)
+        if self.keep_final:
+            self.finals.append(logprobs)
         return mx.random.categorical(logprobs, key=draw_key)
 
     @staticmethod

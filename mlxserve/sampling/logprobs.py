@@ -19,6 +19,13 @@ class LogprobRow:
     top: list[tuple[int, float]]  # the k most likely tokens, most likely first
 
 
+@dataclass(frozen=True)
+class Alternative:
+    token_id: int
+    text: str
+    logprob: float
+
+
 class LogprobReader:
     """Turns logprob rows into OpenAI-style entries with token texts, for one sequence."""
 
@@ -43,19 +50,24 @@ class LogprobReader:
             for token, logprob, row_ids, row_values in zip(tokens, chosen.tolist(), ids, values)
         ]
 
-    def top_alternatives(
-        self, ids_with_token: Sequence[int], row: LogprobRow, text: str
-    ) -> dict[str, float]:
-        """Top-k alternatives (text -> logprob) of the token ending `ids_with_token`, and it.
-
-        Alternatives are rendered in the same context, so " foo" keeps its leading space.
-        """
+    def alternatives(self, ids_with_token: Sequence[int], row: LogprobRow) -> list[Alternative]:
+        """The top-k alternatives of the token ending `ids_with_token`, most likely first, each
+        rendered in the same context (so " foo" keeps its leading space). Banned tokens (-inf)
+        are no alternatives, nor valid JSON."""
         context = list(ids_with_token[-CONTEXT_TOKENS - 1 : -1])
+        return [
+            Alternative(token_id, self._text_after(context, token_id), logprob)
+            for token_id, logprob in row.top[: self.k]
+            if math.isfinite(logprob)
+        ]
+
+    @staticmethod
+    def by_text(alternatives: list[Alternative], text: str, logprob: float) -> dict[str, float]:
+        """OpenAI's form: text -> logprob, the chosen token's `text` included."""
         top: dict[str, float] = {}
-        for token_id, logprob in row.top[: self.k]:
-            if math.isfinite(logprob):  # banned tokens (-inf) are no alternatives, nor valid JSON
-                top.setdefault(self._text_after(context, token_id), logprob)
-        top.setdefault(text, row.logprob)
+        for alternative in alternatives:
+            top.setdefault(alternative.text, alternative.logprob)
+        top.setdefault(text, logprob)
         return top
 
     def _text_after(self, context: list[int], token_id: int) -> str:

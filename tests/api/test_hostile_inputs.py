@@ -247,6 +247,7 @@ def strict(live_server, tiny_model):
         max_tokens=8,
         max_n=2,
         max_logprobs=1,
+        max_n_probs=3,
         request_timeout_s=None,
     )
     return live_server(tiny_model, limits=limits)
@@ -304,20 +305,34 @@ def test_limits_set_by_flags_are_enforced_and_named(strict):
 def test_the_openapi_document_states_the_servers_limits(strict):
     with httpx.Client(base_url=strict.url) as http:
         document = http.get("/openapi.json").json()
-    schema = document["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
-        "application/json"
-    ]["schema"]
-    properties = schema["properties"]
 
-    def maximum(name: str) -> int:
-        branches = properties[name].get("anyOf", [properties[name]])
+    def maximum(path: str, name: str) -> int:
+        schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        field = schema["schema"]["properties"][name]
+        branches = field.get("anyOf", [field])
         return next(b["maximum"] for b in branches if b.get("type") == "integer")
 
-    assert maximum("n") == maximum("best_of") == 2
-    assert maximum("logprobs") == maximum("n_probs") == 1
+    assert maximum("/v1/completions", "n") == maximum("/v1/completions", "best_of") == 2
+    assert maximum("/v1/completions", "logprobs") == maximum("/v1/completions", "n_probs") == 1
+    # llama.cpp's routes have llama.cpp's own bound on n_probs (--max-n-probs).
+    for path in ("/completion", "/infill"):
+        assert maximum(path, "n_probs") == maximum(path, "logprobs") == 3
+        assert maximum(path, "n") == 2
     # max_tokens above the limit is lowered to it, not refused: the schema says so.
-    assert maximum("max_tokens") == maximum("n_predict") == maximum("max_completion_tokens")
+    properties = document["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]["schema"]["properties"]
+    assert maximum("/v1/completions", "max_tokens") == maximum("/v1/completions", "n_predict")
+    assert maximum("/v1/completions", "n_predict") == maximum(
+        "/v1/completions", "max_completion_tokens"
+    )
     assert "lowered" in properties["max_tokens"]["description"]
+    with httpx.Client(base_url=strict.url) as http:
+        body = {"prompt": "x", "n_predict": 1, "n_probs": 3}
+        assert http.post("/completion", json=body).status_code == 200
+        error = error_of(http.post("/completion", json={**body, "n_probs": 4}), 400)
+        assert error["param"] == "n_probs" and "3" in error["message"]
+        error_of(http.post("/v1/completions", json={**body, "n_probs": 3}), 400)
 
 
 def test_a_request_deadline_ends_generation_with_length(live_server, tiny_model):

@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 
 from mlxserve.api.errors import InvalidRequest
 from mlxserve.api.llamacpp.protocol import InfillRequest, NativeCompletionRequest
-from mlxserve.api.openapi import _set_integer_maximum, limited_names
+from mlxserve.api.openapi import _set_integer_maximum, limited_model, limited_names
 from mlxserve.api.parsing import parse_json_object, validate
 from mlxserve.api.protocol import CompletionRequest
 from mlxserve.settings import Limits
@@ -50,7 +50,7 @@ def documented_schema(model) -> dict:
     """The model's JSON schema as /openapi.json serves it: the default limits written in."""
     schema = copy.deepcopy(model.model_json_schema())
     limits = Limits()
-    for name, limit in limited_names().items():
+    for name, limit in limited_names(limited_model(schema)).items():
         if name in schema["properties"]:
             _set_integer_maximum(schema["properties"][name], getattr(limits, limit))
     return schema

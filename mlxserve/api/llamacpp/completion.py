@@ -86,8 +86,10 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
         "tokens_cached": result.cached_tokens,
         "timings": llama_timings([result.timings]) if result.timings else {},
     }
-    if body.logprobs is not None:
-        answer["completion_probabilities"] = completion_probabilities(result.tokens)
+    if body.logprobs:  # llama.cpp's n_probs: 0 is none
+        answer["completion_probabilities"] = completion_probabilities(
+            result.tokens, body.post_sampling_probs
+        )
     return answer
 
 
@@ -137,22 +139,27 @@ async def stream(
                 return
             result = results[event.index]
             result.add(event)
-            if event.text or event.token_ids and body.return_token_ids:
-                yield sse(
-                    {
-                        "index": event.index,
-                        "content": event.text,
-                        "tokens": event.token_ids if body.return_token_ids else [],
-                        "stop": False,
-                        "id_slot": event.slot,
-                        "tokens_predicted": event.completion_tokens,
-                        "tokens_evaluated": len(plan.prompt_of(event.index).ids),
-                    }
-                )
+            if event.text or event.token_ids:
+                # As llama.cpp: every token's id goes out (a stop word held back: no text yet).
+                chunk = {
+                    "index": event.index,
+                    "content": event.text,
+                    "tokens": event.token_ids,
+                    "stop": False,
+                    "id_slot": event.slot,
+                    "tokens_predicted": event.completion_tokens,
+                    "tokens_evaluated": len(plan.prompt_of(event.index).ids),
+                }
+                if body.logprobs and event.tokens:
+                    chunk["completion_probabilities"] = completion_probabilities(
+                        event.tokens, body.post_sampling_probs
+                    )
+                yield sse(chunk)
             if event.finish_reason:
-                # As llama.cpp: the text and tokens went out in the chunks, not again here.
+                # As llama.cpp: text, tokens and probabilities went out in the chunks.
                 answer = {**final(plan, loaded, model, event.index, result), "content": ""}
                 answer["tokens"] = []
+                answer.pop("completion_probabilities", None)
                 yield sse(pick_fields(answer, body.response_fields))
     except EngineError as error:
         yield sse(error_chunk(str(error)))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from ..protocol import MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
+from ..protocol import LIMITED_FIELDS, MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
 MAX_EXTRA_CHUNKS = 256
@@ -20,6 +22,8 @@ class NativeCompletionRequest(CompletionRequest):
             {"prompt": "x", "n_predict": 8, "stream": True, "samplers": "kpt"},
         )
     )
+    # llama.cpp's n_probs has no OpenAI bound: clients send 10 and more.
+    limited_fields: ClassVar[dict[str, str]] = {**LIMITED_FIELDS, "logprobs": "max_n_probs"}
 
     max_tokens: StrictInt | None = Field(
         -1,
@@ -32,9 +36,16 @@ class NativeCompletionRequest(CompletionRequest):
     top_k: StrictInt = Field(40, ge=-1)
     top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
     min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
+    post_sampling_probs: StrictBool = Field(
+        False, description="n_probs as probabilities after the sampler chain (prob, top_probs)"
+    )
     response_fields: list[str] | None = Field(
         None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
     )
+
+    @property
+    def probs_after_sampling(self) -> bool:
+        return self.post_sampling_probs
 
 
 class InfillChunk(BaseModel):
