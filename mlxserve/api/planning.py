@@ -163,8 +163,8 @@ def _make_plan(
     vocab = loaded.vocab_size
     _check_token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
     _check_token_ids(body.allowed_token_ids or [], vocab, "allowed_token_ids")
-    _check_token_ids(list(body.token_bias), vocab, "logit_bias")
     sampling = body.to_sampling_params(loaded.tokenizer, _end_of_infill(loaded), grammar)
+    _check_token_ids(list(sampling.logit_bias), vocab, "logit_bias")
     stop = body.to_stop_spec(_deadline(settings.limits.request_timeout_s))
     needs_scores = body.best_of is not None and body.best_of > body.n
     logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)

@@ -8,6 +8,7 @@ spanning fields included, is checked here, so a front door gets a request that i
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -34,7 +35,7 @@ from ..sampling.params import (
 )
 from ..settings import Limits
 from .constraints import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, TypedGrammar
-from .errors import FieldError
+from .errors import FieldError, InvalidRequest
 from .schema_docs import (
     KNOWN_SAMPLERS,
     LOGIT_BIAS_SCHEMA,
@@ -167,7 +168,11 @@ class CompletionRequest(BaseModel):
         description="llama.cpp's sampler order: names or one letter each",
         json_schema_extra=SAMPLERS_SCHEMA,
     )  # a tuple of canonical names once validated
-    logit_bias: dict[str, StrictFloat] | None = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
+    logit_bias: (
+        dict[str, StrictFloat | Literal[False]]
+        | list[tuple[StrictInt | str, StrictFloat | Literal[False]]]
+        | None
+    ) = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
     seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
     presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
@@ -282,11 +287,10 @@ class CompletionRequest(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _logit_bias(cls, bias: dict[str, StrictFloat] | None) -> dict[str, StrictFloat] | None:
-        for key, value in (bias or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
-            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+    def _logit_bias(cls, bias: dict | list | None) -> dict | list | None:
+        pairs = bias.items() if isinstance(bias, dict) else bias or []
+        for _, value in pairs:
+            if value is not False and not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
         return bias
 
@@ -344,10 +348,26 @@ class CompletionRequest(BaseModel):
         """llama.cpp's post_sampling_probs (its routes only)."""
         return False
 
-    @property
-    def token_bias(self) -> dict[int, float]:
-        """logit_bias by token id."""
-        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+    def token_bias(self, tokenizer: Any) -> dict[int, float]:
+        """logit_bias by token id, in OpenAI's form ({"id": bias}) or llama.cpp's (text keys,
+        [[id or text, bias]] pairs, `false` for never): a text biases each of its tokens; biases
+        of one token add up."""
+        bias = self.logit_bias or {}
+        biased: dict[int, float] = {}
+        for key, value in bias.items() if isinstance(bias, dict) else bias:
+            if isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(bias, dict):
+                ids = [int(key)]
+            elif isinstance(key, int):
+                ids = [key]
+            else:
+                ids = tokenizer.encode(key, add_special_tokens=False)
+                if not ids:
+                    raise InvalidRequest(
+                        f"logit_bias text {key!r} has no tokens", param="logit_bias"
+                    )
+            for token in ids:
+                biased[token] = biased.get(token, 0.0) + (-math.inf if value is False else value)
+        return biased
 
     def to_sampling_params(
         self, tokenizer: Any, infill_end_ids: tuple[int, ...] = (), grammar: str | None = None
@@ -381,7 +401,7 @@ class CompletionRequest(BaseModel):
             dry_breakers=resolve_breakers(tokenizer, dry.breakers) if dry else None,
             samplers=self.samplers,
             infill_end_ids=infill_end_ids if "infill" in self.samplers else (),
-            logit_bias=self.token_bias,
+            logit_bias=self.token_bias(tokenizer),
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,

@@ -21,15 +21,27 @@ STOP_SCHEMA = {
         {"type": "null"},
     ]
 }
+_BIAS = {
+    "anyOf": [
+        {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
+        {"const": False, "description": "never this token"},
+    ]
+}
 LOGIT_BIAS_SCHEMA = {
     "anyOf": [
         {
             "type": "object",
-            "propertyNames": {"pattern": "^-?[0-9]+$"},
-            "additionalProperties": {
-                "type": "number",
-                "minimum": -MAX_LOGIT_BIAS,
-                "maximum": MAX_LOGIT_BIAS,
+            "description": "token id (or llama.cpp: text, each of its tokens) -> bias",
+            "additionalProperties": _BIAS,
+        },
+        {
+            "type": "array",
+            "description": "llama.cpp's pairs: [token id or text, bias or false]",
+            "items": {
+                "type": "array",
+                "prefixItems": [{"anyOf": [{"type": "integer"}, {"type": "string"}]}, _BIAS],
+                "minItems": 2,
+                "maxItems": 2,
             },
         },
         {"type": "null"},

@@ -102,9 +102,9 @@ def test_unknown_names_that_are_not_plain_are_encoded_in_the_header(http):
             "must be one of 'truncate', 'error' (got 'explode')",
         ),
         (
-            {"logit_bias": {"abc": 1}},
-            "logit_bias",
-            "Invalid value for 'logit_bias': logit_bias keys must be token ids, got 'abc'",
+            {"logit_bias": [[1, 2, 3]]},
+            "logit_bias.0",
+            "Invalid value for 'logit_bias.0': must hold at most 2 items (got [1, 2, 3])",
         ),
         ({"stop": 5}, "stop", "Invalid value for 'stop': must be a string or a list (got 5)"),
         (
