@@ -79,6 +79,10 @@ def test_a_prompt_that_fills_the_context_is_a_400_with_the_numbers(http):
     error = error_with_numbers(http.post("/v1/completions", json={"prompt": prompt}))
     assert (error["n_prompt_tokens"], error["n_ctx"]) == (CONTEXT + 10, CONTEXT)
     assert str(CONTEXT + 10) in error["message"] and str(CONTEXT) in error["message"]
+    assert error["type"] == "invalid_request_error"  # OpenAI's, on OpenAI's route
+    native = error_with_numbers(http.post("/completion", json={"prompt": prompt}))
+    assert native["type"] == "exceed_context_size_error"  # llama.cpp's, on its routes
+    assert (native["n_prompt_tokens"], native["n_ctx"]) == (CONTEXT + 10, CONTEXT)
     truncated = complete(http, prompt=prompt, max_tokens=2, truncate_sequence=True)
     assert truncated["usage"]["prompt_tokens"] + truncated["usage"]["completion_tokens"] <= CONTEXT
 

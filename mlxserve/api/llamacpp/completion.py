@@ -16,6 +16,7 @@ from quart_schema import document_request
 
 from ...engine import EngineError, GenerationEvent
 from ...fim import InfillParts
+from ..errors import InvalidRequest
 from ..models import served_model_id
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_request, submit
@@ -32,6 +33,7 @@ from ..responses import (
 from .protocol import NativeCompletionRequest
 
 blueprint = Blueprint("llamacpp_completion", __name__)
+CONTEXT_ERRORS = ("context_length_exceeded", "prompt_too_long")
 
 
 @blueprint.post("/completion")
@@ -43,7 +45,12 @@ async def completion():
 
 async def respond(body: NativeCompletionRequest, parts: InfillParts | None = None):
     """Plan, generate and answer in llama.cpp's shapes (/completion, and /infill with `parts`)."""
-    engine, loaded, plan = await plan_request(body, parts)
+    try:
+        engine, loaded, plan = await plan_request(body, parts)
+    except InvalidRequest as error:
+        if error.code in CONTEXT_ERRORS:  # llama.cpp's type, which its web UI looks for
+            error.type = "exceed_context_size_error"
+        raise
     model = served_model_id()  # read here: a stream runs outside the app context
     if body.stream:
         return stream(submit(engine, plan), loaded, model, plan), 200, SSE_HEADERS
