@@ -127,7 +127,7 @@ class CompletionRequest(BaseModel):
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(0, ge=-1, description="0 or -1 = off")
     min_p: StrictFloat = Field(0.0, ge=0.0, le=1.0)
-    n: StrictInt = Field(1, ge=1)
+    n: StrictInt = Field(1, ge=1, validation_alias=alias("n", "n_cmpl"))
     best_of: StrictInt | None = Field(None, ge=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

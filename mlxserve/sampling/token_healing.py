@@ -1,8 +1,9 @@
-"""Token healing for fill-in-the-middle: a prefix that ends in spaces (an editor's cursor after
-`return `) ends in a token the model rarely saw there, since a byte-level BPE puts a word's
-leading space in the word's token. The spaces are taken off the prompt and the first tokens
-generated must write them again, so the model picks `" x"` as it would in a file, and never
-ends a middle it has not begun.
+"""Token healing for fill-in-the-middle: a prefix that ends in whitespace (an editor's cursor
+after `return `, or after a line's indentation) ends in a token the model rarely saw there,
+since a byte-level BPE puts a word's leading space in the word's token and a line's indentation
+in its newline's. The whitespace is taken off the prompt and the first tokens generated must
+write it again, so the model picks `" x"` (or a line break and indentation with the word after
+them) as it would in a file, and never ends a middle it has not begun.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import bisect
 import mlx.core as mx
 import numpy as np
 
-HEALED = " \t"  # a last token made only of these is healed
+HEALED = " \t\r\n"  # a last token made only of these is healed
 
 
 class TokenTexts:
@@ -48,12 +49,13 @@ class TokenTexts:
 
 
 def heal(prefix: list[int], texts: TokenTexts) -> tuple[list[int], str]:
-    """`prefix` without its last token when that token is only spaces or tabs, and the text
-    the generation must then start with ("" when nothing is healed)."""
+    """`prefix` without its last token when that token is whitespace ending in spaces or tabs
+    (a line break and indentation included), and the text generation must then start with (""
+    when nothing is healed). Line breaks alone stay: the model's own place to begin a middle."""
     if not prefix:
         return prefix, ""
     last = texts.text(prefix[-1])
-    if not last or last.strip(HEALED):
+    if not last or last.strip(HEALED) or last.endswith(("\n", "\r")):
         return prefix, ""
     return prefix[:-1], last
 

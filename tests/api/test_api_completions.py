@@ -225,3 +225,12 @@ def test_llamacpp_mixed_prompt_list_is_one_prompt_per_element(http, tokenizer):
     alone = http.post("/completion", json=body | {"prompt": "import os\n"}).json()
     assert answers[1]["content"] == alone["content"]
     assert answers[0]["tokens_evaluated"] == len(ids)
+
+
+def test_n_cmpl_is_llamacpps_name_for_n(http):
+    """llama.vscode asks for several infill candidates with n_cmpl; llama.cpp answers a list."""
+    body = {"prompt": "x", "n_predict": 2, "n_cmpl": 3, "seed": 1, "temperature": 1.0}
+    answers = http.post("/completion", json=body).json()
+    assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
+    error = http.post("/completion", json={**body, "n_cmpl": 0}).json()["error"]
+    assert error["param"] == "n_cmpl"

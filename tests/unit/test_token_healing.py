@@ -7,15 +7,18 @@ import mlx.core as mx
 
 from mlxserve.sampling.token_healing import HealingMask, TokenTexts, heal
 
-# id:        0    1    2      3     4        5     6      7       8
-TEXTS = ["", " ", "  ", " x", "\n  ", "return", "  y", "x", " return"]
+# id:        0    1    2      3     4        5     6      7       8          9     10
+TEXTS = ["", " ", "  ", " x", "\n  ", "return", "  y", "x", " return", "\n", "\n\t"]
 
 
-def test_only_a_last_token_of_spaces_or_tabs_is_healed():
+def test_only_a_last_token_of_whitespace_is_healed():
     texts = TokenTexts(TEXTS)
     assert heal([5, 1], texts) == ([5], " ")
     assert heal([5, 2], texts) == ([5], "  ")
-    assert heal([5, 4], texts) == ([5, 4], "")  # a line break: the model's own FIM start
+    # A line break with indentation (one token): the model writes it again with what follows.
+    assert heal([5, 4], texts) == ([5], "\n  ")
+    assert heal([5, 10], texts) == ([5], "\n\t")
+    assert heal([5, 9], texts) == ([5, 9], "")  # a line break alone: the model's own FIM start
     assert heal([1, 5], texts) == ([1, 5], "")
     assert heal([0], texts) == ([0], "")  # a special token has no text
     assert heal([], texts) == ([], "")
