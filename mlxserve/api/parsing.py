@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -57,6 +58,9 @@ REQUIREMENTS = {
     "too_short": "must hold at least {min_length} item{s}",
     "too_long": "must hold at most {max_length} item{s}",
 }
+# A literal's choices as JSON spells them (pydantic gives Python's).
+JSON_CONSTANTS = {"True": "true", "False": "false", "None": "null"}
+PYTHON_CONSTANTS = re.compile(r"\b(?:True|False|None)\b")
 # The names pydantic gives a union's branches in an error's location (`stop.list[str]`).
 BRANCH_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
@@ -188,6 +192,12 @@ def _requirement(error: dict[str, Any]) -> str:
     if template is not None:
         ctx = {name: _plain(value) for name, value in error.get("ctx", {}).items()}
         ctx["s"] = "" if ctx.get("min_length", ctx.get("max_length")) == 1 else "s"
+        if error["type"] == "literal_error":
+            ctx["expected"] = PYTHON_CONSTANTS.sub(
+                lambda m: JSON_CONSTANTS[m.group()], ctx["expected"]
+            )
+            if ", " not in ctx["expected"]:
+                return f"must be {ctx['expected']}"
         return template.format(**ctx)
     if error["type"] in ("value_error", "assertion_error"):
         return _our_words(str(error["ctx"]["error"]))  # a validator's own message
@@ -218,7 +228,7 @@ def _either(requirements: list[str]) -> str:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    text = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

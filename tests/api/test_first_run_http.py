@@ -108,6 +108,11 @@ def test_unknown_names_that_are_not_plain_are_encoded_in_the_header(http):
         ),
         ({"stop": 5}, "stop", "Invalid value for 'stop': must be a string or a list (got 5)"),
         (
+            {"logit_bias": {"abc": True}},
+            "logit_bias.abc",
+            "Invalid value for 'logit_bias.abc': must be a number or false (got true)",
+        ),
+        (
             {"stream_options": {"include_usage": "maybe"}},
             "stream_options.include_usage",
             "must be true or false (got 'maybe')",
