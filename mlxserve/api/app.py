@@ -20,6 +20,7 @@ from .llamacpp import infill as llamacpp_infill
 from .llamacpp import props as llamacpp_props
 from .llamacpp import slots as llamacpp_slots
 from .llamacpp import tokens as llamacpp_tokens
+from .ollama import models as ollama_models
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
 from .origin import check_origin
@@ -68,6 +69,7 @@ def create_app(settings: Settings, engine) -> Quart:
         llamacpp_tokens,
         llamacpp_props,
         llamacpp_slots,
+        ollama_models,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)

@@ -8,8 +8,9 @@ from quart import request
 
 from .errors import AuthenticationError
 
-# llama.cpp's public routes: a client may probe readiness and the model before it has a key.
-OPEN_PATHS = frozenset({"/health", "/models"})
+# llama.cpp's public routes, and Ollama's probes: a client may check that the server is up
+# and what it serves before it has a key.
+OPEN_PATHS = frozenset({"/health", "/models", "/", "/api/version"})
 
 
 def check_api_key(expected: str | None) -> None:

@@ -54,6 +54,11 @@ ROUTES = {
     "GET /props",
     "GET /slots",
     "POST /slots/{id_slot}",
+    "GET /",
+    "GET /api/version",
+    "GET /api/tags",
+    "POST /api/show",
+    "GET /api/ps",
 }
 # Routes whose answer is a 5xx by design: slot save/restore/erase are 501 (not supported).
 NOT_SUPPORTED = {"POST /slots/{id_slot}"}
@@ -70,8 +75,12 @@ def api_schema(live_servers, tiny_coder):
 
 
 def openai_error_shape(ctx, response, case):
-    """A 4xx says what was wrong, in OpenAI's shape."""
-    if 400 <= response.status_code < 500:
+    """A 4xx says what was wrong, in OpenAI's shape (Ollama's on its routes)."""
+    if 400 <= response.status_code < 500 and case.path.startswith("/api/"):
+        error = response.json()
+        assert set(error) == {"error"} and error["error"], error
+        assert "Traceback" not in error["error"]
+    elif 400 <= response.status_code < 500:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
         assert error["message"] and "Traceback" not in error["message"]

@@ -1,0 +1,200 @@
+"""Ollama's model routes: the probes (`/`, `/api/version`), the list (`/api/tags`), one model's
+details (`/api/show`), the loaded one (`/api/ps`), and clear refusals for the registry's
+management routes, since models here come from folders on this Mac, not from a registry."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from quart import Blueprint, current_app
+from quart_schema import document_request, hide
+
+from ...registry import ModelEntry, describe
+from ..errors import APIError
+from ..llamacpp.props import chat_template_text
+from ..models import registry, served_model_id
+from ..parsing import read_json_object, validate
+from .model_details import details, digest, modified_at, parameter_count, read_config
+from .protocol import ShowRequest
+from .shape import model_not_found, ollama_errors, rfc3339, tagged, untagged
+
+blueprint = Blueprint("ollama_models", __name__)
+ollama_errors(blueprint)
+# The Ollama release whose API these routes follow; clients compare it to enable features.
+OLLAMA_API_VERSION = "0.12.0"
+NEVER = "2318-01-01T00:00:00Z"  # expires_at of a model that is never unloaded for idleness
+ELSEWHERE = (
+    "mlxserve serves the MLX models already on this Mac (the Hugging Face cache, LM Studio's "
+    "folder, --models-dir; GET /api/tags lists them)"
+)
+
+
+class NotSupported(APIError):
+    status = 501
+
+
+@blueprint.get("/")
+async def root():
+    return "Ollama is running (mlxserve)", 200, {"Content-Type": "text/plain; charset=utf-8"}
+
+
+@blueprint.get("/api/version")
+async def version():
+    return {"version": OLLAMA_API_VERSION}
+
+
+@blueprint.get("/api/tags")
+async def tags():
+    return {"models": [listing(entry) for entry in entries()]}
+
+
+@blueprint.post("/api/show")
+@document_request(ShowRequest)
+async def show():
+    body = validate(ShowRequest, await read_json_object())
+    entry = ollama_entry(body.model_name)
+    config = read_config(entry.path)
+    family = config.get("model_type", "")
+    info: dict[str, Any] = {
+        "general.architecture": family,
+        "general.parameter_count": parameter_count(entry.path),
+    }
+    context = serving_context(entry) or entry.context_length
+    if context:
+        info[f"{family}.context_length"] = context
+    for key, name in (("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count")):
+        if isinstance(config.get(key), int):
+            info[f"{family}.{name}"] = config[key]
+    return {
+        "license": "",
+        "modelfile": f"# served by mlxserve from {entry.path}\nFROM {entry.path}\n",
+        "parameters": "",
+        "template": template_of(entry),
+        "details": details(entry),
+        "model_info": info,
+        "capabilities": capabilities(entry),
+        "modified_at": rfc3339(modified_at(entry.path)),
+    }
+
+
+@blueprint.get("/api/ps")
+async def running():
+    engine = current_app.config["ENGINE"]
+    loaded = engine.loaded
+    if loaded is None:
+        return {"models": []}
+    entry = served_entry()
+    card = listing(entry)
+    card.pop("modified_at")
+    memory = engine.memory_bytes()
+    card.update(
+        size=memory,
+        size_vram=memory,  # unified memory: all of it is the GPU's
+        expires_at=expires_at(engine),
+        context_length=loaded.context_length,
+    )
+    return {"models": [card]}
+
+
+@blueprint.route("/api/pull", methods=["POST"])
+@blueprint.route("/api/push", methods=["POST"])
+@blueprint.route("/api/create", methods=["POST"])
+@blueprint.route("/api/copy", methods=["POST"])
+@blueprint.route("/api/delete", methods=["DELETE"])
+@blueprint.route("/api/blobs/<digest_>", methods=["HEAD", "POST"])
+@hide  # always a 501: nothing to document
+async def manage(digest_: str | None = None):
+    raise NotSupported(
+        f"{ELSEWHERE}; it does not pull, push, create, copy or delete models. Download one with "
+        "`hf download mlx-community/<model>`, or start mlxserve with --models-dir."
+    )
+
+
+@blueprint.route("/api/embed", methods=["POST"])
+@blueprint.route("/api/embeddings", methods=["POST"])
+@hide
+async def embed():
+    raise NotSupported("mlxserve does not compute embeddings yet: it serves generation only.")
+
+
+def entries() -> list[ModelEntry]:
+    """The registry's models, the served one first (also when it came from elsewhere)."""
+    found = registry().scan()
+    served = served_entry()
+    return [served, *(e for e in found if e.name != served.name)]
+
+
+def served_entry() -> ModelEntry:
+    engine = current_app.config["ENGINE"]
+    entry = registry().find(served_model_id())
+    if entry is None:
+        loaded = engine.loaded
+        path = loaded.path if loaded is not None else engine.model_source
+        entry = describe(Path(path), served_model_id(), "command line")
+    return entry
+
+
+def ollama_entry(name: str) -> ModelEntry:
+    """The model an Ollama client names (`name` or `name:latest`); Ollama's 404 otherwise."""
+    bare = untagged(name)
+    if bare in (served_model_id(), current_app.config["ENGINE"].model_source):
+        return served_entry()
+    entry = registry().find(bare) or registry().find(name)
+    if entry is None:
+        raise model_not_found(name)
+    return entry
+
+
+def listing(entry: ModelEntry) -> dict[str, Any]:
+    """An /api/tags entry."""
+    return {
+        "name": tagged(entry.name),
+        "model": tagged(entry.name),
+        "modified_at": rfc3339(modified_at(entry.path)),
+        "size": entry.size_bytes,
+        "digest": digest(entry.path),
+        "details": details(entry),
+    }
+
+
+def serving_context(entry: ModelEntry) -> int | None:
+    loaded = current_app.config["ENGINE"].loaded
+    return loaded.context_length if loaded is not None and is_served(entry) else None
+
+
+def is_served(entry: ModelEntry) -> bool:
+    return entry.name == served_model_id()
+
+
+def template_of(entry: ModelEntry) -> str:
+    loaded = current_app.config["ENGINE"].loaded
+    if loaded is not None and is_served(entry):
+        return chat_template_text(loaded.tokenizer)
+    template = read_config(entry.path, "tokenizer_config.json").get("chat_template")
+    return template if isinstance(template, str) else ""
+
+
+def capabilities(entry: ModelEntry) -> list[str]:
+    """completion always; insert with FIM tokens; tools (the server renders tool calls for any
+    template); thinking when the template thinks."""
+    found = ["completion"]
+    if entry.fim:
+        found.append("insert")
+    found.append("tools")
+    loaded = current_app.config["ENGINE"].loaded
+    if loaded is not None and is_served(entry):
+        thinking = bool(getattr(loaded.tokenizer, "has_thinking", False))
+    else:
+        thinking = "<think>" in template_of(entry)
+    if thinking:
+        found.append("thinking")
+    return found
+
+
+def expires_at(engine) -> str:
+    idle = engine.idle_unload_s
+    if idle is None:
+        return NEVER
+    return rfc3339(time.time() + max(0.0, engine.slot.last_work + idle - time.monotonic()))
