@@ -58,7 +58,7 @@ def context_length_of(config: Mapping[str, Any], folder: Path | None = None) -> 
             if isinstance(value, int) and value > 0:
                 return value
     if folder is not None:
-        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        tokenizer_config = read_json(folder / "tokenizer_config.json")
         value = tokenizer_config.get("model_max_length")
         if isinstance(value, int) and 0 < value < 10**7:
             return value
@@ -67,7 +67,7 @@ def context_length_of(config: Mapping[str, Any], folder: Path | None = None) -> 
 
 def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
     """A loadable model folder's entry, or None when mlx-lm could not load it."""
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json")
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not _supported(model_type):
         return None
@@ -184,7 +184,8 @@ class Registry:
         return next((e for e in self.scan() if e.name == name), None)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a model folder's file; {} when missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -212,7 +213,7 @@ def _quantization(config: Mapping[str, Any]) -> str | None:
 def _fim_of(folder: Path, config: Mapping[str, Any]) -> str | None:
     """The FIM template config.json names, else the one the tokenizer's added tokens (special
     tokens live there) match; as loading the model would resolve it."""
-    tokenizer = _read_json(folder / "tokenizer.json")
+    tokenizer = read_json(folder / "tokenizer.json")
     vocab = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", []) if "content" in t}
     try:
         fim = model_fim(vocab, config) if vocab else None

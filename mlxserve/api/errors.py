@@ -65,6 +65,13 @@ class ServerError(APIError):
     type = "server_error"
 
 
+class NotSupported(APIError):
+    """A route or action this server does not offer, with what it does instead (501)."""
+
+    status = 501
+    type = "not_supported_error"
+
+
 class ServiceUnavailable(APIError):
     status = 503
     type = "service_unavailable"

@@ -13,16 +13,11 @@ from quart import Blueprint, request
 from quart_schema import document_querystring
 
 from ...engine import MAX_BATCH, GenerationRequest
-from ..errors import APIError, ServiceUnavailable
+from ..errors import APIError, NotSupported, ServiceUnavailable
 from ..planning import ready_model
 from .protocol import SlotActionQuery, SlotsQuery
 
 blueprint = Blueprint("llamacpp_slots", __name__)
-
-
-class NotSupported(APIError):
-    status = 501
-    type = "not_supported_error"
 
 
 @blueprint.get("/slots")

@@ -11,24 +11,15 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ...registry import ModelEntry
+from ...registry import ModelEntry, read_json
 
 QUANTIZATION_LEVELS = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 QUANTIZED_PARTS = (".scales", ".biases")
 
 
-def read_config(folder: Path, name: str = "config.json") -> dict[str, Any]:
-    """A JSON file of the model folder ({} when missing or unreadable)."""
-    try:
-        config = json.loads((folder / name).read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
 def details(entry: ModelEntry) -> dict[str, Any]:
     """Ollama's `details` object."""
-    family = read_config(entry.path).get("model_type", "")
+    family = read_json(entry.path / "config.json").get("model_type", "")
     return {
         "parent_model": "",
         "format": "safetensors",
@@ -65,7 +56,7 @@ def parameter_count(folder: Path) -> int:
 def _parameter_count(folder: Path, _stamp: tuple) -> int:
     """Weights counted from the safetensors headers; a quantized matrix's packed words count
     as the parameters they hold (32 / bits each), its scales and biases not at all."""
-    quantization = read_config(folder).get("quantization") or {}
+    quantization = read_json(folder / "config.json").get("quantization") or {}
     default_bits = quantization.get("bits")
     tensors: dict[str, tuple[str, list[int]]] = {}
     for weights in sorted(folder.glob("*.safetensors")):

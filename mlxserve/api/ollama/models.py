@@ -11,12 +11,12 @@ from typing import Any
 from quart import Blueprint, current_app
 from quart_schema import document_request, hide
 
-from ...registry import ModelEntry, describe
-from ..errors import APIError
+from ...registry import ModelEntry, describe, read_json
+from ..errors import NotSupported
 from ..llamacpp.props import chat_template_text
 from ..models import registry, served_model_id
 from ..parsing import read_json_object, validate
-from .model_details import details, digest, modified_at, parameter_count, read_config
+from .model_details import details, digest, modified_at, parameter_count
 from .protocol import ShowRequest
 from .shape import model_not_found, ollama_errors, rfc3339, tagged, untagged
 
@@ -29,10 +29,6 @@ ELSEWHERE = (
     "mlxserve serves the MLX models already on this Mac (the Hugging Face cache, LM Studio's "
     "folder, --models-dir; GET /api/tags lists them)"
 )
-
-
-class NotSupported(APIError):
-    status = 501
 
 
 @blueprint.get("/")
@@ -55,7 +51,7 @@ async def tags():
 async def show():
     body = validate(ShowRequest, await read_json_object())
     entry = ollama_entry(body.model_name)
-    config = read_config(entry.path)
+    config = read_json(entry.path / "config.json")
     family = config.get("model_type", "")
     info: dict[str, Any] = {
         "general.architecture": family,
@@ -159,20 +155,22 @@ def listing(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-def serving_context(entry: ModelEntry) -> int | None:
+def loaded_as(entry: ModelEntry):
+    """The loaded model when `entry` is the one served and loaded, else None."""
     loaded = current_app.config["ENGINE"].loaded
-    return loaded.context_length if loaded is not None and is_served(entry) else None
+    return loaded if loaded is not None and entry.name == served_model_id() else None
 
 
-def is_served(entry: ModelEntry) -> bool:
-    return entry.name == served_model_id()
+def serving_context(entry: ModelEntry) -> int | None:
+    loaded = loaded_as(entry)
+    return loaded.context_length if loaded is not None else None
 
 
 def template_of(entry: ModelEntry) -> str:
-    loaded = current_app.config["ENGINE"].loaded
-    if loaded is not None and is_served(entry):
+    loaded = loaded_as(entry)
+    if loaded is not None:
         return chat_template_text(loaded.tokenizer)
-    template = read_config(entry.path, "tokenizer_config.json").get("chat_template")
+    template = read_json(entry.path / "tokenizer_config.json").get("chat_template")
     return template if isinstance(template, str) else ""
 
 
@@ -183,8 +181,8 @@ def capabilities(entry: ModelEntry) -> list[str]:
     if entry.fim:
         found.append("insert")
     found.append("tools")
-    loaded = current_app.config["ENGINE"].loaded
-    if loaded is not None and is_served(entry):
+    loaded = loaded_as(entry)
+    if loaded is not None:
         thinking = bool(getattr(loaded.tokenizer, "has_thinking", False))
     else:
         thinking = "<think>" in template_of(entry)
