@@ -20,6 +20,8 @@ from .llamacpp import infill as llamacpp_infill
 from .llamacpp import props as llamacpp_props
 from .llamacpp import slots as llamacpp_slots
 from .llamacpp import tokens as llamacpp_tokens
+from .ollama import chat as ollama_chat
+from .ollama import generate as ollama_generate
 from .ollama import models as ollama_models
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
@@ -70,6 +72,8 @@ def create_app(settings: Settings, engine) -> Quart:
         llamacpp_props,
         llamacpp_slots,
         ollama_models,
+        ollama_generate,
+        ollama_chat,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)

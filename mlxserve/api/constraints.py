@@ -78,9 +78,9 @@ def constraint_of(request: CompletionRequest) -> Constraint | None:
 def _candidates(r: CompletionRequest) -> list[Constraint | None]:
     return [
         _grammar(r.grammar),
-        _schema("json_schema", r.json_schema) if r.json_schema is not None else None,
+        schema_constraint("json_schema", r.json_schema) if r.json_schema is not None else None,
         _response_format(r),
-        _schema("guided_json", r.guided_json) if r.guided_json is not None else None,
+        schema_constraint("guided_json", r.guided_json) if r.guided_json is not None else None,
         Constraint("guided_regex", "regex", r.guided_regex) if r.guided_regex else None,
         _choice("guided_choice", r.guided_choice) if r.guided_choice else None,
         Constraint("guided_grammar", "grammar", r.guided_grammar) if r.guided_grammar else None,
@@ -98,7 +98,7 @@ def _grammar(grammar) -> Constraint | None:
         value = grammar.value if isinstance(grammar.value, str) else json.dumps(grammar.value)
         return Constraint("grammar", "llguidance", value)
     if grammar.type == "json_schema":
-        return _schema("grammar", grammar.value)
+        return schema_constraint("grammar", grammar.value)
     if not isinstance(grammar.value, str):
         raise InvalidRequest(
             f"grammar.value must be a string for type '{grammar.type}'.", param="grammar.value"
@@ -106,7 +106,7 @@ def _grammar(grammar) -> Constraint | None:
     return Constraint("grammar", grammar.type, grammar.value)  # "regex" or "lark"
 
 
-def _schema(field: str, schema: dict[str, Any] | str) -> Constraint:
+def schema_constraint(field: str, schema: dict[str, Any] | str) -> Constraint:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -126,14 +126,14 @@ def _response_format(r: CompletionRequest) -> Constraint | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return _schema("response_format", fmt.schema_ or {"type": "object"})
+        return schema_constraint("response_format", fmt.schema_ or {"type": "object"})
     schema = (fmt.json_schema or {}).get("schema", fmt.schema_)
     if schema is None:
         raise InvalidRequest(
             "response_format of type 'json_schema' needs json_schema.schema.",
             param="response_format.json_schema",
         )
-    return _schema("response_format", schema)
+    return schema_constraint("response_format", schema)
 
 
 def _structured_outputs(r: CompletionRequest) -> list[Constraint | None]:
@@ -141,7 +141,7 @@ def _structured_outputs(r: CompletionRequest) -> list[Constraint | None]:
     if so is None:
         return []
     return [
-        _schema("structured_outputs.json", so.json_) if so.json_ is not None else None,
+        schema_constraint("structured_outputs.json", so.json_) if so.json_ is not None else None,
         Constraint("structured_outputs.regex", "regex", so.regex) if so.regex else None,
         _choice("structured_outputs.choice", so.choice) if so.choice else None,
         Constraint("structured_outputs.grammar", "grammar", so.grammar) if so.grammar else None,
@@ -173,4 +173,4 @@ def _tools(tools: list[Tool] | None, choice) -> Constraint | None:
         for t in tools
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return _schema("tools", schema)
+    return schema_constraint("tools", schema)

@@ -50,6 +50,11 @@ class EngineError(Exception):
         self.state = state
 
 
+def _not_reloadable(slot: ModelSlot) -> bool:
+    """Loading, failed or stopped: nothing for a request to load again."""
+    return slot.state in LOADING_STATES or slot.state in ("error", "stopped")
+
+
 def _slot_attribute(name: str) -> property:
     return property(lambda engine: getattr(engine.slot, name), doc=f"The model slot's {name}.")
 
@@ -115,6 +120,7 @@ class Engine:
     load_progress = _slot_attribute("progress")
     load_error = _slot_attribute("load_error")
     idle_unload_s = _slot_attribute("idle_unload_s")
+    default_idle_unload_s = _slot_attribute("default_idle_unload_s")
 
     # ---- called from any thread -------------------------------------------------------------
 
@@ -153,6 +159,15 @@ class Engine:
         """Free the model once the requests in flight have finished."""
         self._ask(UnloadModel())
 
+    def keep_alive(self, seconds: float | None) -> None:
+        """Keep the model loaded for `seconds` without work from now (None: for ever; 0: unload
+        once the work in flight ends), until it is next loaded. A distributed server keeps its
+        model: every rank would have to unload and reload together."""
+        if self.lockstep is not None:
+            return
+        self.slot.keep_for(seconds)
+        self._inbox.put(ModelChanged())  # the engine thread's wait for work is timed anew
+
     def _ask(self, change) -> None:
         if self.lockstep is not None:
             raise EngineError(
@@ -168,8 +183,9 @@ class Engine:
         take 4.5 s) while a first load takes a minute on some machines. An engine not started,
         failed or stopped is not waited for."""
         slot = self.slot
-        if slot.loads > 0 and slot.state == "unloaded" and slot.pending is None:
-            self.switch(slot.source)
+        unloaded = slot.loads > 0 and slot.loaded is None and slot.pending is None
+        if unloaded and not _not_reloadable(slot):
+            self.switch(slot.source)  # unloaded, or being unloaded: loaded again next
         if slot.state in ("starting", "error", "stopped") or slot.ready.is_set():
             return
         # Polled, not a thread each: a crowd of waiting requests must not take every worker

@@ -41,7 +41,8 @@ class Cancel:
 
 @dataclass(frozen=True)
 class ModelChanged:
-    """The slot has a change pending: wake the thread to apply it when idle."""
+    """The slot has a change pending, or a new idle-unload time: wake the thread to apply it
+    (when idle)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ log = logging.getLogger("mlxserve.engine")
 
 EngineState = Literal["starting", "loading", "ready", "unloaded", "error", "stopped"]
 LOADING_STATES = frozenset({"starting", "loading"})  # a model is on its way
+MAX_WAIT_S = 3600.0  # the longest single wait for work; a longer idle unload waits again
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class ModelSlot:
         self.loaded_name = self.name  # the name of the model loaded last
         self.policy = policy
         self.fim_template = fim_template
-        self.idle_unload_s = idle_unload_s
+        self.default_idle_unload_s = idle_unload_s  # the server's --idle-unload
+        self.idle_unload_s = idle_unload_s  # this model's, until it is unloaded (keep_alive)
         self.cluster = cluster
         self.state: EngineState = "starting"
         self.error: str | None = None
@@ -89,6 +91,7 @@ class ModelSlot:
             raise ModelLoadError(f"could not load model {source}: {error}") from error
         self.source = source
         self.loaded_name = self.name
+        self.idle_unload_s = self.default_idle_unload_s
         self._on_loaded(self.loaded)
         # Python's full collections walk every object, with all threads held: a gap in every
         # stream. Frozen, what is loaded by now is never walked again.
@@ -109,21 +112,24 @@ class ModelSlot:
             self.policy.description,
         )
 
-    def unload(self) -> None:
-        """Free the model and what depends on it."""
+    def unload(self, then: EngineState = "unloaded") -> None:
+        """Free the model and what depends on it; the state is `then` once its memory is free
+        ("loading" when another model follows, and from the start)."""
+        if then in LOADING_STATES:
+            self.state = then
         self.loaded = None
         self._on_unloaded()
         gc.unfreeze()  # the model's objects were frozen at load
         gc.collect()
         self.policy.release_freed_memory(trim=self.cluster is None)
-        self.state = "unloaded"
+        self.state = then
 
     def apply_change(self) -> None:
         """Apply the switch or unload asked for, now that no request is in flight. A model that
         fails to load is replaced by the previous one again, and `load_error` says why."""
         change, self.pending = self.pending, None
         previous = self.loaded.path if self.loaded is not None else None
-        self.unload()
+        self.unload(then="loading" if isinstance(change, LoadModel) else "unloaded")
         if isinstance(change, LoadModel):
             try:
                 self.load(change.source)
@@ -140,7 +146,8 @@ class ModelSlot:
                         self.load(previous)
                     except ModelLoadError as again:
                         self.fail(str(again), quiet=True)
-        self.ready.set()
+        if self.pending is None:  # else a request asked for the model again meanwhile
+            self.ready.set()
 
     def fail(self, message: str, quiet: bool = False) -> None:
         self.state = "error"
@@ -153,7 +160,8 @@ class ModelSlot:
         """How long the engine may wait for work: until the idle unload is due, or for ever."""
         if self.idle_unload_s is None or self.loaded is None or busy:
             return None
-        return max(0.0, self.last_work + self.idle_unload_s - time.monotonic())
+        due = max(0.0, self.last_work + self.idle_unload_s - time.monotonic())
+        return min(due, MAX_WAIT_S)  # a wait past the OS's timer range would raise
 
     def idle_for_too_long(self) -> bool:
         return (
@@ -168,6 +176,11 @@ class ModelSlot:
         """Before the engine thread starts: clients see the load under way from now on."""
         self.state = "loading"
         self.progress = LoadProgress(self.source)
+
+    def keep_for(self, seconds: float | None) -> None:
+        """Unload after `seconds` without work from now (None: never), until the next load."""
+        self.idle_unload_s = seconds
+        self.last_work = time.monotonic()
 
     def ask(self, change: ModelChange) -> None:
         """Note a change for the engine thread, which applies it once the work in flight ends."""

@@ -147,6 +147,25 @@ def test_a_switch_to_a_missing_model_rolls_back(tiny_model, tmp_path):
         engine.stop()
 
 
+def test_keep_alive_sets_the_idle_unload_until_the_next_load(tiny_model):
+    """Ollama's keep_alive: a time beyond any timer (the engine waits in bounded steps), then
+    0, which unloads at once; the next load brings back the server's own setting."""
+    engine = Engine(str(tiny_model), idle_unload_s=None).start()
+    try:
+        assert engine.wait_ready(60)
+        engine.keep_alive(1e300)
+        assert asyncio.run(collect(engine, [request(max_tokens=2)]))  # the engine lives on
+        engine.keep_alive(0)
+        deadline = time.monotonic() + 10
+        while engine.state != "unloaded" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.state == "unloaded" and engine.loaded is None
+        asyncio.run(engine.ensure_loaded(timeout=60))
+        assert engine.loaded is not None and engine.idle_unload_s is None
+    finally:
+        engine.stop()
+
+
 def test_an_idle_model_is_unloaded_and_reloaded_on_demand(tiny_model):
     engine = Engine(str(tiny_model), idle_unload_s=0.3).start()
     try:

@@ -4,6 +4,7 @@ management routes, since models here come from folders on this Mac, not from a r
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -11,13 +12,14 @@ from typing import Any
 from quart import Blueprint, current_app
 from quart_schema import document_request, hide
 
+from ...fim import TEMPLATES, FimTemplate
 from ...registry import ModelEntry, describe, read_json
-from ..errors import NotSupported
+from ..errors import InvalidRequest, NotSupported
 from ..llamacpp.props import chat_template_text
 from ..models import registry, served_model_id
 from ..parsing import read_json_object, validate
 from .model_details import details, digest, modified_at, parameter_count
-from .protocol import ShowRequest
+from .protocol import MAX_KEEP_ALIVE_S, ShowRequest
 from .shape import model_not_found, ollama_errors, rfc3339, tagged, untagged
 
 blueprint = Blueprint("ollama_models", __name__)
@@ -66,7 +68,8 @@ async def show():
     return {
         "license": "",
         "modelfile": f"# served by mlxserve from {entry.path}\nFROM {entry.path}\n",
-        "parameters": "",
+        # Modelfile parameters, one per line: clients (Continue, Raycast) read num_ctx here.
+        "parameters": f"num_ctx {context}" if context else "",
         "template": template_of(entry),
         "details": details(entry),
         "model_info": info,
@@ -143,6 +146,21 @@ def ollama_entry(name: str) -> ModelEntry:
     return entry
 
 
+def requested_entry(name: str) -> ModelEntry:
+    """The model a generation names: the served one, or with --allow-switch another known one
+    (loaded in its place). Unknown names are Ollama's 404; the OpenAI routes' stand-in for any
+    name does not apply, since these clients pick names from /api/tags."""
+    entry = ollama_entry(name)
+    if entry.name != served_model_id() and not current_app.config["SETTINGS"].allow_switch:
+        raise InvalidRequest(
+            f'model "{name}" is not the one this server runs ("{tagged(served_model_id())}"): '
+            "start mlxserve with --allow-switch to switch models on request, or switch with "
+            "POST /admin/load.",
+            param="model",
+        )
+    return entry
+
+
 def listing(entry: ModelEntry) -> dict[str, Any]:
     """An /api/tags entry."""
     return {
@@ -167,11 +185,26 @@ def serving_context(entry: ModelEntry) -> int | None:
 
 
 def template_of(entry: ModelEntry) -> str:
+    """The chat template (Jinja); for a FIM model, behind Ollama's `{{ .Suffix }}` section
+    that says how the server builds infill prompts (Continue looks for `.Suffix` to use FIM)."""
     loaded = loaded_as(entry)
     if loaded is not None:
-        return chat_template_text(loaded.tokenizer)
-    template = read_json(entry.path / "tokenizer_config.json").get("chat_template")
-    return template if isinstance(template, str) else ""
+        chat = chat_template_text(loaded.tokenizer)
+    else:
+        template = read_json(entry.path / "tokenizer_config.json").get("chat_template")
+        chat = template if isinstance(template, str) else ""
+    fim = next((t for t in TEMPLATES if t.name == entry.fim), None)
+    if fim is None:
+        return chat
+    return f"{fim_section(fim)}{{{{- else }}}}{chat}{{{{- end }}}}"
+
+
+def fim_section(fim: FimTemplate) -> str:
+    """A FIM template's prompt in Ollama's template syntax."""
+    before = f"{fim.prefix}{{{{ .Prompt }}}}"
+    after = f"{fim.suffix}{{{{ .Suffix }}}}"
+    parts = after + before if fim.suffix_first else before + after
+    return f"{{{{- if .Suffix }}}}{parts}{fim.middle or ''}"
 
 
 def capabilities(entry: ModelEntry) -> list[str]:
@@ -193,6 +226,7 @@ def capabilities(entry: ModelEntry) -> list[str]:
 
 def expires_at(engine) -> str:
     idle = engine.idle_unload_s
-    if idle is None:
+    left = engine.slot.last_work + idle - time.monotonic() if idle is not None else math.inf
+    if left > MAX_KEEP_ALIVE_S:
         return NEVER
-    return rfc3339(time.time() + max(0.0, engine.slot.last_work + idle - time.monotonic()))
+    return rfc3339(time.time() + max(0.0, left))

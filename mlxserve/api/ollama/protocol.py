@@ -1,8 +1,233 @@
-"""Ollama's request shapes for the model routes."""
+"""Ollama's request shapes: /api/show, /api/generate, /api/chat, their `options` and
+`keep_alive`. Sampling options keep the shared request model's bounds under Ollama's names, so a
+bad value is refused naming the option the client sent."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
+
+from ..constraints import Tool
+from ..protocol import MAX_TEXT_CHARS, CompletionRequest
+
+MAX_TOP_LOGPROBS = 20  # Ollama's bound
+# Ollama's DefaultOptions (its api/types.go): what a request without `options` samples with.
+OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
+# Options under Ollama's name -> the shared request's field.
+SAMPLING_OPTIONS = {
+    "num_predict": "max_tokens",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repeat_penalty": "repetition_penalty",
+    "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+    "seed": "seed",
+    "stop": "stop",
+}
+THINK_LEVELS = ("high", "medium", "low")
+FOREVER = math.inf
+MAX_KEEP_ALIVE_S = 100 * 365 * 86400.0  # longer is for ever (and beyond what a clock holds)
+
+
+def _bounded(field: str, description: str | None = None) -> Any:
+    """An option with the bounds of the shared request's `field`; unset: Ollama's default."""
+    bounds = {}
+    for constraint in CompletionRequest.model_fields[field].metadata:
+        for key in ("gt", "ge", "lt", "le"):
+            if getattr(constraint, key, None) is not None:
+                bounds[key] = getattr(constraint, key)
+    return Field(None, description=description, **bounds)
+
+
+class Options(BaseModel):
+    """Ollama's `options`. Sampling ones map onto the sampler; runtime ones (num_gpu,
+    num_thread, use_mmap, num_batch, ...) are accepted and ignored: MLX manages the GPU."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_predict: StrictInt | None = Field(
+        None, ge=-2, description="-1 (or -2): until the model ends or the context is full"
+    )
+    num_ctx: StrictInt | None = Field(
+        None, ge=1, description="the prompt keeps its last num_ctx tokens (the context window)"
+    )
+    num_keep: StrictInt | None = Field(None, description="accepted; the prompt's end is kept")
+    temperature: StrictFloat | None = _bounded("temperature", "default 0.8")
+    top_k: StrictInt | None = _bounded("top_k", "default 40; 0 = off")
+    top_p: StrictFloat | None = _bounded("top_p", "default 0.9")
+    min_p: StrictFloat | None = _bounded("min_p")
+    typical_p: StrictFloat | None = _bounded("typical_p")
+    repeat_penalty: StrictFloat | None = _bounded("repetition_penalty", "default 1.1")
+    repeat_last_n: StrictInt | None = _bounded("repeat_last_n", "default 64; -1 = num_ctx")
+    presence_penalty: StrictFloat | None = _bounded("presence_penalty")
+    frequency_penalty: StrictFloat | None = _bounded("frequency_penalty")
+    mirostat: StrictInt | None = _bounded("mirostat")
+    mirostat_tau: StrictFloat | None = _bounded("mirostat_tau")
+    mirostat_eta: StrictFloat | None = _bounded("mirostat_eta")
+    seed: StrictInt | None = _bounded("seed", "-1 = random")
+    stop: list[str] | str | None = None
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The shared request's fields these options set, Ollama's defaults under them."""
+        fields: dict[str, Any] = dict(OLLAMA_DEFAULTS)
+        for option, name in SAMPLING_OPTIONS.items():
+            value = getattr(self, option)
+            if value is not None:
+                fields[name] = value
+        if fields.get("max_tokens", -1) < 0:
+            fields["max_tokens"] = None  # until the model ends or the context is full
+        return fields
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in Go's duration syntax ("5m", "1h30m", "300ms", "0"), as Ollama reads
+    keep_alive; a bare number is seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = re.fullmatch(r"([+-]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+", text.strip())
+    if match is None:
+        raise ValueError(
+            f'must be a number of seconds or a duration such as "5m", "1h30m", "300ms" '
+            f"(got {text!r})"
+        )
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text)
+    seconds = sum(float(number) * units[unit] for number, unit in parts)
+    return -seconds if match.group(1) == "-" else seconds
+
+
+class GenerationFields(BaseModel):
+    """What /api/generate and /api/chat share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=1024, description="a name from GET /api/tags")
+    format: Literal["", "json"] | dict[str, Any] | None = Field(
+        None, description='"json", or a JSON schema the answer follows'
+    )
+    options: Options | None = None
+    stream: StrictBool = True
+    think: StrictBool | Literal["high", "medium", "low"] | None = Field(
+        None, description="reasoning goes to `thinking`; false asks the template not to think"
+    )
+    keep_alive: StrictFloat | str | None = Field(
+        None,
+        description='how long the model stays loaded after this request: seconds or "5m"; '
+        "negative = forever, 0 = unload now; unset: the server's --idle-unload",
+    )
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _seconds(cls, value: float | str | None) -> float | None:
+        """Seconds to stay loaded; FOREVER for a negative one."""
+        if value is None:
+            return None
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)
+        return FOREVER if seconds < 0 or seconds > MAX_KEEP_ALIVE_S else seconds
+
+    @property
+    def sampling_options(self) -> Options:
+        return self.options or Options()
+
+
+class GenerateRequest(GenerationFields):
+    """POST /api/generate."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"model": "mlxserve-demo-coder", "prompt": "Why is the sky blue?"},
+                {
+                    "model": "mlxserve-demo-coder",
+                    "prompt": "def add(a, b):\n    ",
+                    "suffix": "\n\nprint(add(1, 2))\n",
+                    "options": {"temperature": 0, "num_predict": 32},
+                    "stream": False,
+                },
+            ]
+        }
+    )
+
+    prompt: str = Field("", max_length=MAX_TEXT_CHARS)
+    suffix: str | None = Field(
+        None, max_length=MAX_TEXT_CHARS, description="the text after the cursor (FIM models)"
+    )
+    system: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    template: str | None = Field(None, description="not supported: the model's template is used")
+    raw: StrictBool = Field(False, description="the prompt as is, no chat template")
+    context: list[StrictInt] | None = Field(
+        None, max_length=MAX_TEXT_CHARS, description="a previous answer's `context` to continue"
+    )
+    images: list[Any] | None = Field(None, description="not supported: text models only")
+
+
+class OllamaFunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class OllamaToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    function: OllamaFunctionCall
+
+
+class OllamaMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str = ""
+    thinking: str | None = None
+    images: list[Any] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ChatRequest(GenerationFields):
+    """POST /api/chat."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "mlxserve-demo-coder",
+                    "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                },
+                {
+                    "model": "mlxserve-demo-coder",
+                    "messages": [{"role": "user", "content": "A user as JSON"}],
+                    "format": {"type": "object", "properties": {"name": {"type": "string"}}},
+                    "stream": False,
+                },
+            ]
+        }
+    )
+
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[Tool] | None = None
 
 
 class ShowRequest(BaseModel):

@@ -1,0 +1,48 @@
+"""POST /api/generate: Ollama's completion. A `raw` prompt, or one with a `suffix` (the model's
+fill-in-the-middle prompt), is planned as /v1/completions plans it; otherwise `system` and
+`prompt` are rendered by the chat template and planned as chat is."""
+
+from __future__ import annotations
+
+import asyncio
+
+from quart import Blueprint, current_app
+from quart_schema import document_request
+
+from ..openai.chat_prompt import prepare
+from ..parsing import read_json_object, validate
+from ..planning import plan_on
+from .protocol import GenerateRequest
+from .serving import Clock, answer, check_thinking, load_or_unload, ready
+from .shape import ollama_errors
+from .translate import completion_request, format_constraint, generate_as_chat, refuse_unsupported
+
+blueprint = Blueprint("ollama_generate", __name__)
+ollama_errors(blueprint)
+
+
+@blueprint.post("/api/generate")
+@document_request(GenerateRequest)
+async def generate():
+    clock = Clock()
+    settings = current_app.config["SETTINGS"]
+    body = validate(GenerateRequest, await read_json_object(), settings.limits)
+    refuse_unsupported(body)
+    if not (body.prompt or body.suffix or body.system):
+        return await load_or_unload(body, {"response": ""})
+    constraint = format_constraint(body.format)
+    templated = not (body.raw or body.suffix)
+    if templated:
+        chat_body = generate_as_chat(body, settings.limits)
+        engine, loaded = await ready(body, clock)
+        check_thinking(body, loaded)
+        chat = await asyncio.to_thread(prepare, chat_body, loaded.tokenizer, settings.chat)
+        request, output = chat.request, chat.output
+        if body.context:  # an earlier answer's tokens, then this turn
+            request = request.model_copy(update={"prompt": [*body.context, *request.prompt]})
+    else:
+        request, output = completion_request(body, settings.limits), None
+        engine, loaded = await ready(body, clock)
+    plan = await plan_on(engine, loaded, request, constraint)
+    shape = {"chat": False, "output": output, "clock": clock, "context": templated}
+    return await answer(engine, plan, body, shape)
