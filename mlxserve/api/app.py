@@ -23,6 +23,7 @@ from .llamacpp import tokens as llamacpp_tokens
 from .ollama import chat as ollama_chat
 from .ollama import generate as ollama_generate
 from .ollama import models as ollama_models
+from .ollama.shape import is_ollama_path, ollama_error
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
 from .origin import check_origin
@@ -107,7 +108,7 @@ def create_app(settings: Settings, engine) -> Quart:
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
-        return error.body(), error.status, error.headers
+        return in_shape(error.body()), error.status, error.headers
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException):
@@ -126,14 +127,20 @@ def create_app(settings: Settings, engine) -> Quart:
             HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
             code=HTTP_ERROR_CODES.get(status),
         )
-        return body, status
+        return in_shape(body), status
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception):
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_body("The server had an internal error.", "server_error"), 500
+        return in_shape(error_body("The server had an internal error.", "server_error")), 500
 
     return app
+
+
+def in_shape(body: dict) -> dict:
+    """An error in the shape of the protocol the route belongs to: Ollama's on its /api/ routes,
+    OpenAI's elsewhere (llama.cpp's routes share it)."""
+    return ollama_error(body) if is_ollama_path(request.path) else body
 
 
 async def read_rest_of_body(response):

@@ -263,3 +263,17 @@ def test_a_known_model_not_served_is_refused_without_allow_switch(live_server, t
     with pytest.raises(ollama.ResponseError) as refused:
         ollama.Client(host=live.url).generate(model="tiny2:latest", prompt="Hi")
     assert refused.value.status_code == 400 and "--allow-switch" in refused.value.error
+
+
+def test_the_api_key_guards_ollamas_routes_and_errors_keep_its_shape(live_server, tiny_model):
+    live = live_server(tiny_model, api_key="sesame")
+    assert httpx.get(live.url + "/api/version").status_code == 200  # a probe: open
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=live.url).list()
+    assert refused.value.status_code == 401 and "API key" in refused.value.error
+    keyed = ollama.Client(host=live.url, headers={"Authorization": "Bearer sesame"})
+    answer = keyed.generate(model=live.engine.model_name, prompt=STORY, raw=True, options=GREEDY)
+    assert answer.eval_count == 12
+    unknown = httpx.post(live.url + "/api/nothing", headers={"Authorization": "Bearer sesame"})
+    assert unknown.status_code == 404
+    assert unknown.json() == {"error": "Unknown route: POST /api/nothing"}

@@ -13,11 +13,9 @@ from ..parsing import read_json_object, validate
 from ..planning import plan_on
 from .protocol import ChatRequest
 from .serving import Clock, answer, check_thinking, load_or_unload, ready
-from .shape import ollama_errors
 from .translate import chat_request, format_constraint, refuse_unsupported
 
 blueprint = Blueprint("ollama_chat", __name__)
-ollama_errors(blueprint)
 
 
 @blueprint.post("/api/chat")

@@ -14,11 +14,9 @@ from ..parsing import read_json_object, validate
 from ..planning import plan_on
 from .protocol import GenerateRequest
 from .serving import Clock, answer, check_thinking, load_or_unload, ready
-from .shape import ollama_errors
 from .translate import completion_request, format_constraint, generate_as_chat, refuse_unsupported
 
 blueprint = Blueprint("ollama_generate", __name__)
-ollama_errors(blueprint)
 
 
 @blueprint.post("/api/generate")

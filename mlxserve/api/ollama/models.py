@@ -20,10 +20,9 @@ from ..models import registry, served_model_id
 from ..parsing import read_json_object, validate
 from .model_details import details, digest, modified_at, parameter_count
 from .protocol import MAX_KEEP_ALIVE_S, ShowRequest
-from .shape import model_not_found, ollama_errors, rfc3339, tagged, untagged
+from .shape import model_not_found, rfc3339, tagged, untagged
 
 blueprint = Blueprint("ollama_models", __name__)
-ollama_errors(blueprint)
 # The Ollama release whose API these routes follow; clients compare it to enable features.
 OLLAMA_API_VERSION = "0.12.0"
 NEVER = "2318-01-01T00:00:00Z"  # expires_at of a model that is never unloaded for idleness

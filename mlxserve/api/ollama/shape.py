@@ -1,23 +1,22 @@
-"""Ollama's wire details shared by its routes: `{"error": "..."}` errors, model names with tags,
-and RFC 3339 times."""
+"""Ollama's wire details shared by its routes: `{"error": "..."}` errors (the app's error
+handlers use it on /api/ paths), model names with tags, and RFC 3339 times."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from quart import Blueprint
-
-from ..errors import APIError, NotFound
+from ..errors import NotFound
 
 DEFAULT_TAG = "latest"
 
 
-def ollama_errors(blueprint: Blueprint) -> None:
-    """Errors on this blueprint's routes in Ollama's shape: `{"error": message}`, same status."""
+def is_ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
 
-    @blueprint.errorhandler(APIError)
-    async def as_ollama_error(error: APIError):
-        return {"error": error.message}, error.status, error.headers
+
+def ollama_error(body: dict) -> dict:
+    """An OpenAI-shaped error body in Ollama's shape: `{"error": message}` (same status)."""
+    return {"error": body["error"]["message"]}
 
 
 def tagged(name: str) -> str:
