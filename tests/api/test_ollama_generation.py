@@ -277,3 +277,21 @@ def test_the_api_key_guards_ollamas_routes_and_errors_keep_its_shape(live_server
     unknown = httpx.post(live.url + "/api/nothing", headers={"Authorization": "Bearer sesame"})
     assert unknown.status_code == 404
     assert unknown.json() == {"error": "Unknown route: POST /api/nothing"}
+
+
+def test_logprobs_come_per_token_with_their_alternatives(olla, name, client):
+    answer = olla.generate(
+        model=name, prompt=STORY, raw=True, options=GREEDY, logprobs=True, top_logprobs=2
+    )
+    assert len(answer.logprobs) == answer.eval_count == 12
+    assert "".join(entry.token for entry in answer.logprobs) == answer.response
+    openai = client.completions.create(
+        model="x", prompt=STORY, temperature=0, max_tokens=12, logprobs=2
+    )
+    expected = openai.choices[0].logprobs.token_logprobs
+    assert [entry.logprob for entry in answer.logprobs] == pytest.approx(expected, abs=1e-4)
+    assert all(len(entry.top_logprobs) == 2 for entry in answer.logprobs)
+    streamed = olla.generate(
+        model=name, prompt=STORY, raw=True, options=GREEDY, logprobs=True, stream=True
+    )
+    assert sum(len(part.logprobs or []) for part in streamed) == 12
