@@ -13,6 +13,8 @@ from werkzeug.exceptions import HTTPException
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
 from . import access_log, admin, health, metrics, models, openapi
+from .anthropic import messages as anthropic_messages
+from .anthropic.shape import anthropic_error, is_anthropic_path
 from .auth import check_api_key
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
@@ -75,6 +77,7 @@ def create_app(settings: Settings, engine) -> Quart:
         ollama_models,
         ollama_generate,
         ollama_chat,
+        anthropic_messages,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)
     metrics.install(app)
@@ -108,7 +111,7 @@ def create_app(settings: Settings, engine) -> Quart:
 
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
-        return in_shape(error.body()), error.status, error.headers
+        return in_shape(error.body(), error.status), error.status, error.headers
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException):
@@ -127,20 +130,25 @@ def create_app(settings: Settings, engine) -> Quart:
             HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
             code=HTTP_ERROR_CODES.get(status),
         )
-        return in_shape(body), status
+        return in_shape(body, status), status
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception):
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return in_shape(error_body("The server had an internal error.", "server_error")), 500
+        body = error_body("The server had an internal error.", "server_error")
+        return in_shape(body, 500), 500
 
     return app
 
 
-def in_shape(body: dict) -> dict:
+def in_shape(body: dict, status: int) -> dict:
     """An error in the shape of the protocol the route belongs to: Ollama's on its /api/ routes,
-    OpenAI's elsewhere (llama.cpp's routes share it)."""
-    return ollama_error(body) if is_ollama_path(request.path) else body
+    Anthropic's on /v1/messages, OpenAI's elsewhere (llama.cpp's routes share it)."""
+    if is_ollama_path(request.path):
+        return ollama_error(body)
+    if is_anthropic_path(request.path):
+        return anthropic_error(body, status)
+    return body
 
 
 async def read_rest_of_body(response):

@@ -61,6 +61,8 @@ ROUTES = {
     "GET /api/ps",
     "POST /api/generate",
     "POST /api/chat",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
 }
 # Ollama's generation routes name the model (required): fuzzed names are mostly unknown (404),
 # so a well-formed name is replaced by the served one for the request to reach generation.
@@ -85,8 +87,12 @@ def api_schema(fuzz_server):
 
 
 def openai_error_shape(ctx, response, case):
-    """A 4xx says what was wrong, in OpenAI's shape (Ollama's on its routes)."""
-    if 400 <= response.status_code < 500 and case.path.startswith("/api/"):
+    """A 4xx says what was wrong, in OpenAI's shape (Ollama's and Anthropic's on theirs)."""
+    if 400 <= response.status_code < 500 and case.path.startswith("/v1/messages"):
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert body["error"]["message"] and "Traceback" not in body["error"]["message"]
+    elif 400 <= response.status_code < 500 and case.path.startswith("/api/"):
         error = response.json()
         assert set(error) == {"error"} and error["error"], error
         assert "Traceback" not in error["error"]

@@ -1,0 +1,35 @@
+"""Anthropic's wire details: its error shape, `{"type": "error", "error": {"type", "message"}}`,
+with its error types by status (the app's handlers use it on /v1/messages paths), and SSE events
+that name their type on an `event:` line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error(body: dict[str, Any], status: int) -> dict[str, Any]:
+    """An OpenAI-shaped error body in Anthropic's shape (same status)."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
+
+
+def event(payload: dict[str, Any]) -> str:
+    """One server-sent event, its type on the `event:` line as Anthropic sends it."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {payload['type']}\ndata: {data}\n\n"
