@@ -28,6 +28,7 @@ from .ollama import models as ollama_models
 from .ollama.shape import is_ollama_path, ollama_error
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
+from .openai import responses_api as openai_responses
 from .origin import check_origin
 from .parsing import UNKNOWN_FIELDS_HEADER, unknown_fields_header
 
@@ -66,6 +67,7 @@ def create_app(settings: Settings, engine) -> Quart:
         admin,
         openai_completions,
         openai_chat,
+        openai_responses,
         health,
         metrics,
         models,

@@ -48,6 +48,7 @@ ROUTES = {
     "POST /admin/unload",
     "POST /v1/chat/completions",
     "POST /chat/completions",
+    "POST /v1/responses",
     "POST /apply-template",
     "POST /tokenize",
     "POST /detokenize",

@@ -1,0 +1,334 @@
+"""POST /v1/responses' request (OpenAI's Responses API) and its translation into a chat request:
+input items become chat messages, flat function tools chat's nested ones, text.format chat's
+response_format. This server stores nothing, so nothing may refer to an earlier response."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+from ...settings import Limits
+from ..errors import InvalidRequest
+from ..parsing import validate
+from ..protocol import MAX_TOKENS_FIELD
+from .chat_protocol import MEDIA_PARTS, ChatCompletionRequest
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text")
+STATELESS = (
+    "this server stores no responses or conversations: send the whole conversation in `input` "
+    "(earlier outputs included) with store: false."
+)
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: StrictBool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses in OpenAI's names; sampling beyond temperature and top_p is chat's."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {"input": "Hello!", "temperature": 0, "max_output_tokens": 16},
+                {
+                    "instructions": "Answer in one word.",
+                    "input": [{"role": "user", "content": "Hi"}],
+                    "stream": True,
+                },
+            ]
+        },
+    )
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] = Field(
+        description="a user message, or a list of messages, function_call and "
+        "function_call_output items"
+    )
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS_FIELD)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
+    stream: StrictBool | None = False
+    store: StrictBool | None = Field(None, description="accepted; nothing is stored")
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    previous_response_id: str | None = Field(None, description="refused: nothing is stored")
+    conversation: str | dict[str, Any] | None = Field(None, description="refused")
+    background: StrictBool | None = Field(None, description="false only")
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    stream_options: dict[str, Any] | None = None
+
+    def echo(self) -> dict[str, Any]:
+        """The request's settings as a response repeats them."""
+        text_format = self.text.format if self.text and self.text.format else None
+        return {
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "parallel_tool_calls": self.parallel_tool_calls is not False,
+            "reasoning": {"effort": self.reasoning.effort if self.reasoning else None},
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "text": {
+                "format": text_format.model_dump(by_alias=True, exclude_none=True)
+                if text_format
+                else {"type": "text"}
+            },
+            "tool_choice": self.tool_choice or "auto",
+            "tools": self.tools or [],
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "truncation": self.truncation or "disabled",
+            "user": self.user,
+            "metadata": self.metadata or {},
+        }
+
+
+def chat_request(body: ResponsesRequest, limits: Limits) -> ChatCompletionRequest:
+    """The chat request that answers `body`, or a 400 naming the Responses field at fault."""
+    _refuse_stateful(body)
+    fields: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
+    if body.tools:
+        fields["tools"] = _tools(body.tools)
+    if body.tool_choice is not None:
+        fields["tool_choice"] = _tool_choice(body.tool_choice)
+    if body.text and body.text.format:
+        fields["response_format"] = _response_format(body.text.format)
+    if body.reasoning and body.reasoning.effort:
+        fields["chat_template_kwargs"] = {"reasoning_effort": body.reasoning.effort}
+    if body.truncation == "auto":
+        fields["context_length_exceeded_behavior"] = "truncate"
+    optional = {
+        "max_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "user": body.user,
+    }
+    fields.update({name: value for name, value in optional.items() if value is not None})
+    return validate(ChatCompletionRequest, fields, limits)
+
+
+def _refuse_stateful(body: ResponsesRequest) -> None:
+    for name in ("previous_response_id", "conversation"):
+        if getattr(body, name) is not None:
+            raise InvalidRequest(
+                f"'{name}' is not supported: {STATELESS}", param=name, code="unsupported_parameter"
+            )
+    if body.background:
+        raise InvalidRequest(
+            "background responses are not supported: this server answers while the request "
+            "waits (send stream: true to see the answer as it comes).",
+            param="background",
+            code="unsupported_parameter",
+        )
+
+
+def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """`instructions` first, then the input's items as chat messages: consecutive function
+    calls join the assistant turn before them, and reasoning goes to the next assistant turn."""
+    out: list[dict[str, Any]] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        return [*out, {"role": "user", "content": body.input}]
+    if not body.input:
+        raise InvalidRequest("input must hold at least one item.", param="input")
+    calls: set[str] = set()
+    reasoning = ""
+    for i, item in enumerate(body.input):
+        where = f"input[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            reasoning += _reasoning_text(item)
+            continue
+        if kind == "message":
+            message = {"role": _role(item, where), "content": _text(item.get("content"), where)}
+        elif kind == "function_call":
+            message = _call_turn(out, item, where)
+            calls.add(message["tool_calls"][-1]["id"])
+        elif kind == "function_call_output":
+            message = _tool_result(item, where, calls)
+        elif kind == "item_reference":
+            raise InvalidRequest(
+                f"{where} is an item_reference: {STATELESS}",
+                param=f"{where}.type",
+                code="unsupported_parameter",
+            )
+        else:
+            raise InvalidRequest(
+                f"Input item type {kind!r} in {where} is not supported: send messages, "
+                "function_call and function_call_output items.",
+                param=f"{where}.type",
+            )
+        if message["role"] == "assistant" and reasoning:
+            message["reasoning_content"], reasoning = reasoning, ""
+        if not out or out[-1] is not message:
+            out.append(message)
+    return out
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where}.{key} must be a string.", param=f"{where}.{key}")
+    return value
+
+
+def _role(item: dict[str, Any], where: str) -> str:
+    role = item.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(
+            f"Unknown role {role!r} in {where}; roles are {', '.join(ROLES)}.",
+            param=f"{where}.role",
+        )
+    return role
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as one string: its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"{where}.content must be a string or a list of input_text parts.",
+            param=f"{where}.content",
+        )
+    texts = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in (*MEDIA_PARTS, "input_file"):
+            raise InvalidRequest(
+                f"Content part type '{kind}' is not supported: this server runs text models "
+                "only. Send input_text parts.",
+                param=f"{param}.type",
+                code="unsupported_content_type",
+            )
+        else:
+            raise InvalidRequest(
+                f"{param} must be {{'type': 'input_text', 'text': ...}}.", param=param
+            )
+    return "".join(texts)
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        return ""
+    return "".join(
+        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
+
+
+def _call_turn(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> dict[str, Any]:
+    """The assistant turn this call belongs to: the one just before it, or a new one."""
+    arguments = _string(item, "arguments", where)
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest(
+            f"{where}.arguments must be a JSON object as text.", param=f"{where}.arguments"
+        )
+    call = {
+        "id": _string(item, "call_id", where),
+        "type": "function",
+        "function": {"name": _string(item, "name", where), "arguments": arguments},
+    }
+    if out and out[-1]["role"] == "assistant":
+        out[-1].setdefault("tool_calls", []).append(call)
+        return out[-1]
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _tool_result(item: dict[str, Any], where: str, calls: set[str]) -> dict[str, Any]:
+    call_id = _string(item, "call_id", where)
+    if call_id not in calls:
+        raise InvalidRequest(
+            f"{where}.call_id {call_id!r} answers no function_call item before it: send the "
+            "function_call item first.",
+            param=f"{where}.call_id",
+        )
+    output = item.get("output")
+    text = output if isinstance(output, str) else _text(output, f"{where}.output")
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Function tools in chat's nested form; any other tool type is OpenAI's to run, not ours."""
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        kind = tool.get("type")
+        if kind != "function":
+            raise InvalidRequest(
+                f"Tool type {kind!r} in {where} is not supported: this server offers only "
+                "function tools (which the client runs).",
+                param=f"{where}.type",
+                code="unsupported_tool_type",
+            )
+        flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        function = {"name": _string(flat, "name", where)}
+        for key in ("description", "parameters"):
+            if flat.get(key) is not None:
+                function[key] = flat[key]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") != "function":
+        raise InvalidRequest(
+            f"tool_choice type {choice.get('type')!r} is not supported: send 'auto', 'none', "
+            "'required' or {'type': 'function', 'name': ...}.",
+            param="tool_choice.type",
+        )
+    return {"type": "function", "function": {"name": _string(choice, "name", "tool_choice")}}
+
+
+def _response_format(fmt: TextFormat) -> dict[str, Any]:
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    if fmt.schema_ is None:
+        raise InvalidRequest(
+            "text.format json_schema needs a 'schema'.", param="text.format.schema"
+        )
+    schema = {"name": fmt.name or "response", "schema": fmt.schema_}
+    if fmt.strict is not None:
+        schema["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": schema}

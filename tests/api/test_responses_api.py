@@ -1,0 +1,433 @@
+"""POST /v1/responses on the tiny model, through the official openai client and raw HTTP: the
+same prompt and greedy answer as /v1/chat/completions, output items whole and streamed, forced
+function calls and JSON output (the grammar's doing on a random-weight model), and the 400s of a
+server that stores nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from types import SimpleNamespace
+
+import jsonschema
+import openai
+import pytest
+
+from mlxserve.api.openai.responses_api import Output, stream_response
+from mlxserve.chat.output import Delta, OutputSpec
+from mlxserve.chat.tool_calls import ToolCall
+from mlxserve.engine import GenerationEvent
+
+from ..helpers import error_of
+
+SAY = "Say something."
+USER = [{"role": "user", "content": SAY}]
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": WEATHER_PARAMETERS,
+}
+CLOCK = {
+    "type": "function",
+    "name": "get_time",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PERSON_FORMAT = {"format": {"type": "json_schema", "name": "person", "schema": PERSON}}
+
+
+def nested(tool: dict) -> dict:
+    """A Responses function tool in chat's shape."""
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
+def respond(http, **body) -> dict:
+    response = http.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def chat(http, **body) -> dict:
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def output_text(response: dict) -> str:
+    return "".join(
+        part["text"]
+        for item in response["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+def shape(response) -> dict:
+    """A response less what differs between two answers to one request: ids, times, the
+    prefix cache's hits, and the fields the SDK adds as null."""
+    data = response if isinstance(response, dict) else response.model_dump(mode="json")
+    data = without_nulls(data)
+    items = []
+    for item in data["output"]:
+        kept = {k: v for k, v in item.items() if k not in ("id", "call_id", "parsed")}
+        if "content" in kept:
+            kept["content"] = [
+                {k: v for k, v in part.items() if k != "parsed"} for part in kept["content"]
+            ]
+        items.append(kept)
+    return {
+        "status": data["status"],
+        "incomplete_details": data.get("incomplete_details"),
+        "output": items,
+        "usage": {k: v for k, v in data["usage"].items() if k != "input_tokens_details"},
+    }
+
+
+def without_nulls(value):
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def sse_events(http, **body) -> list[dict]:
+    """Every event of a streamed response, its `event:` line checked against its type."""
+    events = []
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                event = json.loads(line[len("data: ") :])
+                assert event["type"] == name
+                events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def collapsed(events: list) -> list[str]:
+    """The event types, each run of deltas as one."""
+    types = [e["type"] if isinstance(e, dict) else e.type for e in events]
+    return [t for i, t in enumerate(types) if not (t.endswith(".delta") and types[i - 1] == t)]
+
+
+TEXT_EVENTS = [
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+CALL_EVENTS = [
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+]
+START = ["response.created", "response.in_progress"]
+
+
+def test_a_string_input_is_one_user_message(client, http):
+    result = client.responses.create(model="tiny", input=SAY, max_output_tokens=8, temperature=0)
+    assert result.object == "response" and result.id.startswith("resp_")
+    assert result.status in ("completed", "incomplete") and result.error is None
+    (item,) = result.output
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    plain = chat(http, messages=USER, max_tokens=8, temperature=0)
+    assert result.output_text == plain["choices"][0]["message"]["content"]
+    assert result.usage.input_tokens == plain["usage"]["prompt_tokens"]
+    assert result.usage.output_tokens == plain["usage"]["completion_tokens"]
+    assert result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
+    assert result.store is False and result.temperature == 0 and result.max_output_tokens == 8
+
+
+def test_items_and_instructions_are_the_chat_messages(http):
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Fr"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Salut", "annotations": []}],
+        },
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"role": "user", "content": "Again"},
+    ]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": "Fr"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Salut"},
+        {"role": "user", "content": "Again"},
+    ]
+    result = respond(
+        http, input=items, instructions="Be brief.", max_output_tokens=12, temperature=0
+    )
+    plain = chat(http, messages=messages, max_tokens=12, temperature=0)
+    assert output_text(result) == plain["choices"][0]["message"]["content"]
+    assert result["usage"]["input_tokens"] == plain["usage"]["prompt_tokens"]
+    assert result["instructions"] == "Be brief."
+
+
+def test_max_output_tokens_makes_it_incomplete(client, http):
+    result = client.responses.create(model="tiny", input=SAY, max_output_tokens=2, temperature=0)
+    assert result.status == "incomplete"
+    assert result.incomplete_details.reason == "max_output_tokens"
+    assert result.usage.output_tokens == 2 and result.output[0].status == "incomplete"
+    events = sse_events(http, input=SAY, max_output_tokens=2, temperature=0)
+    assert collapsed(events) == [*START, *TEXT_EVENTS, "response.incomplete"]
+    assert shape(events[-1]["response"]) == shape(result)
+
+
+def test_a_named_tool_choice_forces_that_call(client):
+    result = client.responses.create(
+        model="tiny",
+        input="Weather?",
+        tools=[WEATHER, CLOCK],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=100,
+        temperature=0,
+    )
+    assert result.status == "completed"
+    (call,) = result.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    assert call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+    assert result.tool_choice.name == "get_weather" and len(result.tools) == 2
+
+
+def test_a_streamed_call_comes_as_its_events(http):
+    body = {
+        "input": "Time?",
+        "tools": [WEATHER, CLOCK],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 100,
+        "temperature": 0,
+    }
+    events = sse_events(http, **body)
+    assert collapsed(events) == [*START, *CALL_EVENTS, "response.completed"]
+    (item,) = events[-1]["response"]["output"]
+    assert events[-2]["item"] == item and item["arguments"] == events[-3]["arguments"]
+    assert shape(events[-1]["response"]) == shape(respond(http, **body))
+
+
+def test_a_function_call_round_trip_prompts_as_chat(http):
+    arguments = '{"city": "Oslo", "days": 1}'
+    items = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": arguments,
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"},
+    ]
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    ]
+    result = respond(http, input=items, tools=[WEATHER], max_output_tokens=6, temperature=0)
+    plain = chat(http, messages=messages, tools=[nested(WEATHER)], max_tokens=6, temperature=0)
+    assert result["usage"]["input_tokens"] == plain["usage"]["prompt_tokens"]
+    assert output_text(result) == (plain["choices"][0]["message"]["content"] or "")
+
+
+def test_an_answers_output_items_go_back_as_input(client):
+    """The SDK's way of holding a conversation without stored responses: the output items of
+    one answer, then the call's result, are the next request's input."""
+    tools = [WEATHER]
+    first = client.responses.create(
+        model="tiny",
+        input="Weather?",
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=100,
+        temperature=0,
+    )
+    (call,) = first.output
+    items = [
+        {"role": "user", "content": "Weather?"},
+        *(item.model_dump() for item in first.output),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"},
+    ]
+    second = client.responses.create(
+        model="tiny", input=items, tools=tools, max_output_tokens=4, temperature=0, store=False
+    )
+    assert second.status in ("completed", "incomplete") and second.output[0].type == "message"
+
+
+def test_a_json_schema_format_is_followed(client):
+    result = client.responses.create(
+        model="tiny", input="A person", text=PERSON_FORMAT, max_output_tokens=200, temperature=0
+    )
+    assert result.status == "completed" and result.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(result.output_text), PERSON)
+
+
+def test_the_sdks_stream_is_the_whole_response(client):
+    body = {
+        "model": "tiny",
+        "input": "A person",
+        "text": PERSON_FORMAT,
+        "max_output_tokens": 200,
+        "temperature": 0,
+    }
+    whole = client.responses.create(**body)
+    with client.responses.stream(**body) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert collapsed(events) == [*START, *TEXT_EVENTS, "response.completed"]
+    numbers = [e.sequence_number for e in events]
+    assert numbers == sorted(set(numbers))
+    assert final.id == events[0].response.id and final.output_text == whole.output_text
+    assert shape(final) == shape(whole)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text
+
+
+def test_stream_true_gives_the_sdk_typed_events(client):
+    stream = client.responses.create(model="tiny", input=SAY, max_output_tokens=4, stream=True)
+    types = [event.type for event in stream]
+    assert types[:2] == START and types[-1] == "response.incomplete"
+
+
+def test_reasoning_goes_first_in_its_own_item():
+    output = Output()
+    events = output.add(Delta(reasoning="hm"))
+    events += output.add(Delta(reasoning=" ok", content="Yes"))
+    events += output.add(Delta(calls=[ToolCall("f", "{}", "call_1")]))
+    events += output.finish("stop")
+    reasoning, message, call = output.items
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "hm ok"}]
+    assert message["content"][0]["text"] == "Yes" and message["status"] == "completed"
+    assert call["arguments"] == "{}" and call["call_id"] == "call_1"
+    reasoning_events = [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert collapsed(events) == reasoning_events + TEXT_EVENTS + CALL_EVENTS
+    assert [e["output_index"] for e in events if e["type"].endswith("item.done")] == [0, 1, 2]
+
+
+def test_an_empty_answer_is_an_empty_message():
+    output = Output()
+    output.finish("stop")
+    (message,) = output.items
+    assert message["content"][0]["text"] == "" and message["type"] == "message"
+
+
+def test_an_engine_error_after_the_200_is_response_failed():
+    async def events():
+        yield GenerationEvent(0, text="Hel")
+        yield GenerationEvent(0, error="the engine stopped")
+
+    async def read() -> list[str]:
+        plan = SimpleNamespace(prompts=[SimpleNamespace(ids=(1, 2))], per_prompt=1)
+        response = {"id": "resp_1", "status": "in_progress", "output": [], "error": None}
+        return [chunk async for chunk in stream_response(events(), plan, OutputSpec(), response)]
+
+    chunks = asyncio.run(read())
+    sent = [json.loads(chunk.split("data: ", 1)[1]) for chunk in chunks]
+    assert collapsed(sent) == [*START, *TEXT_EVENTS[:3], "response.failed"]
+    failed = sent[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"] == "the engine stopped"
+    assert failed["output"][0]["content"][0]["text"] == "Hel"
+
+
+def test_previous_response_id_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tiny", input=SAY, previous_response_id="resp_1")
+    error = caught.value.body
+    assert caught.value.code == "unsupported_parameter"
+    assert error["param"] == "previous_response_id" and "store" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": SAY, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": SAY, "conversation": "conv_1"}, "conversation"),
+        ({"input": SAY, "background": True}, "background"),
+        ({"input": []}, "input"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
+            "input[0].call_id",
+        ),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{x"}]},
+            "input[0].arguments",
+        ),
+        (
+            {"input": SAY, "tools": [WEATHER], "tool_choice": {"type": "function"}},
+            "tool_choice.name",
+        ),
+        ({"input": SAY, "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+        ({"input": SAY, "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"input": SAY, "temperature": 3}, "temperature"),
+    ],
+)
+def test_bad_requests_get_a_400_naming_the_field(http, body, param):
+    error = error_of(http.post("/v1/responses", json=body), 400)
+    assert error["param"] == param, error
+    if body.get("tools") == [{"type": "web_search"}]:
+        assert "web_search" in error["message"]
+
+
+def test_the_openapi_document_has_the_route(http):
+    paths = http.get("/openapi.json").json()["paths"]
+    schema = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]
+    assert re.search(r'"input"', json.dumps(schema))
