@@ -231,3 +231,33 @@ def test_the_api_key_comes_as_x_api_key(live_server, tiny_model):
     assert refused.value.body["error"]["type"] == "authentication_error"
     keyed = anthropic.Anthropic(base_url=live.url, api_key="sesame", max_retries=0)
     assert keyed.messages.create(model="c", max_tokens=2, messages=USER).usage.output_tokens == 2
+
+
+def test_reasoning_becomes_thinking_blocks_whole_and_streamed():
+    """The random model writes no thinking tags; the shaping of a reasoned answer is checked
+    on the reply builder itself: a thinking block first, then text, then the calls."""
+    from mlxserve.api.anthropic.replies import Blocks, Reply
+    from mlxserve.api.planning import Plan
+    from mlxserve.api.responses import SequenceResult
+    from mlxserve.chat.output import Delta, OutputSpec
+    from mlxserve.chat.tool_calls import ToolCall
+    from mlxserve.prompt import Prompt
+
+    plan = Plan(body=None, prompts=[Prompt((1, 2, 3), "")], sequences=[], per_prompt=1)
+    reply = Reply("msg_1", "claude", OutputSpec(), plan, [])
+    call = ToolCall(name="get_weather", arguments='{"city": "Oslo"}', id="toolu_1")
+    answer = Delta(content="Let me check.", reasoning="The user wants weather.", calls=[call])
+    result = SequenceResult(finish_reason="stop", completion_tokens=9)
+    message = reply.message(result, answer)
+    assert [block["type"] for block in message["content"]] == ["thinking", "text", "tool_use"]
+    assert message["content"][0]["thinking"] == "The user wants weather."
+    assert message["content"][2]["input"] == {"city": "Oslo"}
+    assert message["stop_reason"] == "tool_use"
+    blocks = Blocks()
+    events = blocks.feed(Delta(reasoning="Hmm")) + blocks.feed(answer) + blocks.finish()
+    kinds = [json.loads(e.split("data: ", 1)[1]) for e in events]
+    deltas = [k["delta"]["type"] for k in kinds if k["type"] == "content_block_delta"]
+    assert deltas == ["thinking_delta", "thinking_delta", "text_delta", "input_json_delta"]
+    starts = [k["content_block"]["type"] for k in kinds if k["type"] == "content_block_start"]
+    assert starts == ["thinking", "text", "tool_use"]
+    assert [k["type"] for k in kinds].count("content_block_stop") == 3
