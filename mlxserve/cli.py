@@ -19,6 +19,7 @@ from .platform import reexec_for_cpu
 from .settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_QUEUED_SEQUENCES,
+    DEFAULT_MAX_STREAM_GAP,
     DEFAULT_MODEL,
     DEFAULT_PORT,
     ChatSettings,
@@ -229,6 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="free the model's memory after this long without requests; the next one reloads it",
     )
     serve.add_argument(
+        "--max-stream-gap",
+        type=stream_gap,
+        default=DEFAULT_MAX_STREAM_GAP,
+        metavar="TIMES",
+        help="a running stream's longest pause between tokens while other prompts prefill, in "
+        "times its usual pause: lower keeps streams smoother, higher prefills new prompts "
+        "faster; 'off': prefill as fast as possible",
+    )
+    serve.add_argument(
         "--distributed",
         action="store_true",
         help="serve one model over the ranks `mlx.launch` started (ring backend: a hostfile or "
@@ -319,11 +329,25 @@ def serve(args: argparse.Namespace) -> int:
         strict_model_names=args.strict_model_names,
         strict_context=args.strict_context,
         idle_unload_s=args.idle_unload,
+        max_stream_gap=args.max_stream_gap,
         distributed=args.distributed,
         rank_timeout_s=args.rank_timeout,
         **memory,
     )
     return serve_forever(settings)
+
+
+def stream_gap(text: str) -> float | None:
+    """--max-stream-gap: a number above 1, or 'off'."""
+    if text.strip().lower() in ("off", "none", "inf"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 1 or value != value:
+        raise argparse.ArgumentTypeError(f"must be a number above 1 or 'off' (got {text!r})")
+    return value
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -148,6 +148,7 @@ def serve_forever(settings: Settings) -> int:
             idle_unload_s=settings.idle_unload_s,
             cluster=cluster,
             rank_timeout_s=settings.rank_timeout_s,
+            max_stream_gap=settings.max_stream_gap,
         )
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.

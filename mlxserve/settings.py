@@ -6,6 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# A running stream's longest gap while prompts prefill beside it, in times its usual gap
+# (--max-stream-gap): the trade between its smoothness and the prompts' prefill time.
+DEFAULT_MAX_STREAM_GAP = 3.0
+
 # The embedded default: a small Python code model with fill-in-the-middle (its model card says
 # how it was trained), shipped in the wheel: the first `mlxserve serve` downloads nothing.
 DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "mlxserve-demo-coder"
@@ -72,5 +76,6 @@ class Settings:
     strict_model_names: bool = False  # a `model` the server does not serve: 404, not the loaded one
     strict_context: bool = False  # max_tokens beyond the context or the limit: 400, not clamped
     idle_unload_s: float | None = None  # free the model after this long without requests
+    max_stream_gap: float | None = DEFAULT_MAX_STREAM_GAP  # None: prefill unbounded
     distributed: bool = False  # one model over the ranks mlx.launch started
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails

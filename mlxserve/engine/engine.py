@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import mlx.core as mx
 
 from ..platform import current_policy
+from ..settings import DEFAULT_MAX_STREAM_GAP
 from .distributed import Cluster, LockStep, follow
 from .followers import Follower, Followers
 from .inbox import Add, Cancel, Group, ModelChanged, Stop
@@ -27,7 +28,7 @@ from .live import LiveSequences
 from .mlx_lm_compat import ServerBatchGenerator
 from .model_host import LoadedModel, ModelLoadError, model_id_for
 from .model_slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
-from .pacing import MAX_CHUNK, PrefillPacer, spare_the_join
+from .pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .prefix_cache import default_budget_bytes
 from .prefix_keeper import PrefixKeeper
 from .requests import GenerationEvent, GenerationRequest, kv_tokens
@@ -71,10 +72,14 @@ class Engine:
         idle_unload_s: float | None = None,
         cluster: Cluster | None = None,
         rank_timeout_s: float = 60.0,
+        max_stream_gap: float | None = DEFAULT_MAX_STREAM_GAP,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
-        `idle_unload_s`: free the model after this long without work (None: never)."""
+        `idle_unload_s`: free the model after this long without work (None: never).
+        `max_stream_gap`: a running stream's longest gap while prompts prefill beside it, in
+        times its usual gap (None: prefill as fast as it can)."""
+        self.chunk_cost = chunk_cost(max_stream_gap)
         self.policy = current_policy()
         if cluster is None:  # see platform/memory.py for why not under mlx.launch
             self.policy.limit_malloc_arenas()  # before this engine's threads allocate
@@ -289,7 +294,7 @@ class Engine:
         slot.state = "stopped"
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
-        self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk)
+        self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk, cost=self.chunk_cost)
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:

@@ -20,10 +20,11 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# A chunk may take this many decode steps' time, so a running stream's gap stays within
-# (1 + this) x its usual gap while a long prompt is prefilled beside it; below 1, to leave a
-# margin for the stray slow steps of a busy machine.
-CHUNK_COST_IN_DECODE_STEPS = 0.8
+from ..settings import DEFAULT_MAX_STREAM_GAP
+
+# The share of the bound's room above one decode step that a chunk is planned to take: the
+# stray slow steps of a busy machine take the rest (scripts/bench_gap_curve.py measures it).
+GAP_MARGIN = 0.4
 # Deep in a long prompt on a CPU the bound allows a token or two a step; on a GPU far more.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
 GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
@@ -46,6 +47,17 @@ COST_WINDOW = 3
 MIN_LAYER_SHARE = 0.1
 
 
+def chunk_cost(max_stream_gap: float | None) -> float:
+    """Decode steps' time a prefill chunk may take beside streams, for a gap bound of
+    `max_stream_gap` times the usual gap (None: no bound)."""
+    if max_stream_gap is None:
+        return math.inf
+    return (max_stream_gap - 1) * GAP_MARGIN
+
+
+CHUNK_COST_IN_DECODE_STEPS = chunk_cost(DEFAULT_MAX_STREAM_GAP)
+
+
 def spare_the_join(chunk: int, tails: list[int]) -> int:
     """`chunk`, cut so that a prompt's final chunk is a single token. The step a prompt joins
     the decode batch in computes its last token besides its final chunk (in the decode pass with
@@ -66,6 +78,7 @@ def even_share(layers: int, share: int) -> int:
 
 
 def clamp_chunk(tokens: float) -> int:
+    tokens = min(tokens, MAX_CHUNK)
     whole = int(tokens) if tokens < GRANULE else int(tokens) // GRANULE * GRANULE
     return max(MIN_CHUNK, min(MAX_CHUNK, whole))
 
@@ -73,6 +86,7 @@ def clamp_chunk(tokens: float) -> int:
 @dataclass
 class PrefillPacer:
     calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
+    cost: float = CHUNK_COST_IN_DECODE_STEPS  # a chunk's time beside decoding, in decode steps
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
     decode_step_s: float | None = None  # the usual decode-only step (median of the latest)
     token_cost_s: float | None = None  # one prompt token's cost at the latest depth (median)
@@ -100,9 +114,9 @@ class PrefillPacer:
         if not decoded:
             self.chunk = MAX_CHUNK  # no stream waits on this step
         elif self.decode_step_s is None or self.token_cost_s is None:
-            self.chunk = self.calibrated
+            self.chunk = clamp_chunk(self.calibrated * self.cost / CHUNK_COST_IN_DECODE_STEPS)
         else:
-            budget = CHUNK_COST_IN_DECODE_STEPS * self.decode_step_s
+            budget = self.cost * self.decode_step_s
             fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))

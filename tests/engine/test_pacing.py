@@ -9,14 +9,17 @@ from mlxserve.engine.mlx_lm_compat import ServerBatchGenerator
 from mlxserve.engine.pacing import (
     CHUNK_COST_IN_DECODE_STEPS,
     COST_WINDOW,
+    GAP_MARGIN,
     GRANULE,
     MAX_CHUNK,
     MAX_GROWTH,
     MIN_CHUNK,
     PrefillPacer,
+    chunk_cost,
     even_share,
     spare_the_join,
 )
+from mlxserve.settings import DEFAULT_MAX_STREAM_GAP
 
 
 def test_with_nothing_decoding_prompts_go_in_the_largest_chunks():
@@ -185,3 +188,25 @@ def test_a_spread_chunk_always_makes_progress():
     for _ in range(COST_WINDOW):  # each step's cost is nearly all the stream's own
         chunk = pacer.observe(0.100, 8 / 30, prompts=1, decoded=True)
     assert (chunk, pacer.layers_per_pass) == (GRANULE, 3)
+
+
+@pytest.mark.parametrize("gap", [2.0, 3.0, 5.0])
+def test_the_gap_bound_sets_the_chunks_budget(gap):
+    """--max-stream-gap: a chunk may take GAP_MARGIN of the bound's room above a decode step."""
+    pacer = PrefillPacer(calibrated=16, cost=chunk_cost(gap))
+    pacer.observe(0.050, prompt_tokens=0, prompts=0, decoded=True)
+    for _ in range(COST_WINDOW + 3):  # past MAX_GROWTH's ramp
+        chunk = pacer.observe(0.050 + 0.0005 * 64, prompt_tokens=64, prompts=1, decoded=True)
+        chunk = pacer.observe(0.050 + 0.0005 * chunk, prompt_tokens=chunk, prompts=1, decoded=True)
+    expected = int((gap - 1) * GAP_MARGIN * 0.050 / 0.0005)
+    assert chunk == min(expected // GRANULE * GRANULE, MAX_CHUNK)
+    assert chunk_cost(DEFAULT_MAX_STREAM_GAP) == CHUNK_COST_IN_DECODE_STEPS
+
+
+def test_without_a_gap_bound_prompts_prefill_in_the_largest_chunks():
+    pacer = PrefillPacer(calibrated=16, cost=chunk_cost(None))
+    assert pacer.observe(0.050, prompt_tokens=0, prompts=0, decoded=True) == MAX_CHUNK
+    chunk = 64
+    for _ in range(8):
+        chunk = pacer.observe(0.050 + 0.0005 * chunk, chunk, prompts=1, decoded=True)
+    assert chunk == MAX_CHUNK

@@ -1,0 +1,128 @@
+"""The trade `--max-stream-gap` sets: a running stream's worst pause while a long prompt
+prefills beside it, against that prompt's prefill time.
+
+For each bound (`--gaps`, default 2, 3, 5 and off), one server with `--max-stream-gap` set to it:
+first a `--prompt-tokens` prompt alone (a unique text, `max_tokens: 1`: its time to first token
+is its prefill), then another unique prompt of the same length sent while `--streams` greedy
+streams run (`ignore_eos`). Per bound: the prompt's time beside the streams over its time alone
+(both measured on that server in that run), and the measured stream's longest gap while the
+prompt waited over its median gap before it. With a bound of g, a prompt beside one stream can
+have at most about (g-1)/g of the machine, so its prefill takes at least ~g/(g-1) times its
+time alone (1.5x at g = 3). This script only prints; it asserts nothing.
+
+    python scripts/bench_gap_curve.py [--model PATH] [--prompt-tokens 2000] [--streams 1]
+                                      [--gaps 2 3 5 off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from functools import partial
+
+import bench_engine
+from bench_common import (
+    ROW_ERRORS,
+    default_model,
+    print_table,
+    reexec_for_cpu,
+    row_failed,
+    served,
+    start_server,
+)
+from bench_engine import GAP_STREAM_MAX_TOKENS, GAP_TOKENS_BEFORE, long_prompt, stream
+
+STREAM_PROMPT = "Count slowly: one, two, three,"
+
+
+def beside(base_url: str, tokens: int, streams: int) -> tuple[float, float, float]:
+    """The prompt's time to first token while `streams` streams run; the first stream's
+    longest gap meanwhile, and its median gap before the prompt was sent."""
+    prompt = long_prompt(tokens, f"beside-{time.time_ns()}")
+    started, finished = threading.Event(), threading.Event()
+    window: list[float] = []
+
+    def measured_token(n: int) -> bool:
+        if n == GAP_TOKENS_BEFORE:
+            started.set()
+        return finished.is_set()
+
+    def other_token(n: int) -> bool:
+        return finished.is_set()
+
+    def prompt_beside() -> None:
+        started.wait()
+        window.append(time.perf_counter())
+        stream(base_url, prompt, 1)
+        window.append(time.perf_counter())
+        finished.set()
+
+    limit = GAP_STREAM_MAX_TOKENS  # the streams outlive the prefill; they stop once it ends
+    others = [
+        threading.Thread(
+            target=stream, args=(base_url, f"{STREAM_PROMPT} ({i})", limit, other_token)
+        )
+        for i in range(streams - 1)
+    ]
+    helper = threading.Thread(target=prompt_beside)
+    for thread in [*others, helper]:
+        thread.start()
+    result = stream(base_url, STREAM_PROMPT, limit, measured_token)
+    for thread in [*others, helper]:
+        thread.join()
+    pairs = list(zip(result.stamps, result.stamps[1:]))
+    before = [b - a for a, b in pairs if b < window[0]]
+    during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
+    return window[1] - window[0], max(during), statistics.median(before)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Stream gap bound -> prefill time beside streams.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--streams", type=int, default=1, help="streams running beside it")
+    parser.add_argument("--gaps", nargs="+", default=["2", "3", "5", "off"])
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    reexec_for_cpu()  # the process settings `mlxserve serve` runs under
+    from transformers import AutoTokenizer
+
+    model = args.model or default_model()
+    bench_engine.TOKENIZER = AutoTokenizer.from_pretrained(model)
+    rows = [
+        ("model", model),
+        ("prompt tokens / streams beside it", f"{args.prompt_tokens} / {args.streams}"),
+    ]
+    for gap in args.gaps:
+        start = partial(start_server, model, extra=["--max-stream-gap", gap])
+        try:
+            with served(start, f"gap-{gap}") as server:
+                alone_prompt = long_prompt(args.prompt_tokens, f"alone-{time.time_ns()}")
+                alone = stream(server.url, alone_prompt, 1).ttft
+                waited, worst, median = beside(server.url, args.prompt_tokens, args.streams)
+        except ROW_ERRORS as error:
+            row_failed(f"--max-stream-gap {gap}", error)
+            continue
+        rows.append(
+            (
+                f"--max-stream-gap {gap}: prefill beside / alone; worst gap / median",
+                f"{waited:.1f} / {alone:.1f} s = {waited / alone:.2f}x; "
+                f"{worst:.3f} / {median:.3f} s = {worst / median:.1f}x",
+            )
+        )
+        print(f"--max-stream-gap {gap} done", file=sys.stderr)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
