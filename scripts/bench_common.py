@@ -119,10 +119,16 @@ def mlxserve_command(
 
 
 def start_server(
-    model: str, port: int, log_path: Path, distributed: bool = False, extra: Sequence[str] = ()
+    model: str,
+    port: int,
+    log_path: Path,
+    distributed: bool = False,
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
-    """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`."""
-    return spawn(mlxserve_command(model, port, distributed, extra), log_path)
+    """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`;
+    `env`: its environment (default: this process's)."""
+    return spawn(mlxserve_command(model, port, distributed, extra), log_path, env)
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:

@@ -21,8 +21,13 @@ then:
 Exit status 1 if any 5xx, lost or cross-talked answer, unfreed sequence or memory
 growth of 10 % or more.
 
+With --fault-rate, that share of requests is made to fail mid-step in its own row (the server
+runs with MLXSERVE_FAULTS=1; the request's `user` names a stage: sampler, detokenizer, or the
+grammar for the JSON-schema template; engine/faults.py): each must end in a 500 or an error in
+its stream ("faults reported"), and every other answer must still equal its solo run.
+
     python scripts/soak.py [--minutes 30] [--concurrency 16] [--disconnect-rate 0.1]
-                           [--model PATH | --url http://127.0.0.1:8080]
+                           [--fault-rate 0.01] [--model PATH | --url http://127.0.0.1:8080]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -46,6 +52,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ServerDidNotStart, demo_model, served, sse_chunk, start_server  # noqa: E402
 
+from mlxserve.engine.faults import ENVIRONMENT  # noqa: E402
+
 PROMPTS = [
     "def fibonacci(n):\n",
     "import os\n\n\ndef list_files(path):\n",
@@ -56,6 +64,7 @@ PROMPTS = [
     "for i in range(10):\n",
     "def merge(a, b):\n    result = []\n",
 ]
+FAULT_STAGES = ("sampler", "detokenizer")
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"}},
@@ -192,6 +201,7 @@ async def client_loop(
     rate: float,
     rng: random.Random,
     tally: Tally,
+    fault_rate: float = 0.0,
 ) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         while time.monotonic() < deadline:
@@ -199,6 +209,9 @@ async def client_loop(
             template = pool[index]
             if rng.random() < rate:
                 await hang_up(client, port, template, rng, tally)
+                continue
+            if rng.random() < fault_rate:
+                await faulty(client, template, rng, tally)
                 continue
             try:
                 status, chunks = await send(client, template)
@@ -219,6 +232,22 @@ async def client_loop(
             else:
                 kind, note = compare(texts, index, expected)
                 tally.add(kind, f"{template.route} {template.body}: {note}")
+
+
+async def faulty(
+    client: httpx.AsyncClient, template: Template, rng: random.Random, tally: Tally
+) -> None:
+    """The template made to fail in one of its row's stages after a few tokens: the failure
+    must reach the client (a 500, or an error in the stream)."""
+    stage = "grammar" if "response_format" in template.body else rng.choice(FAULT_STAGES)
+    body = {**template.body, "user": f"mlxserve-fault:{stage}:{rng.randrange(4)}"}
+    try:
+        status, chunks = await send(client, Template(template.route, body, template.stream))
+    except (httpx.HTTPError, ValueError) as error:
+        tally.add("lost", f"a faulty {template.route}: {error!r}")
+        return
+    reported = status >= 500 or any("error" in chunk for chunk in chunks)
+    tally.add("faults reported" if reported else "faults unreported", json.dumps(chunks)[:300])
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -302,6 +331,7 @@ async def soak(args: argparse.Namespace, base_url: str, port: int, pid: int | No
             args.disconnect_rate,
             random.Random(args.seed * 1000 + c),
             tally,
+            args.fault_rate,
         )
         for c in range(args.concurrency)
     ]
@@ -366,6 +396,8 @@ def report(args, tally, elapsed, memory: Memory | None, pending, batch) -> int:
         ("4xx", counts["4xx"]),
         ("5xx", counts["5xx"]),
         ("hung up on purpose", hung_up),
+        ("made to fail on purpose: failure reported", counts["faults reported"]),
+        ("made to fail on purpose: failure not reported", counts["faults unreported"]),
     ]
     rows += [(f"  {k}", v) for k, v in sorted(counts.items()) if k.startswith("hung up")]
     for name, value in rows:
@@ -381,9 +413,10 @@ def report(args, tally, elapsed, memory: Memory | None, pending, batch) -> int:
         )
     print(f"| sequences pending / in the batch at the end | {pending:g} / {batch:g} |")
     for kind, example in tally.examples.items():
-        if kind in ("lost", "5xx", "4xx", "drifted", "cross-talk"):
+        if kind in ("lost", "5xx", "4xx", "drifted", "cross-talk", "faults unreported"):
             print(f"example of {kind}: {example}")
     failed = counts["5xx"] or counts["lost"] or counts["cross-talk"] or pending
+    failed = failed or counts["faults unreported"]
     return 1 if failed or growth >= 0.10 else 0
 
 
@@ -395,6 +428,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--disconnect-rate", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.0,
+        help="share of requests made to fail mid-step in their own row (MLXSERVE_FAULTS=1)",
+    )
     parser.add_argument(
         "--warmup-s",
         type=float,
@@ -409,7 +448,9 @@ def main() -> int:
         port = int(args.url.rsplit(":", 1)[1].strip("/"))
         return asyncio.run(soak(args, args.url.rstrip("/"), port, None))
     try:
-        with served(partial(start_server, args.model or demo_model()), "soak") as server:
+        env = {**os.environ, ENVIRONMENT: "1"} if args.fault_rate else None
+        start = partial(start_server, args.model or demo_model(), env=env)
+        with served(start, "soak") as server:
             try:
                 return asyncio.run(soak(args, server.url, server.port, server.process.pid))
             finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from quart import current_app
 
 from ..engine import LOADING_STATES, EngineError, GenerationEvent, GenerationRequest, StopSpec
+from ..engine.faults import fault_of
 from ..fim import FimError, InfillParts, build_infill, fim_token_names
 from ..prompt import (
     Prompt,
@@ -208,6 +209,7 @@ def _make_plan(
                     skip_special_tokens=body.skip_special_tokens,
                     cache_prompt=body.cache_prompt,
                     healed=healed,
+                    fault=fault_of(body.user),
                 )
             )
     return plan

@@ -425,16 +425,29 @@ class Engine:
         logprob_rows = read_logprob_rows(live)
         finished = []
         for response, seq in live:
-            event = seq.advance(response, logprob_rows.get(id(seq)))
-            stats.generated_tokens += 1
+            event = self._advance(seq, response, logprob_rows.get(id(seq)))
+            stats.generated_tokens += event.error is None
             seq.post(event)
-            if event.finish_reason is not None:
+            if event.finished:
                 finished.append(seq)
         self._remove(finished)
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
         stats.active_sequences = len(self.live)
         stats.tokens_per_second = self._rate.record(stats.generated_tokens)
+
+    def _advance(self, seq: SequenceState, response, row) -> GenerationEvent:
+        """The sequence's event for its token; an error event, ending it alone, where its
+        sampler, logits processors or detokenizing failed (the batch's other rows go on)."""
+        failure = seq.guard.error if seq.guard is not None else None
+        if failure is None:
+            try:
+                return seq.advance(response, row)
+            except Exception as error:
+                log.exception("a sequence failed in its detokenizer")
+                failure = f"detokenizer failed: {type(error).__name__}: {error}"
+        self.stats.failed_sequences += 1
+        return GenerationEvent(index=seq.index, error=f"generation failed: {failure}")
 
     def remove_uids(self, uids: list[int]) -> None:
         """Remove the sequences with these batch rows (rank 0's tick on the other ranks)."""

@@ -7,6 +7,7 @@ from typing import Literal
 
 from ..sampling.logprobs import Alternative
 from ..sampling.params import SamplingParams
+from .faults import Fault
 
 FinishReason = Literal["stop", "length"]
 
@@ -43,6 +44,7 @@ class GenerationRequest:
     # prompt is still prefilled into the prefix cache (llama.cpp's warm-up request), unless echo
     # with logprobs scored it already.
     healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
+    fault: Fault | None = None  # tests only: where this sequence is made to fail (faults.py)
 
 
 def kv_tokens(requests) -> int:

@@ -18,6 +18,7 @@ from ..sampling.grammar_mask import GrammarMask
 from ..sampling.logprobs import LogprobReader, LogprobRow
 from ..sampling.token_healing import HealingMask
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
+from .isolation import RowGuard
 from .model_host import LoadedModel
 from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 
@@ -50,6 +51,7 @@ class SequenceState:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     unsent: int = 0  # characters of the healed text still to drop from the generated text
+    guard: RowGuard | None = None  # its sampler's and processors' failures (isolation.py)
 
     @classmethod
     def start(
@@ -90,6 +92,8 @@ class SequenceState:
         """Feed one generated token (and its logprob row, if asked for); the event to post.
         `event.finish_reason` is set when the sequence ends."""
         request = self.request
+        if request.fault is not None:
+            request.fault.check("detokenizer", self.generated)
         self.generated += 1
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
@@ -144,8 +148,10 @@ class SamplingSetup:
     """What a sequence is inserted into the batch with."""
 
     sampler: SequenceSampler
-    processors: list
+    processors: list  # each guarded by `guard`
     stop_ids: list[int]
+    guard: RowGuard
+    guarded_sampler: Callable
 
 
 def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingSetup:
@@ -183,7 +189,11 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         request.seed,
         keep_final=request.post_sampling_probs and request.logprobs is not None,
     )
-    return SamplingSetup(sampler, processors, stop_ids)
+    guard = RowGuard(request.fault)
+    guarded = [
+        guard.processor(p, "grammar" if p is mask else "logits processor") for p in processors
+    ]
+    return SamplingSetup(sampler, guarded, stop_ids, guard, guard.sampler(sampler))
 
 
 def read_logprob_rows(live: list[tuple]) -> dict[int, LogprobRow]:

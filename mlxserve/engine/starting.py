@@ -47,6 +47,7 @@ def start_sequence(
         # generated to get there is dropped.
         seq.prefill_only = True
     setup = sampling_setup(request, loaded)
+    seq.guard = setup.guard
     if setup.sampler.keep_final:
         seq.sampler = setup.sampler
     (seq.uid,) = generator.insert(
@@ -54,7 +55,7 @@ def start_sequence(
         max_tokens=[max(request.max_tokens, 1)],
         caches=[cache] if cache is not None else None,
         all_tokens=[cached_tokens],
-        samplers=[setup.sampler],
+        samplers=[setup.guarded_sampler],
         logits_processors=[setup.processors],
         stop_sequences=[StopSequences([[t] for t in setup.stop_ids] or None)],
     )

@@ -1,0 +1,74 @@
+"""One failing sequence fails alone: a row made to fail in its sampler, its grammar or its
+detokenizer (engine/faults.py) gets an error event naming the cause, while the sequences beside
+it in the batch produce exactly what they produce alone, and the engine goes on serving."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from mlxserve.engine import Engine
+from mlxserve.engine.faults import Fault
+from mlxserve.sampling.grammars import Constraint
+from mlxserve.sampling.params import SamplingParams
+
+from .test_engine import collect, request, token_ids
+
+SAMPLED = SamplingParams(temperature=1.0)
+PROMPTS = [(1, 5, 9, 13, 17), (2, 4, 6, 8), (3, 7, 11, 15, 19, 23)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    engine = Engine(str(tiny_model)).start()
+    assert engine.wait_ready(60)
+    yield engine
+    engine.stop()
+
+
+def neighbours() -> list:
+    return [
+        request(prompt, max_tokens=16, sampling=SAMPLED, seed=7 + i)
+        for i, prompt in enumerate(PROMPTS)
+    ]
+
+
+async def side_by_side(engine: Engine, groups: list[list]) -> list[dict]:
+    return await asyncio.gather(*(collect(engine, group) for group in groups))
+
+
+def failing(engine: Engine, stage: str):
+    sampling = SAMPLED
+    if stage == "grammar":
+        schema = Constraint("test", "json_schema", '{"type": "object"}')
+        sampling = replace(SAMPLED, grammar=engine.loaded.grammars.compile(schema))
+    return request((5, 6, 7, 8, 9), max_tokens=16, sampling=sampling, seed=3, fault=Fault(stage, 3))
+
+
+@pytest.mark.parametrize("stage", ["sampler", "grammar", "detokenizer"])
+def test_a_row_failing_in_its_step_fails_alone(engine, stage):
+    alone = [asyncio.run(collect(engine, [r]))[0] for r in neighbours()]
+    groups = [[r] for r in neighbours()]
+    groups.insert(1, [failing(engine, stage)])
+    results = asyncio.run(side_by_side(engine, groups))
+    failed = results.pop(1)[0]
+    assert failed[-1].error and stage in failed[-1].error and "injected fault" in failed[-1].error
+    assert len(token_ids(failed)) <= 4  # it failed where it was told to
+    for group, solo in zip(results, alone):
+        events = group[0]
+        assert [e.error for e in events] == [None] * len(events)
+        assert token_ids(events) == token_ids(solo) and len(token_ids(events)) == 16
+    assert engine.stats.failed_sequences >= 1
+    # The engine thread lives on and serves the next request as before.
+    again = asyncio.run(collect(engine, [neighbours()[0]]))[0]
+    assert token_ids(again) == token_ids(alone[0])
+
+
+def test_a_failing_choice_ends_its_request_but_not_its_neighbours(engine):
+    """n choices of one request: the failing one gets the error; its group's others finish."""
+    group = [neighbours()[0], failing(engine, "sampler"), neighbours()[2]]
+    events = asyncio.run(collect(engine, group))
+    assert events[1][-1].error
+    assert events[0][-1].finish_reason == "length" and events[2][-1].finish_reason == "length"
