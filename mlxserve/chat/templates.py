@@ -75,6 +75,17 @@ def template_info(tokenizer: Any, override: str | None = None) -> TemplateInfo:
     return info
 
 
+def template_text(tokenizer: Any, override: str | None = None) -> str:
+    """The Jinja text chat renders with: `override` (--chat-template's), else the model's
+    ("" for none; a model's named templates: its default one)."""
+    if override is not None:
+        return override
+    source: Any = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):
+        source = source.get("default", next(iter(source.values()), ""))
+    return source if isinstance(source, str) else ""
+
+
 def _read_template(tokenizer: Any) -> TemplateInfo:
     if not getattr(tokenizer, "has_chat_template", False):
         return TemplateInfo(fallback=True, tools=False, tool_calls=False, developer=False)

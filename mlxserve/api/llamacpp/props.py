@@ -6,10 +6,10 @@ unless started with `--props`."""
 from __future__ import annotations
 
 from importlib.metadata import version
-from typing import Any
 
 from quart import Blueprint, current_app
 
+from ...chat.templates import template_text
 from ...engine import MAX_BATCH
 from ..planning import ready_model
 from .completion import generation_settings
@@ -43,18 +43,9 @@ async def get_props():
         "total_slots": MAX_BATCH,
         "model_path": loaded.path,
         "n_ctx": n_ctx,
-        "chat_template": chat_template_text(loaded.tokenizer),
+        "chat_template": template_text(
+            loaded.tokenizer, current_app.config["SETTINGS"].chat.template
+        ),
         "modalities": {"vision": False, "audio": False},
         "build_info": f"mlxserve {version('mlxserve')}",
     }
-
-
-def chat_template_text(tokenizer) -> str:
-    """The Jinja text chat renders with: --chat-template's, else the model's ("" for none)."""
-    override = current_app.config["SETTINGS"].chat.template
-    if override is not None:
-        return override
-    source: Any = getattr(tokenizer, "chat_template", None)
-    if isinstance(source, dict):
-        source = source.get("default", next(iter(source.values()), ""))
-    return source if isinstance(source, str) else ""

@@ -12,10 +12,10 @@ from typing import Any
 from quart import Blueprint, current_app
 from quart_schema import document_request, hide
 
+from ...chat.templates import template_text
 from ...fim import TEMPLATES, FimTemplate
 from ...registry import ModelEntry, describe, read_json
 from ..errors import InvalidRequest, NotSupported
-from ..llamacpp.props import chat_template_text
 from ..models import registry, served_model_id
 from ..parsing import read_json_object, validate
 from .model_details import details, digest, modified_at, parameter_count
@@ -188,7 +188,7 @@ def template_of(entry: ModelEntry) -> str:
     that says how the server builds infill prompts (Continue looks for `.Suffix` to use FIM)."""
     loaded = loaded_as(entry)
     if loaded is not None:
-        chat = chat_template_text(loaded.tokenizer)
+        chat = template_text(loaded.tokenizer, current_app.config["SETTINGS"].chat.template)
     else:
         template = read_json(entry.path / "tokenizer_config.json").get("chat_template")
         chat = template if isinstance(template, str) else ""
