@@ -58,9 +58,13 @@ class AnswerSplitter:
         else:
             self.state = "start"
 
-    def feed(self, text: str) -> Delta:
+    def feed(self, text: str, last: bool = False) -> Delta:
+        """What `text` decides; with `last`, the rest too (the answer ends with it)."""
         self.pending += text
-        return self._drain(final=False)
+        out = self._drain(final=False)
+        if last:
+            out.add(self._drain(final=True))
+        return out
 
     def finish(self) -> Delta:
         return self._drain(final=True)
@@ -188,7 +192,4 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 def split_answer(spec: OutputSpec, text: str) -> Delta:
     """A whole answer at once (a response that is not streamed)."""
-    splitter = AnswerSplitter(spec)
-    out = splitter.feed(text)
-    out.add(splitter.finish())
-    return out
+    return AnswerSplitter(spec).feed(text, last=True)

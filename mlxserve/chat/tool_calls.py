@@ -29,6 +29,13 @@ class ToolCall:
     arguments: str  # a JSON object as text, as OpenAI sends it
     id: str
 
+    def arguments_object(self) -> dict[str, Any]:
+        """The arguments as an object (Ollama's and Anthropic's form); {} where they are none."""
+        try:
+            return json.loads(self.arguments) if self.arguments.strip() else {}
+        except ValueError:
+            return {}
+
 
 @dataclass(frozen=True)
 class ToolSyntax:

@@ -4,7 +4,6 @@ stop_reason and usage (cache reads from the prefix cache), whole or as Anthropic
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,10 +64,7 @@ class Reply:
 
 
 def tool_use(call: ToolCall, with_input: bool = True) -> dict[str, Any]:
-    try:
-        arguments = json.loads(call.arguments) if with_input and call.arguments.strip() else {}
-    except ValueError:
-        arguments = {}
+    arguments = call.arguments_object() if with_input else {}
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
 
@@ -140,9 +136,7 @@ async def stream(events: AsyncIterator[GenerationEvent], reply: Reply) -> AsyncI
                 yield event({"type": "error", "error": {"type": kind, "message": item.error}})
                 return
             result.add(item)
-            delta = splitter.feed(item.text)
-            if item.finish_reason:
-                delta.add(splitter.finish())
+            delta = splitter.feed(item.text, last=bool(item.finish_reason))
             for chunk in blocks.feed(delta):
                 yield chunk
             if item.finish_reason:

@@ -84,11 +84,7 @@ class Reply:
 
 def ollama_call(call: ToolCall) -> dict[str, Any]:
     """A call as Ollama writes it: arguments an object, not a string."""
-    try:
-        arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
-        arguments = {}
-    return {"id": call.id, "function": {"name": call.name, "arguments": arguments}}
+    return {"id": call.id, "function": {"name": call.name, "arguments": call.arguments_object()}}
 
 
 def line(payload: dict[str, Any]) -> str:
@@ -118,9 +114,8 @@ async def stream(events: AsyncIterator[GenerationEvent], reply: Reply) -> AsyncI
                 yield line({"error": event.error})
                 return
             result.add(event)
-            delta = splitter.feed(event.text) if splitter else Delta(content=event.text)
-            if event.finish_reason and splitter:
-                delta.add(splitter.finish())
+            last = bool(event.finish_reason)
+            delta = splitter.feed(event.text, last) if splitter else Delta(content=event.text)
             scored = reply.logprobs is not None and event.tokens
             if delta or scored:
                 chunk = {**reply.head(), **reply.piece(delta), "done": False}

@@ -162,9 +162,7 @@ async def stream_chat(
                 return
             index = event.index
             results[index].add(event)
-            answer = splitters[index].feed(event.text)
-            if event.finish_reason:
-                answer.add(splitters[index].finish())
+            answer = splitters[index].feed(event.text, last=bool(event.finish_reason))
             delta = _delta(answer, calls_sent[index])
             calls_sent[index] += len(answer.calls)
             fields: dict[str, Any] = {}

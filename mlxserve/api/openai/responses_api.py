@@ -244,9 +244,7 @@ async def stream_response(
                 )
                 return
             result.add(event)
-            delta = splitter.feed(event.text)
-            if event.finish_reason:
-                delta.add(splitter.finish())
+            delta = splitter.feed(event.text, last=bool(event.finish_reason))
             for item_event in output.add(delta):
                 yield send(item_event)
             if event.finish_reason:
