@@ -32,15 +32,15 @@ async def generate():
     templated = not (body.raw or body.suffix)
     if templated:
         chat_body = generate_as_chat(body, settings.limits)
-        engine, loaded = await ready(body, clock)
+    else:
+        request, output = completion_request(body, settings.limits), None
+    engine, loaded = await ready(body, clock)
+    if templated:
         check_thinking(body, loaded)
         chat = await asyncio.to_thread(prepare, chat_body, loaded.tokenizer, settings.chat)
         request, output = chat.request, chat.output
         if body.context:  # an earlier answer's tokens, then this turn
             request = request.model_copy(update={"prompt": [*body.context, *request.prompt]})
-    else:
-        request, output = completion_request(body, settings.limits), None
-        engine, loaded = await ready(body, clock)
     plan = await plan_on(engine, loaded, request, constraint)
     shape = {"chat": False, "output": output, "clock": clock, "context": templated}
     return await answer(engine, plan, body, shape)

@@ -97,6 +97,11 @@ class Options(BaseModel):
         return fields
 
 
+# One number and unit of a Go duration ("1.5h", "300ms").
+DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)"
+DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
 def parse_duration(text: str) -> float:
     """Seconds in Go's duration syntax ("5m", "1h30m", "300ms", "0"), as Ollama reads
     keep_alive; a bare number is seconds."""
@@ -104,16 +109,15 @@ def parse_duration(text: str) -> float:
         return float(text)
     except ValueError:
         pass
-    match = re.fullmatch(r"([+-]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+", text.strip())
-    if match is None:
+    text = text.strip()
+    sign, body = (text[0], text[1:]) if text[:1] in ("+", "-") else ("", text)
+    if re.fullmatch(f"(?:{DURATION_PART})+", body) is None:
         raise ValueError(
             f'must be a number of seconds or a duration such as "5m", "1h30m", "300ms" '
             f"(got {text!r})"
         )
-    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text)
-    seconds = sum(float(number) * units[unit] for number, unit in parts)
-    return -seconds if match.group(1) == "-" else seconds
+    seconds = sum(float(n) * DURATION_UNITS[u] for n, u in re.findall(DURATION_PART, body))
+    return -seconds if sign == "-" else seconds
 
 
 class GenerationFields(BaseModel):
