@@ -20,49 +20,22 @@ from mlxserve.chat.tool_calls import ToolCall
 from mlxserve.engine import GenerationEvent
 
 from ..helpers import error_of
+from .test_chat import CLOCK as CHAT_CLOCK
+from .test_chat import PERSON
+from .test_chat import WEATHER as CHAT_WEATHER
 
 SAY = "Say something."
 USER = [{"role": "user", "content": SAY}]
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": WEATHER_PARAMETERS,
-}
-CLOCK = {
-    "type": "function",
-    "name": "get_time",
-    "parameters": {
-        "type": "object",
-        "properties": {"zone": {"enum": ["UTC", "CET"]}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 10},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
+
+
+def flat(tool: dict) -> dict:
+    """A chat function tool in the Responses API's flat shape."""
+    return {"type": "function", **tool["function"]}
+
+
+WEATHER, CLOCK = flat(CHAT_WEATHER), flat(CHAT_CLOCK)
+WEATHER_PARAMETERS = WEATHER["parameters"]
 PERSON_FORMAT = {"format": {"type": "json_schema", "name": "person", "schema": PERSON}}
-
-
-def nested(tool: dict) -> dict:
-    """A Responses function tool in chat's shape."""
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
 def respond(http, **body) -> dict:
@@ -270,7 +243,7 @@ def test_a_function_call_round_trip_prompts_as_chat(http):
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
     ]
     result = respond(http, input=items, tools=[WEATHER], max_output_tokens=6, temperature=0)
-    plain = chat(http, messages=messages, tools=[nested(WEATHER)], max_tokens=6, temperature=0)
+    plain = chat(http, messages=messages, tools=[CHAT_WEATHER], max_tokens=6, temperature=0)
     assert result["usage"]["input_tokens"] == plain["usage"]["prompt_tokens"]
     assert output_text(result) == (plain["choices"][0]["message"]["content"] or "")
 
