@@ -26,19 +26,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import httpx
 from bench_common import (
-    ROW_ERRORS,
     ServerFailed,
     default_model,
     print_table,
     reexec_for_cpu,
-    row_failed,
-    served,
-    start_server,
+    warm_and_cold,
 )
 
 TOOLS = [
@@ -236,19 +232,14 @@ def main() -> int:
 
     model = args.model or default_model()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    try:
-        with (
-            served(partial(start_server, model), "agent-warm") as warm,
-            served(
-                partial(start_server, model, extra=["--prefix-cache-mb", "0"]), "agent-cold"
-            ) as cold,
-        ):
-            runs = []
-            for repeat in range(args.repeats):
-                runs.append(session(warm.url, cold.url, tokenizer, args, repeat + 1))
-                print(f"session {repeat + 1} done", file=sys.stderr)
-    except ROW_ERRORS as error:
-        row_failed("agent loop", error)
+    runs = warm_and_cold(
+        "agent loop",
+        "agent",
+        model,
+        args.repeats,
+        lambda warm, cold, number: session(warm, cold, tokenizer, args, number),
+    )
+    if runs is None:
         return 1
     report(model, args, runs)
     return 0

@@ -24,20 +24,16 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import httpx
 from bench_common import (
-    ROW_ERRORS,
     ServerFailed,
     default_model,
     print_table,
     reexec_for_cpu,
-    row_failed,
-    served,
     sse_chunk,
-    start_server,
+    warm_and_cold,
 )
 
 TOPICS = (
@@ -181,19 +177,14 @@ def main() -> int:
 
     model = args.model or default_model()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    try:
-        with (
-            served(partial(start_server, model), "chat-warm") as warm,
-            served(
-                partial(start_server, model, extra=["--prefix-cache-mb", "0"]), "chat-cold"
-            ) as cold,
-        ):
-            runs = []
-            for repeat in range(args.repeats):
-                runs.append(conversation(warm.url, cold.url, tokenizer, args, repeat + 1))
-                print(f"conversation {repeat + 1} done", file=sys.stderr)
-    except ROW_ERRORS as error:
-        row_failed("chat turns", error)
+    runs = warm_and_cold(
+        "chat turns",
+        "chat",
+        model,
+        args.repeats,
+        lambda warm, cold, number: conversation(warm, cold, tokenizer, args, number),
+    )
+    if runs is None:
         return 1
     report(model, args, runs)
     return 0

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,28 @@ def served(
         yield Server(process, port, log_path)
     finally:
         stop_server(process)
+
+
+def warm_and_cold(
+    name: str, tag: str, model: str, repeats: int, run: Callable[[str, str, int], Any]
+) -> list[Any] | None:
+    """`run(warm_url, cold_url, number)` for numbers 1..`repeats` on two servers of `model` side
+    by side: one as users run it, one with the prefix cache off (`--prefix-cache-mb 0`), which
+    sees every prompt cold. None, the row's failure printed, when a server fails."""
+    cold_start = partial(start_server, model, extra=["--prefix-cache-mb", "0"])
+    try:
+        with (
+            served(partial(start_server, model), f"{tag}-warm") as warm,
+            served(cold_start, f"{tag}-cold") as cold,
+        ):
+            runs = []
+            for number in range(1, repeats + 1):
+                runs.append(run(warm.url, cold.url, number))
+                print(f"{name}: {number} of {repeats} done", file=sys.stderr)
+            return runs
+    except ROW_ERRORS as error:
+        row_failed(name, error)
+        return None
 
 
 def row_failed(name: str, error: BaseException) -> None:
