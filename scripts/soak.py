@@ -22,9 +22,10 @@ Exit status 1 if any 5xx, lost or cross-talked answer, unfreed sequence or memor
 growth of 10 % or more.
 
 With --fault-rate, that share of requests is made to fail mid-step in its own row (the server
-runs with MLXSERVE_FAULTS=1; the request's `user` names a stage: sampler, detokenizer, or the
-grammar for the JSON-schema template; engine/faults.py): each must end in a 500 or an error in
-its stream ("faults reported"), and every other answer must still equal its solo run.
+runs with MLXSERVE_FAULTS=1; the request's `user` names a stage: sampler, detokenizer, the
+batch's decode pass (forward) or a pass carrying its prompt (prefill), or the grammar for the
+JSON-schema template; engine/faults.py): each must end in a 500 or an error in its stream
+("faults reported"), and every other answer must still equal its solo run.
 
     python scripts/soak.py [--minutes 30] [--concurrency 16] [--disconnect-rate 0.1]
                            [--fault-rate 0.01] [--model PATH | --url http://127.0.0.1:8080]
@@ -64,7 +65,7 @@ PROMPTS = [
     "for i in range(10):\n",
     "def merge(a, b):\n    result = []\n",
 ]
-FAULT_STAGES = ("sampler", "detokenizer")
+FAULT_STAGES = ("sampler", "detokenizer", "forward", "prefill")
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"}},

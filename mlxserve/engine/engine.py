@@ -21,16 +21,18 @@ import mlx.core as mx
 
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP
+from . import faults
 from .distributed import Cluster, LockStep, follow
 from .followers import Follower, Followers
 from .inbox import Add, Cancel, Group, ModelChanged, Stop
 from .live import LiveSequences
-from .mlx_lm_compat import ServerBatchGenerator
+from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .model_host import LoadedModel, ModelLoadError, model_id_for
 from .model_slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
 from .pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .prefix_cache import default_budget_bytes
 from .prefix_keeper import PrefixKeeper
+from .recovery import FailedSteps
 from .requests import GenerationEvent, GenerationRequest, kv_tokens
 from .sequence import SequenceState, read_logprob_rows
 from .starting import start_sequence
@@ -111,6 +113,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self.live = LiveSequences()
         self._followers = Followers()
+        self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
+        self._fault_rows: list[SequenceState] = []  # tests: rows whose passes must fail
         # Submitted and not finished, counted on the event loop's thread (admission control).
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
@@ -239,11 +243,11 @@ class Engine:
 
     @property
     def has_live_sequences(self) -> bool:
-        return len(self.live) > 0
+        return len(self.live) > 0 or self._failed.busy
 
     @property
     def _busy(self) -> bool:
-        return len(self.live) > 0 or bool(self._followers)
+        return self.has_live_sequences or bool(self._followers)
 
     def _run(self) -> None:
         slot = self.slot
@@ -258,11 +262,13 @@ class Engine:
             idle = not self._busy and slot.pending is None
             try:
                 running = self._drain_inbox(block=idle, timeout=slot.idle_wait(self._busy))
-            except Exception as error:  # only the distributed tick can fail here
-                if self.lockstep is None:
-                    raise
-                self._lose_cluster(error)
-                return
+            except Exception as error:
+                if self.lockstep is not None:  # the distributed tick failed
+                    self._lose_cluster(error)
+                    return
+                log.exception("admitting or cancelling requests failed")
+                self._fail_all(f"generation failed: {error}")
+                continue
             if not running:
                 break
             if self._busy:
@@ -372,8 +378,17 @@ class Engine:
         started = time.perf_counter()
         self.prefixes.advance_copies(generator.decode_batch)
         grown = generator.reserve_kv()
-        with generator.stats() as work:
-            prompt_responses, responses = generator.next()
+        if self._fault_rows:
+            self._arm_faults()
+        point = failed_step.checkpoint(generator) if self.lockstep is None else None
+        try:
+            with generator.stats() as work:
+                prompt_responses, responses = generator.next()
+        except Exception as error:
+            if point is None:
+                raise
+            self._failed.recover(error, point)
+            return
         step_s = time.perf_counter() - started
         # a chunk is paid by the step whose decode pass carried it
         paid = generator.paid_tokens(work.prompt_tokens)
@@ -408,6 +423,17 @@ class Engine:
                 self._release_followers(r.uid)
         if responses:
             self._emit(responses)
+        self._failed.passed()
+
+    def _arm_faults(self) -> None:
+        """Tests: the passes of this step that hold a row with a pass fault due raise."""
+        rows = [s for s in self._fault_rows if self.live.get(s.uid) is s or self._failed.holds(s)]
+        self._fault_rows = rows
+        due = {stage: set() for stage in faults.PASS_STAGES}
+        for seq in rows:
+            if seq.request.fault.due(seq.request.fault.stage, seq.generated):
+                due[seq.request.fault.stage].add(seq.uid)
+        self.generator.arm_faults(faults.tripwire(self.slot.loaded.model), due)
 
     def _emit(self, responses) -> None:
         """Each decoded token to its sequence; events posted, finished sequences removed."""
@@ -431,6 +457,8 @@ class Engine:
             if event.finished:
                 finished.append(seq)
         self._remove(finished)
+        if self._failed.bisection.testing:
+            self._failed.bisection.cleared([seq for _, seq in live])
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
         stats.active_sequences = len(self.live)
@@ -483,6 +511,7 @@ class Engine:
 
     def _cancel(self, group_id: int) -> None:
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
+        self.stats.cancelled_sequences += self._failed.forget_group(group_id)
         members = self.live.group(group_id)
         if members:
             self._remove(members)
@@ -490,6 +519,7 @@ class Engine:
             self.stats.active_sequences = len(self.live)
 
     def _fail_all(self, message: str, unavailable: bool = False) -> None:
+        self._failed.fail_all(message, unavailable)
         for seq in self.live.all():
             seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
         for f in self._followers.take_all():
@@ -500,6 +530,9 @@ class Engine:
         self.stats.active_sequences = 0
 
     def _admit(self, group: Group) -> None:
+        if self._failed.bisection.active:  # a culprit is sought among the rows in the batch
+            self._failed.deferred.append(group)
+            return
         if self.slot.loaded is None:  # unloaded (idle) while this request was on its way
             try:
                 self.slot.load(self.slot.source)
@@ -559,4 +592,7 @@ class Engine:
 
     def _start_sequence(self, index: int, request: GenerationRequest, post) -> SequenceState:
         self.stats.prompt_tokens += len(request.prompt_ids)
-        return start_sequence(index, request, post, self.slot.loaded, self.generator, self.prefixes)
+        seq = start_sequence(index, request, post, self.slot.loaded, self.generator, self.prefixes)
+        if request.fault is not None and request.fault.stage in faults.PASS_STAGES:
+            self._fault_rows.append(seq)
+        return seq

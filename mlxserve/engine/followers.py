@@ -33,6 +33,11 @@ class Followers:
     def waiting_for(self, leader_uid: int) -> bool:
         return leader_uid in self._by_leader
 
+    def move(self, old_uid: int, new_uid: int) -> None:
+        """The leader's prompt starts again under a new batch row (a failed step)."""
+        if old_uid in self._by_leader:
+            self._by_leader[new_uid] = self._by_leader.pop(old_uid)
+
     def release(self, leader_uid: int) -> list[Follower]:
         """The choices to start now that the leader's prompt is prefilled."""
         return self._by_leader.pop(leader_uid, [])

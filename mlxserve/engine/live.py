@@ -21,7 +21,9 @@ class LiveSequences:
     def add(self, group_id: int, seq: SequenceState) -> None:
         """A sequence that got a batch row (one without a row never runs)."""
         if seq.uid is not None:
-            seq.slot = next(i for i in range(len(self._slots) + 1) if i not in self._slots)
+            # a sequence back in the batch after a failed step keeps its slot
+            if seq.slot < 0 or seq.slot in self._slots:
+                seq.slot = next(i for i in range(len(self._slots) + 1) if i not in self._slots)
             self._slots.add(seq.slot)
             self._groups.setdefault(group_id, []).append(seq)
             self._by_uid[seq.uid] = (group_id, seq)
@@ -29,6 +31,9 @@ class LiveSequences:
     def get(self, uid: int) -> SequenceState | None:
         entry = self._by_uid.get(uid)
         return None if entry is None else entry[1]
+
+    def group_of(self, seq: SequenceState) -> int:
+        return self._by_uid[seq.uid][0]
 
     def group(self, group_id: int) -> list[SequenceState]:
         return list(self._groups.get(group_id, []))

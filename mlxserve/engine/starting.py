@@ -30,11 +30,28 @@ def start_sequence(
             f"token id {outside[0]} is outside the vocabulary [0, {loaded.vocab_size})"
         )
     seq = SequenceState.start(index, request, post, loaded.tokenizer)
+    insert_sequence(seq, loaded, generator, prefixes)
+    return seq
+
+
+def insert_sequence(
+    seq: SequenceState,
+    loaded: LoadedModel,
+    generator: ServerBatchGenerator,
+    prefixes: PrefixKeeper,
+    again: bool = False,
+) -> None:
+    """Give `seq` a row in `generator` (none when nothing is to be generated: its one event is
+    posted then). `again`: a prompt that left the batch before its first token (a failed step)
+    starts over, sampling afresh; its prompt's events are out already."""
+    request, index, post = seq.request, seq.index, seq.post
+    prompt = list(request.prompt_ids)
     cache, cached_tokens = None, []
     if request.prompt_logprobs:
         cache, prompt_tokens = score_prompt(loaded, prompt, seq.logprob_reader)
         cached_tokens = prompt[:-1]
-        post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
+        if not again:
+            post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
     elif request.cache_prompt and prefixes.enabled:
         cache, reused = prefixes.fetch(prompt)
         cached_tokens = prompt[:reused]
@@ -42,7 +59,7 @@ def start_sequence(
     if request.max_tokens == 0:
         if not (request.cache_prompt and prefixes.enabled) or request.prompt_logprobs:
             post(GenerationEvent(index=index, finish_reason="length"))
-            return seq
+            return
         # A warm-up (llama.vim's n_predict 0): prefill for the prefix cache; the one token
         # generated to get there is dropped.
         seq.prefill_only = True
@@ -59,4 +76,3 @@ def start_sequence(
         logits_processors=[setup.processors],
         stop_sequences=[StopSequences([[t] for t in setup.stop_ids] or None)],
     )
-    return seq

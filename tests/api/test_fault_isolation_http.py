@@ -38,3 +38,17 @@ def test_a_failing_request_fails_alone(http, faults):
 def test_without_the_switch_a_user_label_is_only_a_label(http):
     body = {**BODY, "user": "mlxserve-fault:sampler:0"}
     assert http.post("/v1/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("stage", ["forward:3", "prefill"])
+def test_a_request_failing_in_the_models_pass_fails_alone(http, faults, stage):
+    """The batch's pass itself raises while it holds the faulty row: the step is taken again
+    without it, and the request beside it answers as it does alone."""
+    alone = http.post("/v1/completions", json=BODY).json()["choices"][0]["text"]
+    faulty = {**BODY, "user": f"mlxserve-fault:{stage}"}
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(http.post, "/v1/completions", json=BODY)
+        failed = pool.submit(http.post, "/v1/completions", json=faulty)
+        error = error_of(failed.result(), 500)
+        assert beside.result().json()["choices"][0]["text"] == alone
+    assert error["type"] == "server_error" and "the model's pass failed" in error["message"]

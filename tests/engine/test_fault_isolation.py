@@ -47,7 +47,7 @@ def failing(engine: Engine, stage: str):
     return request((5, 6, 7, 8, 9), max_tokens=16, sampling=sampling, seed=3, fault=Fault(stage, 3))
 
 
-@pytest.mark.parametrize("stage", ["sampler", "grammar", "detokenizer"])
+@pytest.mark.parametrize("stage", ["sampler", "grammar", "detokenizer", "forward", "prefill"])
 def test_a_row_failing_in_its_step_fails_alone(engine, stage):
     alone = [asyncio.run(collect(engine, [r]))[0] for r in neighbours()]
     groups = [[r] for r in neighbours()]
@@ -72,3 +72,49 @@ def test_a_failing_choice_ends_its_request_but_not_its_neighbours(engine):
     events = asyncio.run(collect(engine, group))
     assert events[1][-1].error
     assert events[0][-1].finish_reason == "length" and events[2][-1].finish_reason == "length"
+
+
+def many_neighbours(count: int, length: int = 5) -> list:
+    return [
+        request(
+            tuple(range(10 + 7 * i, 10 + 7 * i + length)),
+            max_tokens=12,
+            sampling=SAMPLED,
+            seed=20 + i,
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("stage", ["forward", "prefill"])
+def test_the_failing_row_is_found_among_many(engine, stage):
+    """Nine rows in the failing pass: halving finds the one, the eight others are held out of
+    the batch and back in as the search goes, and still produce what they produce alone."""
+    others = many_neighbours(8)
+    alone = [asyncio.run(collect(engine, [r]))[0] for r in others]
+    failed_before = engine.stats.failed_sequences
+    groups = [[r] for r in many_neighbours(8)]
+    groups.insert(5, [request((90, 91, 92, 93), max_tokens=12, seed=1, fault=Fault(stage, 5))])
+    results = asyncio.run(side_by_side(engine, groups))
+    failed = results.pop(5)[0]
+    assert "injected fault" in failed[-1].error
+    assert engine.stats.failed_sequences == failed_before + 1  # no one else was blamed
+    for group, solo in zip(results, alone):
+        assert [e.error for e in group[0]] == [None] * len(group[0])
+        assert token_ids(group[0]) == token_ids(solo)
+
+
+def test_a_long_prompt_failing_in_its_prefill_fails_alone(engine):
+    """A long prompt's chunks ride in the streams' decode passes (mixed batches): the pass that
+    carries one fails, the streams' step is undone and taken again without it."""
+    streams = many_neighbours(3)
+    alone = [asyncio.run(collect(engine, [r]))[0] for r in streams]
+    long_prompt = tuple(range(100, 700))
+    groups = [[r] for r in many_neighbours(3)]
+    groups.append([request(long_prompt, max_tokens=4, seed=2, fault=Fault("prefill"))])
+    results = asyncio.run(side_by_side(engine, groups))
+    assert "prefill" in results.pop()[0][-1].error
+    for group, solo in zip(results, alone):
+        assert token_ids(group[0]) == token_ids(solo)
+    again = asyncio.run(collect(engine, [request(long_prompt, max_tokens=4)]))[0]
+    assert again[-1].error is None and len(token_ids(again)) == 4

@@ -23,6 +23,7 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("_currently_processing", "pacing and mixed_batch.py: each prompt's segments"),
         ("prefill_step_size", "engine.py: the pacer's chunk"),
         ("prefill_batch_size", "mixed_batch.py: held while a chunk spans passes"),
+        ("_unprocessed_sequences", "failed_step.py: prompts waiting, dropped after a failure"),
     ],
     "PromptProcessingBatch": [
         ("prompt", "mixed_batch.py: a chunk is kept for the next decode pass"),
@@ -36,7 +37,10 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
     ]
     + [("max_tokens", "batch_join.py"), ("stop_sequences", "batch_join.py")]
     + [("prefill_step_size", "generator.py: forward passes of a prompt chunk")],
-    "GenerationBatch": [("extend", "mixed_batch.py: joins go through batch_join")],
+    "GenerationBatch": [
+        ("extend", "mixed_batch.py: joins go through batch_join"),
+        ("next", "generator.py: a decode pass's responses kept in case a later pass fails"),
+    ],
     "GenerationBatch()": [
         ("model", "mixed_batch.py: the decode pass carries prompt chunks"),
         ("_next_tokens", "mixed_batch.py, lockstep_tokens.py: the sampled tokens"),
@@ -45,6 +49,11 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("uids", "prefix_cache.py: running prompts copied"),
         ("tokens", "engine.py: a running prompt's tokens"),
         ("prompt_cache", "prefix_cache.py, kv_reserve.py: the decode batch's KV"),
+        ("_next_logprobs", "failed_step.py: a paused row's sampled token's logprobs"),
+    ]
+    + [
+        (name, "failed_step.py: a paused row's sampling, back as it was")
+        for name in ("samplers", "logits_processors", "stop_sequences")
     ],
     "BatchKVCache": [
         ("extend", "batch_join.py: one copy per join"),

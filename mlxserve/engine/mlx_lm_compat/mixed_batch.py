@@ -254,6 +254,16 @@ class MixedBatches:
         self._flushed += computed
         self.flushed_tokens += computed
 
+    def abandon(self) -> None:
+        """Forget a kept chunk and carried logits without running anything: their prompts are
+        leaving the batch (a failed step)."""
+        self.pending = None
+        self._pending_joins = None
+        self._join_logits.clear()
+        if self._held_prefill_batch is not None:
+            self.generator.prefill_batch_size = self._held_prefill_batch
+            self._held_prefill_batch = None
+
     def step(self, next_step: Callable):
         """The generator's step (`next_step`, mlx-lm's `_next`) with this step's chunk carried."""
         self._carried = self._taken = self._flushed = 0
