@@ -113,7 +113,7 @@ class FailedSteps:
         decoding = set(point.decode_uids)
         decoded = generator.decoded
         if decoded is None and decoding:  # the decode pass raised: as if it never ran
-            failed_step.restore(point)
+            failed_step.restore(generator, point)
             in_pass = [*point.decode_uids, *point.carried_uids]
         failed_step.drop_prompts(generator, decoding)
         prompts = [s for s in live.all() if s.uid not in decoding]
@@ -126,13 +126,14 @@ class FailedSteps:
         log.error("a step failed (%d rows in the failing pass): %r", len(suspects), error)
         culprit, out = self.bisection.failed(suspects)
         cause = f"generation failed: the model's pass failed: {type(error).__name__}: {error}"
-        held = []
+        # Decode rows out first: pausing one reads what the failed step left (a pass that failed
+        # in evaluation fails it again, and every sequence in flight with it, prompts still live).
+        held = [self._pause(s, groups[id(s)]) for s in out if s.uid in decoding]
+        held += [Held(s, groups[id(s)], s.uid, None) for s in out if s.uid not in decoding]
         for seq in prompts:
             live.forget(seq)
         if culprit is not None:
             self._fail(culprit, cause)
-        for seq in out:
-            held.append(self._hold(seq, groups[id(seq)]))
         for seq in prompts:
             if seq is not culprit and not _among(seq, out):
                 self._start_again(Held(seq, groups[id(seq)], seq.uid, None))
@@ -180,12 +181,10 @@ class FailedSteps:
             engine._remove([seq])
         engine._release_followers(seq.uid)  # its choices start from the prefix cache, or anew
 
-    def _hold(self, seq: SequenceState, group_id: int) -> Held | None:
-        """`seq` out of the batch; a decode row sends the token it had sampled first (None if
+    def _pause(self, seq: SequenceState, group_id: int) -> Held | None:
+        """Decode row `seq` out of the batch; it sends the token it had sampled first (None if
         that ends it)."""
         engine = self.engine
-        if engine.live.get(seq.uid) is not seq:  # a prompt: out already
-            return Held(seq, group_id, seq.uid, None)
         paused = failed_step.pause(engine.generator, seq.uid)
         engine.live.forget(seq)
         finish = None
@@ -214,7 +213,16 @@ class FailedSteps:
             self.engine.live.add(h.group_id, h.seq)
 
     def _start_again(self, h: Held) -> None:
+        """A prompt back in the batch from its start; it fails alone if it cannot be."""
         engine = self.engine
-        insert_sequence(h.seq, engine.slot.loaded, engine.generator, engine.prefixes, again=True)
+        try:
+            insert_sequence(
+                h.seq, engine.slot.loaded, engine.generator, engine.prefixes, again=True
+            )
+        except Exception as error:
+            log.exception("could not start a sequence again")
+            h.seq.post(GenerationEvent(index=h.seq.index, error=f"generation failed: {error}"))
+            engine._release_followers(h.old_uid)
+            return
         engine.live.add(h.group_id, h.seq)
         engine._followers.move(h.old_uid, h.seq.uid)

@@ -50,6 +50,7 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("tokens", "engine.py: a running prompt's tokens"),
         ("prompt_cache", "prefix_cache.py, kv_reserve.py: the decode batch's KV"),
         ("_next_logprobs", "failed_step.py: a paused row's sampled token's logprobs"),
+        ("_token_context", "failed_step.py: processors' contexts as before a failed step"),
     ]
     + [
         (name, "failed_step.py: a paused row's sampling, back as it was")

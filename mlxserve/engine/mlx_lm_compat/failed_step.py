@@ -27,6 +27,9 @@ class StepCheckpoint:
     decode_uids: list[int]
     positions: list[tuple[BatchKVCache, int, Any]]  # (layer, _idx, offset)
     carried_uids: list[int]  # prompts whose chunk the decode pass will carry (mixed batches)
+    next_tokens: Any  # the tokens the step feeds, sampled by the step before
+    next_logprobs: list
+    contexts: list[int]  # each row's logits processors' token context, its length
 
 
 def _decode_layers(generator) -> list[BatchKVCache]:
@@ -39,19 +42,26 @@ def _decode_layers(generator) -> list[BatchKVCache]:
 def checkpoint(generator) -> StepCheckpoint:
     """Taken before each step: references and integers, nothing copied."""
     mixed = generator.mixed
-    carried = list(generator._prompt_batch.uids) if mixed is not None else []
+    batch = generator._generation_batch
     return StepCheckpoint(
-        decode_uids=list(generator._generation_batch.uids),
+        decode_uids=list(batch.uids),
         positions=[(c, c._idx, c.offset) for c in _decode_layers(generator)],
-        carried_uids=carried,
+        carried_uids=list(generator._prompt_batch.uids) if mixed is not None else [],
+        next_tokens=batch._next_tokens,
+        next_logprobs=batch._next_logprobs,
+        contexts=[context._size for context in batch._token_context],
     )
 
 
-def restore(point: StepCheckpoint) -> None:
-    """Each decode layer's write position as before the step: the failed step's writes are
-    overwritten by the next one."""
+def restore(generator, point: StepCheckpoint) -> None:
+    """The decode batch as before the step: each layer's write position (the failed step's
+    writes are overwritten by the next one), the tokens it feeds, its processors' contexts."""
     for cache, idx, offset in point.positions:
         cache._idx, cache.offset = idx, offset
+    batch = generator._generation_batch
+    batch._next_tokens, batch._next_logprobs = point.next_tokens, point.next_logprobs
+    for context, size in zip(batch._token_context, point.contexts):
+        context._size = size
 
 
 def drop_prompts(generator, decoding: set[int]) -> None:
