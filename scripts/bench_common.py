@@ -51,6 +51,24 @@ def default_model() -> str:
     return str(SHARED_MODEL) if SHARED_MODEL.is_dir() else demo_model()
 
 
+def stretched_context(model: str, tokens: int) -> str:
+    """`model` with its declared context raised to `tokens`, for timing prompts past what it was
+    trained on (RoPE goes on; the answers mean nothing there, the time they take does): a
+    temporary folder of links to its files and an edited config.json."""
+    source = Path(model)
+    config = json.loads((source / "config.json").read_text())
+    if config.get("max_position_embeddings", 0) >= tokens:
+        return model
+    folder = Path(tempfile.mkdtemp(prefix="mlxserve-bench-context-")) / source.name
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item.resolve())
+    config["max_position_embeddings"] = tokens
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return str(folder)
+
+
 def free_port() -> int:
     """An unused local port, picked by the OS."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -8,7 +8,9 @@ streams run (`ignore_eos`). Per bound: the prompt's time beside the streams over
 (both measured on that server in that run), and the measured stream's longest gap while the
 prompt waited over its median gap before it. With a bound of g, a prompt beside one stream can
 have at most about (g-1)/g of the machine, so its prefill takes at least ~g/(g-1) times its
-time alone (1.5x at g = 3). This script only prints; it asserts nothing.
+time alone (1.5x at g = 3). A prompt longer than the model's declared context is timed on the
+model with that context raised (`bench_common.stretched_context`). This script only prints; it
+asserts nothing.
 
     python scripts/bench_gap_curve.py [--model PATH] [--prompt-tokens 2000] [--streams 1]
                                       [--gaps 2 3 5 off]
@@ -32,10 +34,12 @@ from bench_common import (
     row_failed,
     served,
     start_server,
+    stretched_context,
 )
 from bench_engine import GAP_STREAM_MAX_TOKENS, GAP_TOKENS_BEFORE, long_prompt, stream
 
 STREAM_PROMPT = "Count slowly: one, two, three,"
+CONTEXT_MARGIN = 1024  # room beside the prompt for the template and the streams' tokens
 
 
 def beside(base_url: str, tokens: int, streams: int) -> tuple[float, float, float]:
@@ -98,12 +102,13 @@ def main() -> int:
 
     model = args.model or default_model()
     bench_engine.TOKENIZER = AutoTokenizer.from_pretrained(model)
+    served_model = stretched_context(model, args.prompt_tokens + CONTEXT_MARGIN)
     rows = [
-        ("model", model),
+        ("model", model if served_model == model else f"{model}, context raised"),
         ("prompt tokens / streams beside it", f"{args.prompt_tokens} / {args.streams}"),
     ]
     for gap in args.gaps:
-        start = partial(start_server, model, extra=["--max-stream-gap", gap])
+        start = partial(start_server, served_model, extra=["--max-stream-gap", gap])
         try:
             with served(start, f"gap-{gap}") as server:
                 alone_prompt = long_prompt(args.prompt_tokens, f"alone-{time.time_ns()}")

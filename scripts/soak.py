@@ -241,14 +241,30 @@ async def faulty(
     """The template made to fail in one of its row's stages after a few tokens: the failure
     must reach the client (a 500, or an error in the stream)."""
     stage = "grammar" if "response_format" in template.body else rng.choice(FAULT_STAGES)
-    body = {**template.body, "user": f"mlxserve-fault:{stage}:{rng.randrange(4)}"}
+    after = rng.randrange(4)
+    body = {**template.body, "user": f"mlxserve-fault:{stage}:{after}"}
     try:
         status, chunks = await send(client, Template(template.route, body, template.stream))
     except (httpx.HTTPError, ValueError) as error:
         tally.add("lost", f"a faulty {template.route}: {error!r}")
         return
     reported = status >= 500 or any("error" in chunk for chunk in chunks)
-    tally.add("faults reported" if reported else "faults unreported", json.dumps(chunks)[:300])
+    if reported:
+        tally.add("faults reported")
+    elif stage != "prefill" and (generated_tokens(chunks) or after + 1) <= after:
+        tally.add("faults not reached", f"{stage}:{after}: {json.dumps(chunks)[:300]}")
+    else:
+        tally.add("faults unreported", f"{stage}:{after}: {json.dumps(chunks)[:300]}")
+
+
+def generated_tokens(chunks: list[dict]) -> int | None:
+    """The tokens an answer says it generated (OpenAI's usage), if it says."""
+    counts = [
+        c["usage"]["completion_tokens"]
+        for c in chunks
+        if isinstance(c.get("usage"), dict) and "completion_tokens" in c["usage"]
+    ]
+    return max(counts) if counts else None
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -399,6 +415,7 @@ def report(args, tally, elapsed, memory: Memory | None, pending, batch) -> int:
         ("hung up on purpose", hung_up),
         ("made to fail on purpose: failure reported", counts["faults reported"]),
         ("made to fail on purpose: failure not reported", counts["faults unreported"]),
+        ("made to fail on purpose: ended before the fault was due", counts["faults not reached"]),
     ]
     rows += [(f"  {k}", v) for k, v in sorted(counts.items()) if k.startswith("hung up")]
     for name, value in rows:
