@@ -24,7 +24,7 @@ from ..settings import DEFAULT_MAX_STREAM_GAP
 
 # The share of the bound's room above one decode step that a chunk is planned to take: the
 # stray slow steps of a busy machine take the rest (scripts/bench_gap_curve.py measures it).
-GAP_MARGIN = 0.4
+GAP_MARGIN = 0.6
 # Deep in a long prompt on a CPU the bound allows a token or two a step; on a GPU far more.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
 GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
@@ -38,13 +38,18 @@ MAX_GROWTH = 2
 # work vary, and the highest estimate alone makes chunks so small that each step's fixed cost of
 # carrying one eats the budget.
 COST_WINDOW = 3
-# Where fewer than GRANULE tokens fit a step, a chunk of GRANULE tokens goes through the layers
-# over several steps, some layers each (`mixed_batch`): deep in a long prompt a token's attention
-# reads its whole KV, and more tokens share that read.
+# Where fewer than SPREAD_CHUNK tokens fit a step, a chunk goes through the layers over several
+# steps, some layers each (`mixed_batch`): deep in a long prompt a token's attention reads its
+# whole KV, and more tokens share that read.
 # A spread chunk goes through at least this share of the layers a step, whatever the budget says:
 # the usual gap is measured before the chunks start and goes stale while they run, so a stream
 # that deepens meanwhile would spend the budget on its own attention and starve the prompt.
 MIN_LAYER_SHARE = 0.1
+# A spread chunk is at least this wide, and a multiple of it: a forward pass's matmuls cost
+# about as much for a few rows as for this many (scripts/bench_carried_chunk.py), so a narrower
+# chunk pays that for fewer tokens. A spread chunk is as wide as the budget allows over its
+# passes.
+SPREAD_CHUNK = 16
 
 
 def chunk_cost(max_stream_gap: float | None) -> float:
@@ -121,11 +126,21 @@ class PrefillPacer:
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
             chunk = clamp_chunk(fits)
-            if fits < GRANULE and self.layers:
-                chunk = GRANULE
-                floor = math.ceil(self.layers * MIN_LAYER_SHARE)
-                share = max(floor, round(self.layers * fits / chunk))
-                if share < self.layers:
-                    self.layers_per_pass = even_share(self.layers, share)
+            if fits < SPREAD_CHUNK and self.layers:
+                chunk, self.layers_per_pass = self._spread(fits)
             self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk
+
+    def _spread(self, fits: float) -> tuple[int, int | None]:
+        """A chunk of about `fits` tokens' worth a step over as few passes as make it at least
+        SPREAD_CHUNK wide (fewer where each pass must take MIN_LAYER_SHARE of the layers), some
+        of the layers each: (its tokens, its layers a pass)."""
+        passes = max(1, math.ceil(SPREAD_CHUNK / max(fits, 1e-9)))
+        floor = math.ceil(self.layers * MIN_LAYER_SHARE)
+        passes = min(passes, max(1, self.layers // floor))
+        share = even_share(self.layers, math.ceil(self.layers / passes))
+        passes = math.ceil(self.layers / share)
+        tokens = fits * passes
+        width = SPREAD_CHUNK if tokens >= SPREAD_CHUNK else GRANULE  # a pass costs by blocks
+        chunk = max(GRANULE, round(tokens / width) * width)
+        return chunk, share if share < self.layers else None

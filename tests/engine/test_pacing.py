@@ -14,6 +14,7 @@ from mlxserve.engine.pacing import (
     MAX_CHUNK,
     MAX_GROWTH,
     MIN_CHUNK,
+    SPREAD_CHUNK,
     PrefillPacer,
     chunk_cost,
     even_share,
@@ -142,10 +143,10 @@ def test_mlx_lm_joins_a_prompt_a_step_after_its_single_token_final_chunk(tiny_lm
 
 
 def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_steps():
-    """Where fewer than GRANULE tokens fit a step (SmolLM2-135M at depth 7,000 on the CPU: one
-    token costs 63 ms beside a 55 ms decode pass), a chunk of GRANULE tokens goes through as many
-    of the 30 layers a step as fit the budget; without mixed batches a step carries the 1-token
-    floor."""
+    """Where fewer than SPREAD_CHUNK tokens fit a step (SmolLM2-135M at depth 7,000 on the CPU:
+    one token costs 63 ms beside a 55 ms decode pass), a chunk goes through some of the 30
+    layers a step, as wide as the budget allows over its passes; without mixed batches a step
+    carries the 1-token floor."""
     for layers in (0, 30):
         pacer = PrefillPacer(calibrated=16, layers=layers)
         pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
@@ -153,16 +154,14 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
         if not layers:
             assert (chunk, pacer.layers_per_pass) == (MIN_CHUNK, None)
             continue
-        fits = CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.063
-        assert (chunk, pacer.layers_per_pass) == (
-            GRANULE,
-            even_share(30, round(30 * fits / GRANULE)),
-        )
-        # 8 tokens through 10 layers a step share the KV reads: 20 ms each
+        # about one token fits: the narrowest chunk through a tenth of the layers a step
+        assert (chunk, pacer.layers_per_pass) == (GRANULE, 3)
+        # 8 tokens through 10 layers a step share the KV reads: 20 ms each; 3.3 fit a step,
+        # so 16 tokens through 6 layers a step (5 passes) carry 3.2
         for _ in range(COST_WINDOW):
             chunk = pacer.observe(0.055 + 0.020 * 8 / 3, 8 / 3, prompts=1, decoded=True)
-        share = round(30 * CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.020 / GRANULE)
-        assert (chunk, pacer.layers_per_pass) == (GRANULE, even_share(30, share))
+        assert CHUNK_COST_IN_DECODE_STEPS * 0.055 / 0.020 == pytest.approx(3.3)
+        assert (chunk, pacer.layers_per_pass) == (SPREAD_CHUNK, 6)
         # shallower: whole chunks
         for _ in range(COST_WINDOW):
             pacer.observe(0.055 + 0.004 * 8, prompt_tokens=8, prompts=1, decoded=True)
@@ -170,14 +169,14 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
 
 
 def test_a_chunk_spread_over_the_layers_goes_in_even_passes():
-    """As many passes as the budget allows, each the same share: 28 layers and then 2 made every
-    other step the costliest the budget allowed."""
+    """As few passes as make the chunk SPREAD_CHUNK wide, each the same share: 28 layers and
+    then 2 made every other step the costliest the budget allowed."""
     assert [even_share(30, s) for s in (28, 21, 15, 14, 9, 3, 1)] == [15, 15, 15, 10, 8, 3, 1]
     pacer = PrefillPacer(calibrated=16, layers=30)
     pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
-    for _ in range(COST_WINDOW):  # 7.4 tokens fit a step: 28 of 30 layers for a chunk of 8
+    for _ in range(COST_WINDOW):  # 8.9 tokens fit a step: 16 through half the layers a step
         chunk = pacer.observe(0.055 + 0.0074 * 7.5, prompt_tokens=7.5, prompts=1, decoded=True)
-    assert (chunk, pacer.layers_per_pass) == (GRANULE, 15)
+    assert (chunk, pacer.layers_per_pass) == (SPREAD_CHUNK, 15)
 
 
 def test_a_spread_chunk_always_makes_progress():

@@ -1,0 +1,117 @@
+"""What a decode pass costs when it carries a prompt chunk of k tokens (mixed batches), against
+the bare decode pass and against the same chunk in a pass of its own: the shape the pacer's
+spread chunks follow (engine/pacing.py, SPREAD_CHUNK).
+
+The model as the server prepares it (the platform's weights and attention); one decode row at
+depth `--decode-depth`, the prompt at depth `--prompt-depth`; each time the median of `--repeats`
+passes, all in this process. This script only prints; it asserts nothing.
+
+    python scripts/bench_carried_chunk.py [--model PATH] [--decode-depth 300]
+                                          [--prompt-depth 1000] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from bench_common import default_model, print_table, reexec_for_cpu
+
+CHUNKS = (1, 4, 8, 16, 24, 32, 64)
+FILL_PASS = 64  # tokens a pass while the caches are filled
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="A decode pass's cost by the prompt tokens it carries.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser.add_argument("--decode-depth", type=int, default=300)
+    parser.add_argument("--prompt-depth", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=15)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    reexec_for_cpu()
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import BatchKVCache
+
+    from mlxserve.engine.mlx_lm_compat.mixed_batch import PromptPart, mixed_forward, supports
+    from mlxserve.platform import current_policy
+
+    model_path = args.model or default_model()
+    model, _ = load(model_path)
+    policy = current_policy()
+    policy.prepare_model(model)
+    if not supports(model):
+        print("this model's architecture has no mixed batches", file=sys.stderr)
+        return 1
+    attention = policy.attention()
+
+    def filled(depth: int) -> list:
+        caches = [BatchKVCache(left_padding=[0]) for _ in model.model.layers]
+        tokens = mx.array([[100 + i % 1000 for i in range(depth)]])
+        for start in range(0, depth, FILL_PASS):
+            model(tokens[:, start : start + FILL_PASS], cache=caches)
+            mx.eval([c.state for c in caches])
+        return caches
+
+    decode, prompt = filled(args.decode_depth), filled(args.prompt_depth)
+
+    def rewind(caches: list, depth: int) -> None:
+        for cache in caches:
+            cache._idx, cache.offset = depth, mx.array([depth])
+
+    def timed(run: Callable[[], None]) -> float:
+        run()
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+
+    def decode_pass(k: int = 0) -> Callable[[], None]:
+        def run() -> None:
+            rewind(decode, args.decode_depth)
+            rewind(prompt, args.prompt_depth)
+            part = PromptPart(mx.array([[7 + i for i in range(k)]]), prompt) if k else None
+            logits = mixed_forward(model, [(mx.array([[5]]), decode)], part, None, attention)
+            mx.eval(logits, [c.state for c in prompt])
+
+        return run
+
+    def prompt_pass(k: int) -> Callable[[], None]:
+        def run() -> None:
+            rewind(prompt, args.prompt_depth)
+            mx.eval(model(mx.array([[7 + i for i in range(k)]]), cache=prompt))
+
+        return run
+
+    bare = timed(decode_pass())
+    rows = [
+        ("model", f"{model_path} ({policy.description})"),
+        ("decode pass, one row at depth", f"{args.decode_depth}: {bare:.1f} ms"),
+    ]
+    for k in CHUNKS:
+        carried, alone = timed(decode_pass(k)), timed(prompt_pass(k))
+        rows.append(
+            (
+                f"carrying {k} prompt tokens at depth {args.prompt_depth}",
+                f"{carried:.1f} ms (+{carried - bare:.1f}, {(carried - bare) / k:.2f} ms a token); "
+                f"in a pass of its own {alone:.1f} ms",
+            )
+        )
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
