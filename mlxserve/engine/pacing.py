@@ -132,15 +132,18 @@ class PrefillPacer:
         return self.chunk
 
     def _spread(self, fits: float) -> tuple[int, int | None]:
-        """A chunk of about `fits` tokens' worth a step over as few passes as make it at least
-        SPREAD_CHUNK wide (fewer where each pass must take MIN_LAYER_SHARE of the layers), some
-        of the layers each: (its tokens, its layers a pass)."""
-        passes = max(1, math.ceil(SPREAD_CHUNK / max(fits, 1e-9)))
+        """The chunk that carries the most tokens' worth a step within `fits`: a width of
+        GRANULE or a multiple of SPREAD_CHUNK, over even passes of at least MIN_LAYER_SHARE of
+        the layers (the narrowest over the thinnest passes where none fits): (its tokens, its
+        layers a pass)."""
         floor = math.ceil(self.layers * MIN_LAYER_SHARE)
-        passes = min(passes, max(1, self.layers // floor))
-        share = even_share(self.layers, math.ceil(self.layers / passes))
-        passes = math.ceil(self.layers / share)
-        tokens = fits * passes
-        width = SPREAD_CHUNK if tokens >= SPREAD_CHUNK else GRANULE  # a pass costs by blocks
-        chunk = max(GRANULE, round(tokens / width) * width)
+        best, best_rate = (GRANULE, even_share(self.layers, floor)), 0.0
+        widths = [GRANULE, *range(SPREAD_CHUNK, self.beside_decode_max + 1, SPREAD_CHUNK)]
+        for passes in range(1, self.layers // floor + 1):
+            share = even_share(self.layers, math.ceil(self.layers / passes))
+            for width in widths:
+                rate = width * share / self.layers
+                if best_rate < rate <= fits:
+                    best, best_rate = (width, share), rate
+        chunk, share = best
         return chunk, share if share < self.layers else None

@@ -169,14 +169,14 @@ def test_deep_in_a_long_prompt_a_chunk_goes_through_the_layers_over_several_step
 
 
 def test_a_chunk_spread_over_the_layers_goes_in_even_passes():
-    """As few passes as make the chunk SPREAD_CHUNK wide, each the same share: 28 layers and
-    then 2 made every other step the costliest the budget allowed."""
+    """The chunk carrying the most within the budget, in passes of the same share: 28 layers
+    and then 2 made every other step the costliest the budget allowed."""
     assert [even_share(30, s) for s in (28, 21, 15, 14, 9, 3, 1)] == [15, 15, 15, 10, 8, 3, 1]
     pacer = PrefillPacer(calibrated=16, layers=30)
     pacer.observe(0.055, prompt_tokens=0, prompts=0, decoded=True)
-    for _ in range(COST_WINDOW):  # 8.9 tokens fit a step: 16 through half the layers a step
+    for _ in range(COST_WINDOW):  # 8.9 tokens fit a step: 32 through 8 layers a step carry 8.5
         chunk = pacer.observe(0.055 + 0.0074 * 7.5, prompt_tokens=7.5, prompts=1, decoded=True)
-    assert (chunk, pacer.layers_per_pass) == (SPREAD_CHUNK, 15)
+    assert (chunk, pacer.layers_per_pass) == (2 * SPREAD_CHUNK, 8)
 
 
 def test_a_spread_chunk_always_makes_progress():
