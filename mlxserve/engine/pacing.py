@@ -132,13 +132,14 @@ class PrefillPacer:
         return self.chunk
 
     def _spread(self, fits: float) -> tuple[int, int | None]:
-        """The chunk that carries the most tokens' worth a step within `fits`: a width of
-        GRANULE or a multiple of SPREAD_CHUNK, over even passes of at least MIN_LAYER_SHARE of
-        the layers (the narrowest over the thinnest passes where none fits): (its tokens, its
-        layers a pass)."""
+        """The chunk that carries the most tokens' worth a step within `fits`: a multiple of
+        SPREAD_CHUNK wide, over even passes of at least MIN_LAYER_SHARE of the layers (GRANULE
+        tokens over the thinnest passes where none fits): (its tokens, its layers a pass). Not
+        narrower: deep in a prompt a pass reads the whole KV whatever the chunk's width, so a
+        narrow chunk costs more a token than the wide ones its cost was measured on."""
         floor = math.ceil(self.layers * MIN_LAYER_SHARE)
         best, best_rate = (GRANULE, even_share(self.layers, floor)), 0.0
-        widths = [GRANULE, *range(SPREAD_CHUNK, self.beside_decode_max + 1, SPREAD_CHUNK)]
+        widths = range(SPREAD_CHUNK, self.beside_decode_max + 1, SPREAD_CHUNK)
         for passes in range(1, self.layers // floor + 1):
             share = even_share(self.layers, math.ceil(self.layers / passes))
             for width in widths:
