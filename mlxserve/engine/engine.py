@@ -457,8 +457,8 @@ class Engine:
             if event.finished:
                 finished.append(seq)
         self._remove(finished)
-        if self._failed.bisection.testing:
-            self._failed.bisection.cleared([seq for _, seq in live])
+        if self._failed.bisection.testing or self._failed.resuming:
+            self._failed.sent([seq for _, seq in live])
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
         stats.active_sequences = len(self.live)

@@ -99,10 +99,17 @@ class FailedSteps:
         self.engine = engine
         self.bisection = Bisection()
         self.deferred: list[Group] = []  # arrived while a culprit was sought
+        self.resuming: dict[int, PausedRow] = {}  # rows back in the batch, no token sent yet
 
     @property
     def busy(self) -> bool:
         return self.bisection.active or bool(self.deferred)
+
+    def sent(self, seqs: list[SequenceState]) -> None:
+        """These rows sent a token this step: cleared as suspects, back for good."""
+        self.bisection.cleared(seqs)
+        for seq in seqs:
+            self.resuming.pop(id(seq), None)
 
     def holds(self, seq: SequenceState) -> bool:
         return any(h.seq is seq for half in self.bisection.held for h in half)
@@ -129,14 +136,20 @@ class FailedSteps:
         # Decode rows out first: pausing one reads what the failed step left (a pass that failed
         # in evaluation fails it again, and every sequence in flight with it, prompts still live).
         held = [self._pause(s, groups[id(s)]) for s in out if s.uid in decoding]
-        held += [Held(s, groups[id(s)], s.uid, None) for s in out if s.uid not in decoding]
+        # a decode row on its way back has its KV and sent tokens: it comes back as it was
+        again = {id(s): self.resuming.pop(id(s), None) for s in prompts}
+        held += [Held(s, groups[id(s)], s.uid, again[id(s)]) for s in out if s.uid not in decoding]
         for seq in prompts:
             live.forget(seq)
         if culprit is not None:
             self._fail(culprit, cause)
-        for seq in prompts:
-            if seq is not culprit and not _among(seq, out):
-                self._start_again(Held(seq, groups[id(seq)], seq.uid, None))
+        self._release(
+            [
+                Held(seq, groups[id(seq)], seq.uid, again[id(seq)])
+                for seq in prompts
+                if seq is not culprit and not _among(seq, out)
+            ]
+        )
         held = [h for h in held if h is not None]
         if held:
             self.bisection.held.append(held)
@@ -163,6 +176,7 @@ class FailedSteps:
         return len(held) + sum(len(g.requests) for g in deferred)
 
     def fail_all(self, message: str, unavailable: bool) -> None:
+        self.resuming.clear()
         for h in self.bisection.release_all():
             h.seq.post(GenerationEvent(index=h.seq.index, error=message, unavailable=unavailable))
         for group in self.deferred:
@@ -211,6 +225,7 @@ class FailedSteps:
                 continue
             h.seq.uid = failed_step.resume(self.engine.generator, h.paused)
             self.engine.live.add(h.group_id, h.seq)
+            self.resuming[id(h.seq)] = h.paused  # until it sends a token
 
     def _start_again(self, h: Held) -> None:
         """A prompt back in the batch from its start; it fails alone if it cannot be."""

@@ -129,7 +129,8 @@ class ServerBatchGenerator(BatchGenerator):
 
     def arm_faults(self, tripwire, due: dict[str, set[int]]) -> None:
         """Tests: the decode pass raises when it holds a row of `due["forward"]` or carries a
-        prompt of `due["prefill"]`; a prompt pass when it holds one of `due["prefill"]`."""
+        prompt of `due["prefill"]`; a prompt pass when it holds one of `due["prefill"]`, or a
+        join's pass one of either."""
         if self._tripwire is None:
             self._tripwire = tripwire
             decode, prompts = self._generation_batch, self._prompt_batch
@@ -148,7 +149,10 @@ class ServerBatchGenerator(BatchGenerator):
 
     def _prompt_fault(self) -> str | None:
         rows = {*self._prompt_batch.uids, *self._joining}
-        return "prefill" if self.faults_due.get("prefill", set()) & rows else None
+        if self.faults_due.get("prefill", set()) & rows:
+            return "prefill"
+        # a decode row back from a failed step computes its next token in a join's pass
+        return "forward" if self.faults_due.get("forward", set()) & set(self._joining) else None
 
     def _noting_joins(self, split):
         """The prompt batch's `split` (which mlx-lm calls only to move prompts to the decode
