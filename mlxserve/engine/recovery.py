@@ -99,7 +99,9 @@ class FailedSteps:
         self.engine = engine
         self.bisection = Bisection()
         self.deferred: list[Group] = []  # arrived while a culprit was sought
-        self.resuming: dict[int, PausedRow] = {}  # rows back in the batch, no token sent yet
+        # rows back in the batch, no token sent yet: id -> (the row, as it left); the row is held
+        # here so that its id names no other while it is
+        self.resuming: dict[int, tuple[SequenceState, PausedRow]] = {}
 
     @property
     def busy(self) -> bool:
@@ -137,7 +139,7 @@ class FailedSteps:
         # in evaluation fails it again, and every sequence in flight with it, prompts still live).
         held = [self._pause(s, groups[id(s)]) for s in out if s.uid in decoding]
         # a decode row on its way back has its KV and sent tokens: it comes back as it was
-        again = {id(s): self.resuming.pop(id(s), None) for s in prompts}
+        again = {id(s): self.resuming.pop(id(s), (s, None))[1] for s in prompts}
         held += [Held(s, groups[id(s)], s.uid, again[id(s)]) for s in out if s.uid not in decoding]
         for seq in prompts:
             live.forget(seq)
@@ -161,6 +163,9 @@ class FailedSteps:
         live = self.engine.live
         gone = [s for s in self.bisection.testing if live.get(s.uid) is not s]
         self.bisection.cleared(gone)  # finished, cancelled or failed on their own
+        for key, (seq, _) in list(self.resuming.items()):
+            if live.get(seq.uid) is not seq:
+                del self.resuming[key]
         if self.bisection.active:
             self._release(self.bisection.next_half())
         if not self.bisection.active and self.deferred:
@@ -225,7 +230,7 @@ class FailedSteps:
                 continue
             h.seq.uid = failed_step.resume(self.engine.generator, h.paused)
             self.engine.live.add(h.group_id, h.seq)
-            self.resuming[id(h.seq)] = h.paused  # until it sends a token
+            self.resuming[id(h.seq)] = (h.seq, h.paused)  # until it sends a token
 
     def _start_again(self, h: Held) -> None:
         """A prompt back in the batch from its start; it fails alone if it cannot be."""
