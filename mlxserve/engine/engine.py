@@ -431,8 +431,9 @@ class Engine:
         self._fault_rows = rows
         due = {stage: set() for stage in faults.PASS_STAGES}
         for seq in rows:
-            if seq.request.fault.due(seq.request.fault.stage, seq.generated):
-                due[seq.request.fault.stage].add(seq.uid)
+            fault = seq.request.fault
+            if fault.due(fault.stage, seq.generated):
+                due[fault.stage].add(seq.uid)
         self.generator.arm_faults(faults.tripwire(self.slot.loaded.model), due)
 
     def _emit(self, responses) -> None:
@@ -457,8 +458,7 @@ class Engine:
             if event.finished:
                 finished.append(seq)
         self._remove(finished)
-        if self._failed.bisection.testing or self._failed.resuming:
-            self._failed.sent([seq for _, seq in live])
+        self._failed.sent(live)
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
         stats.active_sequences = len(self.live)
@@ -530,15 +530,13 @@ class Engine:
         self.stats.active_sequences = 0
 
     def _admit(self, group: Group) -> None:
-        if self._failed.bisection.active:  # a culprit is sought among the rows in the batch
-            self._failed.deferred.append(group)
+        if self._failed.defer(group):  # a culprit is sought among the rows in the batch
             return
         if self.slot.loaded is None:  # unloaded (idle) while this request was on its way
             try:
                 self.slot.load(self.slot.source)
             except ModelLoadError as error:
-                for index in range(len(group.requests)):
-                    group.post(GenerationEvent(index=index, error=str(error)))
+                group.fail(str(error))
                 return
         sequences = []
         leaders: dict[tuple[int, ...], SequenceState] = {}
@@ -557,10 +555,7 @@ class Engine:
             log.exception("could not start a sequence")
             self._followers.drop_group(group.group_id)
             self._remove([s for s in sequences if s.uid is not None])
-            for index in range(len(group.requests)):
-                group.post(
-                    GenerationEvent(index=index, error=f"could not start generation: {error}")
-                )
+            group.fail(f"could not start generation: {error}")
             return
         for seq in sequences:
             self.live.add(group.group_id, seq)

@@ -28,6 +28,11 @@ class Group:
         except RuntimeError:  # closed between the check and the call
             pass
 
+    def fail(self, message: str, unavailable: bool = False) -> None:
+        """End every sequence of the group with an error event."""
+        for index in range(len(self.requests)):
+            self.post(GenerationEvent(index=index, error=message, unavailable=unavailable))
+
 
 @dataclass(frozen=True)
 class Add:

@@ -107,8 +107,18 @@ class FailedSteps:
     def busy(self) -> bool:
         return self.bisection.active or bool(self.deferred)
 
-    def sent(self, seqs: list[SequenceState]) -> None:
-        """These rows sent a token this step: cleared as suspects, back for good."""
+    def defer(self, group: Group) -> bool:
+        """Keep an arriving group back while a culprit is sought; whether it was kept."""
+        if self.bisection.active:
+            self.deferred.append(group)
+        return self.bisection.active
+
+    def sent(self, decoded: list[tuple]) -> None:
+        """The (response, row) pairs that sent a token this step: the rows are cleared as
+        suspects, and back for good. Nothing to do, and nothing done, in the usual step."""
+        if not (self.bisection.testing or self.resuming):
+            return
+        seqs = [seq for _, seq in decoded]
         self.bisection.cleared(seqs)
         for seq in seqs:
             self.resuming.pop(id(seq), None)
@@ -185,8 +195,7 @@ class FailedSteps:
         for h in self.bisection.release_all():
             h.seq.post(GenerationEvent(index=h.seq.index, error=message, unavailable=unavailable))
         for group in self.deferred:
-            for index in range(len(group.requests)):
-                group.post(GenerationEvent(index=index, error=message, unavailable=unavailable))
+            group.fail(message, unavailable)
         self.deferred = []
 
     # ---- rows out and back ------------------------------------------------------------------
