@@ -172,7 +172,10 @@ def test_the_event_sequence_is_anthropics(http):
 def test_structured_output_follows_its_schema(claude):
     person = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 10},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     }
@@ -182,6 +185,7 @@ def test_structured_output_follows_its_schema(claude):
         messages=[{"role": "user", "content": "A person as JSON"}],
         output_config={"format": {"type": "json_schema", "schema": person}},
     )
+    assert message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(message.content[0].text), person)
 
 
