@@ -40,17 +40,45 @@ class RowGuard:
 
         return guarded
 
-    def sampler(self, sample: Callable) -> Callable:
-        def guarded(logprobs):
-            if self.error is None:
-                try:
-                    if self.fault is not None:
-                        self.fault.check("sampler", self.steps)
-                    token = sample(logprobs)
-                    self.steps += 1
-                    return token
-                except Exception as error:
-                    self.fail("sampler", error)
-            return mx.argmax(logprobs, axis=-1)
+    def sampler(self, sample: Callable) -> GuardedSampler:
+        return GuardedSampler(self, sample)
 
-        return guarded
+
+class GuardedSampler:
+    """A row's sampler behind its guard. Rows drawn together (sampling/batched.py) share a
+    `group_key`; a row with a fault to play, or one that failed, draws alone."""
+
+    def __init__(self, guard: RowGuard, sample: Callable):
+        self.guard = guard
+        self.sample = sample
+
+    @property
+    def group_key(self):
+        if self.guard.fault is not None or self.guard.error is not None:
+            return None
+        return getattr(self.sample, "group_key", None)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        guard = self.guard
+        if guard.error is None:
+            try:
+                if guard.fault is not None:
+                    guard.fault.check("sampler", guard.steps)
+                token = self.sample(logprobs)
+                guard.steps += 1
+                return token
+            except Exception as error:
+                guard.fail("sampler", error)
+        return mx.argmax(logprobs, axis=-1)
+
+    def draw_rows(self, members: list[GuardedSampler], logprobs: mx.array) -> mx.array:
+        """The rows of `members` (which share this `group_key`) drawn together; if that fails,
+        each on its own, so the guard of the row at fault names it."""
+        try:
+            tokens = self.sample.draw_rows([m.sample for m in members], logprobs)
+        except Exception:
+            log.debug("a group of %d rows failed to draw together", len(members), exc_info=True)
+            return mx.concatenate([m(logprobs[i : i + 1]) for i, m in enumerate(members)])
+        for member in members:
+            member.guard.steps += 1
+        return tokens

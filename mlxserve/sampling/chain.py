@@ -64,15 +64,15 @@ class SequenceSampler:
         self.steps = self._steps(params, vocab_size) if sampling and not self.mirostat else []
         # Only XTC draws randomness inside the chain; everyone else keeps one split per token.
         self.chain_needs_key = sampling and params.xtc_probability > 0 and "xtc" in params.samplers
+        # Rows with equal keys draw in one graph (`draw_rows`); mirostat's state and XTC's
+        # randomness inside the chain are the row's own.
+        alone = self.mirostat is not None or self.chain_needs_key
+        self.group_key = None if alone else _chain_signature(params, vocab_size)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        if self.group_key is not None:
+            return self.draw_rows([self], logprobs)
         p = self.params
-        if p.greedy:
-            token = mx.argmax(logprobs, axis=-1)
-            if self.keep_final:
-                chosen = mx.arange(logprobs.shape[-1]) == token[:, None]
-                self.finals.append(mx.where(chosen, 0.0, BANNED))
-            return token
         self.key, key = mx.random.split(self.key)
         if self.mirostat is not None:
             scaled = logprobs * (1.0 / p.temperature)
@@ -85,6 +85,32 @@ class SequenceSampler:
         if self.keep_final:
             self.finals.append(logprobs)
         return mx.random.categorical(logprobs, key=draw_key)
+
+    @staticmethod
+    def draw_rows(members: Sequence[SequenceSampler], logprobs: mx.array) -> mx.array:
+        """One token for each row of `logprobs` (`[n, V]`), row i drawn by `members[i]`, which
+        share a `group_key`: the chain runs once on all rows, and each row draws with its own
+        key, so a row's token is the same whichever rows it is drawn beside."""
+        first = members[0]
+        if first.params.greedy:
+            tokens = mx.argmax(logprobs, axis=-1)
+            if any(m.keep_final for m in members):
+                chosen = mx.arange(logprobs.shape[-1]) == tokens[:, None]
+                logprobs = mx.where(chosen, 0.0, BANNED)
+            new_keys = None
+        else:
+            keys = mx.stack([m.key for m in members])
+            for step in first.steps:
+                logprobs = step(logprobs, None)
+            split = _split_keys(keys)
+            tokens = _draw(logprobs, split[:, 1])
+            new_keys = split[:, 0]
+        for i, member in enumerate(members):  # only once the whole draw is built
+            if new_keys is not None:
+                member.key = new_keys[i]
+            if member.keep_final:
+                member.finals.append(logprobs[i : i + 1])
+        return tokens
 
     @staticmethod
     def _steps(
@@ -106,6 +132,32 @@ class SequenceSampler:
             "infill": (bool(p.infill_end_ids), _infill_step(p, vocab_size)),
         }
         return [available[name][1] for name in p.samplers if available.get(name, (False,))[0]]
+
+
+def _chain_signature(p: SamplingParams, vocab_size: int) -> tuple:
+    """What the chain of `SequenceSampler._steps` and the draw depend on: rows with equal
+    signatures can run one chain."""
+    if p.greedy:
+        return ("greedy",)
+    return (
+        "chain",
+        vocab_size,
+        p.samplers,
+        p.temperature,
+        p.top_k,
+        p.top_p,
+        p.min_p,
+        p.typical_p,
+        p.top_n_sigma,
+        p.dynatemp_range,
+        p.dynatemp_exponent,
+        p.infill_end_ids,
+    )
+
+
+# Per-row keys over a batch of rows: each row's split and draw are what they would be alone.
+_split_keys = mx.vmap(mx.random.split)
+_draw = mx.vmap(lambda row, key: mx.random.categorical(row, key=key))
 
 
 def _infill_step(p: SamplingParams, vocab_size: int) -> Callable[[mx.array, mx.array], mx.array]:

@@ -40,6 +40,7 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
     "GenerationBatch": [
         ("extend", "mixed_batch.py: joins go through batch_join"),
         ("next", "generator.py: a decode pass's responses kept in case a later pass fails"),
+        ("_step", "decode_step.py: the step, with rows drawn in groups"),
     ],
     "GenerationBatch()": [
         ("model", "mixed_batch.py: the decode pass carries prompt chunks"),
@@ -51,6 +52,10 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("prompt_cache", "prefix_cache.py, kv_reserve.py: the decode batch's KV"),
         ("_next_logprobs", "failed_step.py: a paused row's sampled token's logprobs"),
         ("_token_context", "failed_step.py: processors' contexts as before a failed step"),
+    ]
+    + [
+        (name, "decode_step.py: the step's state, as mlx-lm keeps it")
+        for name in ("_current_tokens", "_current_logprobs", "fallback_sampler")
     ]
     + [
         (name, "failed_step.py: a paused row's sampling, back as it was")

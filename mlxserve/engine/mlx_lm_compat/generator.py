@@ -12,7 +12,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import base
 
-from . import batch_join, mixed_batch
+from . import batch_join, decode_step, mixed_batch
 from .contract import check_contract
 from .kv_reserve import reserve_for_generator
 from .lockstep_tokens import broadcast_sampled_tokens
@@ -23,7 +23,8 @@ PREFILL_BATCH = 8  # prompts prefilled side by side
 
 class ServerBatchGenerator(BatchGenerator):
     """Continuous batching with the engine's additions: fewer KV copies on joins (batch_join),
-    prompt chunks riding in decode passes (mixed_batch), KV grown ahead (kv_reserve)."""
+    prompt chunks riding in decode passes (mixed_batch), KV grown ahead (kv_reserve), rows that
+    sample alike drawn together (decode_step)."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class ServerBatchGenerator(BatchGenerator):
         `mixed_max_chunk` tokens (default: `pass_tokens`)."""
         check_contract()
         batch_join.install()
+        decode_step.install()
         if cluster is not None and cluster.size > 1:
             broadcast_sampled_tokens(cluster)
             mixed = False
