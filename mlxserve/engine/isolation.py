@@ -26,22 +26,40 @@ class RowGuard:
             log.error("a sequence failed in its %s: %r", stage, error, exc_info=error)
             self.error = f"{stage} failed: {type(error).__name__}: {error}"
 
-    def processor(self, process: Callable, stage: str) -> Callable:
-        def guarded(tokens, logits):
-            if self.error is not None:
-                return logits
-            try:
-                if self.fault is not None:
-                    self.fault.check(stage, self.steps)
-                return process(tokens, logits)
-            except Exception as error:
-                self.fail(stage, error)
-                return logits
-
-        return guarded
+    def processor(self, process: Callable, stage: str) -> GuardedProcessor:
+        return GuardedProcessor(self, process, stage)
 
     def sampler(self, sample: Callable) -> GuardedSampler:
         return GuardedSampler(self, sample)
+
+
+class GuardedProcessor:
+    """A row's logits processor behind its guard. A ban of fixed ids says which (`banned_ids`),
+    so that rows banning the same ids are banned together, unless this row has a fault to play
+    or failed."""
+
+    def __init__(self, guard: RowGuard, process: Callable, stage: str):
+        self.guard = guard
+        self.process = process
+        self.stage = stage
+
+    @property
+    def banned_ids(self) -> tuple[int, ...] | None:
+        if self.guard.fault is not None or self.guard.error is not None:
+            return None
+        return getattr(self.process, "banned_ids", None)
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        guard = self.guard
+        if guard.error is not None:
+            return logits
+        try:
+            if guard.fault is not None:
+                guard.fault.check(self.stage, guard.steps)
+            return self.process(tokens, logits)
+        except Exception as error:
+            guard.fail(self.stage, error)
+            return logits
 
 
 class GuardedSampler:

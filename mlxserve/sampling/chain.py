@@ -221,7 +221,7 @@ def make_processors(
     if grammar_mask is not None:
         processors.append(grammar_mask)
     if always_banned:
-        processors.append(_ban(list(always_banned)))
+        processors.append(Ban(always_banned))
     if banned_until is not None:
         ids, prompt_len, min_tokens = banned_until
         if ids and min_tokens > 0:
@@ -239,19 +239,22 @@ def _allow_only(allowed: Sequence[int], vocab_size: int) -> LogitsProcessor:
     return allow_only
 
 
-def _ban(ids: list[int]) -> LogitsProcessor:
-    index = mx.array(ids)
+class Ban:
+    """Bans `ids` for good. Rows that ban the same ids (EOS under ignore_eos) are banned in one
+    op by the decode step, which reads `banned_ids`."""
 
-    def ban(_tokens: mx.array, logits: mx.array) -> mx.array:
-        logits[:, index] = BANNED
+    def __init__(self, ids: Sequence[int]):
+        self.banned_ids = tuple(ids)
+        self.index = mx.array(list(ids))
+
+    def __call__(self, _tokens: mx.array, logits: mx.array) -> mx.array:
+        logits[:, self.index] = BANNED
         return logits
-
-    return ban
 
 
 def _ban_while_short(ids: list[int], min_length: int) -> LogitsProcessor:
     """Ban ids while the context (prompt + generated) is shorter than `min_length` tokens."""
-    ban = _ban(ids)
+    ban = Ban(ids)
 
     def ban_while_short(tokens: mx.array, logits: mx.array) -> mx.array:
         # mlx-lm calls processors one step ahead: the context holds the tokens fed so far.

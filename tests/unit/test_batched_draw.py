@@ -1,5 +1,6 @@
-"""Rows that sample alike are drawn in one graph (sampling/batched.py): every row's tokens must
-be exactly what its sampler draws for it alone, step after step, in any company."""
+"""Rows that sample alike are drawn in one graph (sampling/batched.py), and rows that ban the same
+ids are banned in one op (decode_step.py): every row must come out exactly as it would alone,
+step after step, in any company."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 
 from mlxserve.engine.faults import Fault
 from mlxserve.engine.isolation import RowGuard
+from mlxserve.engine.mlx_lm_compat.decode_step import _banned
 from mlxserve.sampling.batched import draw
-from mlxserve.sampling.chain import SequenceSampler
+from mlxserve.sampling.chain import Ban, SequenceSampler
 from mlxserve.sampling.params import SamplingParams
 
 VOCAB = 300
@@ -107,3 +109,41 @@ def test_a_row_with_a_fault_leaves_the_group_and_fails_alone():
     assert drawn[1][:2] == expected[1][:2]
     assert guards[1].error is not None and "sampler failed" in guards[1].error
     assert guards[0].error is None and guards[0].steps == STEPS
+
+
+def test_bans_of_the_same_ids_are_applied_to_all_their_rows_at_once():
+    guard, faulty = RowGuard(), RowGuard(Fault("logits processor", after=99))
+    eos, other = Ban([0, 7]), Ban([5])
+
+    def bias(_tokens, logits):
+        return logits + 1.0
+
+    processors = [
+        [guard.processor(eos, "logits processor")],
+        [],
+        [guard.processor(bias, "logits processor"), guard.processor(eos, "logits processor")],
+        [guard.processor(other, "logits processor")],
+        [faulty.processor(eos, "logits processor")],  # plays its fault: stays the row's own
+        None,
+    ]
+    logits = mx.random.normal((6, 10), key=mx.random.key(0))
+    expected = mx.concatenate(
+        [
+            ban_alone(logits[i : i + 1], [p for p in row or () if p is not None])
+            for i, row in enumerate(processors)
+        ]
+    )
+    banned, own = _banned(logits, processors)
+    assert [len(p) for p in own] == [0, 0, 1, 0, 1, 0]
+    assert own[2][0].process is bias and own[4][0].guard is faulty
+    together = mx.concatenate(
+        [ban_alone(banned[i : i + 1], own[i]) for i in range(len(processors))]
+    )
+    assert mx.array_equal(together, expected).item()
+    assert mx.isinf(banned[0, 7]).item() and not mx.isinf(banned[4, 7]).item()
+
+
+def ban_alone(row: mx.array, processors: list) -> mx.array:
+    for processor in processors:
+        row = processor(mx.array([1, 2]), row)
+    return row

@@ -2,8 +2,9 @@
 mlx-lm calls each row's sampler on its own row unless every row has the same sampler object,
 and each of ours is its sequence's own (its seed, its guard).
 
-Everything else is as mlx-lm does it: the forward pass, each row's logits processors on its
-row, the next tokens evaluated asynchronously while the current ones are read.
+Rows that ban the same token ids (EOS under ignore_eos) are banned in one op too. Everything else
+is as mlx-lm does it: the forward pass, each row's other logits processors on its row, the next
+tokens evaluated asynchronously while the current ones are read.
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ def _step(self):
 
     token_context = []
     if any(self.logits_processors):
-        rows = []
-        for e, processors in enumerate(self.logits_processors):
-            row = logits[e : e + 1]
-            if processors:  # only rows with processors keep a context
-                context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
-                token_context.append(context)
-                for processor in processors:
-                    row = processor(context, row)
-            rows.append(row)
-        logits = mx.concatenate(rows, axis=0)
+        logits, own = _banned(logits, self.logits_processors)
+        if any(own):
+            rows = []
+            for e, processors in enumerate(own):
+                row = logits[e : e + 1]
+                if processors:  # only rows with processors keep a context
+                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                    token_context.append(context)
+                    for processor in processors:
+                        row = processor(context, row)
+                rows.append(row)
+            logits = mx.concatenate(rows, axis=0)
 
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
@@ -45,6 +48,30 @@ def _step(self):
     for tokens, token in zip(self.tokens, inputs):
         tokens.append(token)
     return inputs, self._current_logprobs
+
+
+def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
+    """`logits` with the bans of fixed ids (processors with `banned_ids`) applied to all their
+    rows at once, and each row's other processors. A ban commutes with every other processor:
+    each leaves a -inf logit at -inf."""
+    bans: dict[tuple[int, ...], list[int]] = {}
+    own = []
+    for row, row_processors in enumerate(processors):
+        kept = []
+        for processor in row_processors or ():
+            ids = getattr(processor, "banned_ids", None)
+            if ids is None:
+                kept.append(processor)
+            else:
+                bans.setdefault(ids, []).append(row)
+        own.append(kept)
+    for ids, rows in bans.items():
+        index = mx.array(ids)
+        if len(rows) == logits.shape[0]:
+            logits[:, index] = -mx.inf
+        else:
+            logits[mx.array(rows)[:, None], index[None]] = -mx.inf
+    return logits, own
 
 
 def install() -> None:
