@@ -10,8 +10,11 @@ sequences' tokens over the wall time from submitting to the last token, prefill 
 sides. The two are interleaved `--repeats` times (limit, http, limit, http, ...) and the medians
 compared. Target: HTTP / limit >= 0.9. This script only prints; it asserts nothing.
 
+With `--temperature T` (and `--top-p P`) the sequences sample: in-process they share one mlx-lm
+sampler (its one batched call, the fastest it samples), over HTTP each request has its own seed.
+
     python scripts/bench_batch_limit.py [--model PATH] [--concurrency 16] [--max-tokens 128]
-                                        [--repeats 3]
+                                        [--repeats 3] [--temperature 0.8 --top-p 0.95]
 """
 
 from __future__ import annotations
@@ -42,12 +45,20 @@ def prompts(concurrency: int) -> list[str]:
     ]
 
 
-def limit_rate(model, tokenizer, concurrency: int, max_tokens: int) -> float:
+def limit_rate(
+    model, tokenizer, concurrency: int, max_tokens: int, temperature: float = 0.0, top_p=1.0
+) -> float:
     """Tokens/s of mlx-lm's BatchGenerator on the prompts, in this process."""
     from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
 
     ids = [tokenizer.encode(p) for p in prompts(concurrency)]
-    generator = BatchGenerator(model, stop_tokens=[], completion_batch_size=max(32, concurrency))
+    generator = BatchGenerator(
+        model,
+        stop_tokens=[],
+        completion_batch_size=max(32, concurrency),
+        sampler=make_sampler(temperature, top_p=top_p if top_p < 1 else 0.0),
+    )
     started = time.perf_counter()
     generator.insert(ids, max_tokens=[max_tokens] * len(ids))
     tokens, finished = 0, 0
@@ -68,6 +79,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
     return parser.parse_args()
 
 
@@ -85,9 +98,23 @@ def main() -> int:
     limits, https, ttfts = [], [], []
     try:
         with served(partial(start_server, path), "batch-limit") as server:
+            sampling = None
+            if args.temperature > 0:
+                sampling = {"temperature": args.temperature, "top_p": args.top_p}
             for repeat in range(args.repeats):
-                limits.append(limit_rate(model, tokenizer, args.concurrency, args.max_tokens))
-                rate, ttft, _ = concurrency_row(server.url, args.concurrency, args.max_tokens)
+                limits.append(
+                    limit_rate(
+                        model,
+                        tokenizer,
+                        args.concurrency,
+                        args.max_tokens,
+                        args.temperature,
+                        args.top_p,
+                    )
+                )
+                rate, ttft, _ = concurrency_row(
+                    server.url, args.concurrency, args.max_tokens, sampling
+                )
                 https.append(rate)
                 ttfts.append(ttft)
                 print(f"repeat {repeat + 1}: {limits[-1]:.1f} / {rate:.1f} tok/s", file=sys.stderr)
@@ -101,6 +128,12 @@ def main() -> int:
             (
                 "concurrency / tokens each / repeats",
                 f"{args.concurrency} / {args.max_tokens} / {args.repeats}",
+            ),
+            (
+                "sampling",
+                f"temperature {args.temperature}, top_p {args.top_p}, a seed a request"
+                if args.temperature > 0
+                else "greedy",
             ),
             (
                 "BatchGenerator in-process, tok/s (each repeat)",

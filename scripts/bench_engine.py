@@ -46,13 +46,16 @@ GAP_TOKENS_BEFORE = 64
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
-def stream(base_url: str, prompt: str, max_tokens: int, on_token=None) -> Streamed:
-    """One streamed greedy completion: time to first text chunk, tokens (the usage chunk's count,
-    else text chunks), and each text chunk's time.
+def stream(
+    base_url: str, prompt: str, max_tokens: int, on_token=None, sampling: dict | None = None
+) -> Streamed:
+    """One streamed completion, greedy unless `sampling` says otherwise: time to first text
+    chunk, tokens (the usage chunk's count, else text chunks), and each text chunk's time.
 
     `on_token(count)` may return True to stop reading (the client leaves).
     """
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body |= sampling or {}
     body["ignore_eos"] = True  # mlxserve: every run decodes max_tokens (mlx_lm.server ignores it)
     body["stream_options"] = {"include_usage": True}
     sent = time.perf_counter()
@@ -75,11 +78,20 @@ def long_prompt(tokens: int, tag: str) -> str:
     return TOKENIZER.decode(ids) + "\n"
 
 
-def concurrency_row(base_url: str, c: int, max_tokens: int) -> tuple[float, float, float]:
+def concurrency_row(
+    base_url: str, c: int, max_tokens: int, sampling: dict | None = None
+) -> tuple[float, float, float]:
+    """`c` distinct prompts at once: tokens/s over all of them, ttft p50 and p95. With
+    `sampling`, request i is seeded with i."""
     prompts = [f"Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
+
+    def one(i: int) -> Streamed:
+        seeded = None if sampling is None else sampling | {"seed": i}
+        return stream(base_url, prompts[i], max_tokens, sampling=seeded)
+
     start = time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
-        results = list(pool.map(lambda p: stream(base_url, p, max_tokens), prompts))
+        results = list(pool.map(one, range(c)))
     wall = time.perf_counter() - start
     ttfts = sorted(r.ttft for r in results)
     p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
