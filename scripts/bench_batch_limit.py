@@ -13,13 +13,20 @@ compared. Target: HTTP / limit >= 0.9. This script only prints; it asserts nothi
 With `--temperature T` (and `--top-p P`) the sequences sample: in-process they share one mlx-lm
 sampler (its one batched call, the fastest it samples), over HTTP each request has its own seed.
 
+With `--in-process`, mlxserve's engine runs in this process instead of a server, driven through
+`Engine.submit` as the front doors drive it: the engine's own cost per step, without HTTP's.
+(The engine then also steps the limit's batch with its decode step, which for one sampler
+shared by every row is mlx-lm's.)
+
     python scripts/bench_batch_limit.py [--model PATH] [--concurrency 16] [--max-tokens 128]
                                         [--repeats 3] [--temperature 0.8 --top-p 0.95]
+                                        [--in-process]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
@@ -70,6 +77,43 @@ def limit_rate(
     return tokens / elapsed
 
 
+def engine_rate(
+    engine, tokenizer, concurrency: int, max_tokens: int, temperature: float, top_p: float
+) -> tuple[float, float]:
+    """Tokens/s and median time to first token of mlxserve's engine in this process, the
+    prompts submitted at once (a seed each), every one decoding `max_tokens`."""
+    from mlxserve.engine import GenerationRequest, StopSpec
+    from mlxserve.sampling.params import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, top_p=top_p)
+    requests = [
+        GenerationRequest(
+            prompt_ids=tuple(tokenizer.encode(p)),
+            max_tokens=max_tokens,
+            sampling=sampling,
+            seed=i,
+            stop=StopSpec(ignore_eos=True),
+        )
+        for i, p in enumerate(prompts(concurrency))
+    ]
+
+    async def one(request, started: float) -> tuple[int, float]:
+        tokens, first = 0, None
+        async for event in engine.submit([request]):
+            if event.token_ids and first is None:
+                first = time.perf_counter() - started
+            tokens += len(event.token_ids)
+        return tokens, first
+
+    async def together() -> tuple[float, float]:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(r, started) for r in requests))
+        wall = time.perf_counter() - started
+        return sum(t for t, _ in results) / wall, statistics.median(f for _, f in results)
+
+    return asyncio.run(together())
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="mlxserve over HTTP against mlx-lm's BatchGenerator in-process.",
@@ -81,6 +125,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument(
+        "--in-process", action="store_true", help="mlxserve's engine in this process, no HTTP"
+    )
     return parser.parse_args()
 
 
@@ -96,32 +143,56 @@ def main() -> int:
     policy = current_policy()
     policy.prepare_model(model)
     limits, https, ttfts = [], [], []
-    try:
-        with served(partial(start_server, path), "batch-limit") as server:
-            sampling = None
-            if args.temperature > 0:
-                sampling = {"temperature": args.temperature, "top_p": args.top_p}
-            for repeat in range(args.repeats):
-                limits.append(
-                    limit_rate(
-                        model,
-                        tokenizer,
-                        args.concurrency,
-                        args.max_tokens,
-                        args.temperature,
-                        args.top_p,
-                    )
+    sampling = None
+    if args.temperature > 0:
+        sampling = {"temperature": args.temperature, "top_p": args.top_p}
+
+    def the_limit() -> float:
+        return limit_rate(
+            model, tokenizer, args.concurrency, args.max_tokens, args.temperature, args.top_p
+        )
+
+    def repeat(measure) -> None:
+        for i in range(args.repeats):
+            limits.append(the_limit())
+            rate, ttft = measure()
+            https.append(rate)
+            ttfts.append(ttft)
+            print(f"repeat {i + 1}: {limits[-1]:.1f} / {rate:.1f} tok/s", file=sys.stderr)
+
+    if args.in_process:
+        from mlxserve.engine import Engine
+
+        engine = Engine(path).start()
+        if not engine.wait_ready(600):
+            row_failed("batch limit", RuntimeError(f"the engine did not load: {engine.error}"))
+            return 1
+        try:
+            repeat(
+                lambda: engine_rate(
+                    engine,
+                    tokenizer,
+                    args.concurrency,
+                    args.max_tokens,
+                    args.temperature,
+                    args.top_p,
                 )
-                rate, ttft, _ = concurrency_row(
-                    server.url, args.concurrency, args.max_tokens, sampling
+            )
+        finally:
+            engine.stop()
+    else:
+        try:
+            with served(partial(start_server, path), "batch-limit") as server:
+                repeat(
+                    lambda: concurrency_row(
+                        server.url, args.concurrency, args.max_tokens, sampling
+                    )[:2]
                 )
-                https.append(rate)
-                ttfts.append(ttft)
-                print(f"repeat {repeat + 1}: {limits[-1]:.1f} / {rate:.1f} tok/s", file=sys.stderr)
-    except ROW_ERRORS as error:
-        row_failed("batch limit", error)
-        return 1
+        except ROW_ERRORS as error:
+            row_failed("batch limit", error)
+            return 1
     limit, http = statistics.median(limits), statistics.median(https)
+    way = "in-process (no HTTP)" if args.in_process else "over HTTP"
     print_table(
         [
             ("model, platform", f"{path}, {policy.description}"),
@@ -139,9 +210,9 @@ def main() -> int:
                 "BatchGenerator in-process, tok/s (each repeat)",
                 ", ".join(f"{r:.1f}" for r in limits),
             ),
-            ("mlxserve over HTTP, tok/s (each repeat)", ", ".join(f"{r:.1f}" for r in https)),
+            (f"mlxserve {way}, tok/s (each repeat)", ", ".join(f"{r:.1f}" for r in https)),
             ("mlxserve median time to first token", f"{statistics.median(ttfts):.3f} s"),
-            ("HTTP / limit (medians)", f"{http / limit:.2f}  (target >= 0.90)"),
+            (f"mlxserve {way} / limit (medians)", f"{http / limit:.2f}  (target >= 0.90)"),
         ]
     )
     return 0
