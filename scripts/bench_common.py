@@ -9,6 +9,7 @@ on with its next row (`row_failed`, `ROW_ERRORS`).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -103,6 +104,21 @@ class ServerFailed(RuntimeError):
 
 
 ROW_ERRORS = (ServerDidNotStart, ServerFailed, httpx.HTTPError)
+
+
+@contextmanager
+def no_client_gc() -> Iterator[None]:
+    """This process's garbage collector off (what it holds frozen first) while a server's
+    inter-token gaps are timed: a full collection here pauses every thread of this client for
+    tens of ms, and a chunk read late looks like a gap the server made."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def spawn(

@@ -23,6 +23,7 @@ from bench_common import (
     ROW_ERRORS,
     ServerFailed,
     Streamed,
+    no_client_gc,
     openblas_library,
     print_table,
     row_failed,
@@ -134,9 +135,10 @@ def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, fl
         finished.set()
 
     helper = threading.Thread(target=other)
-    helper.start()
-    result = stream(base_url, "Count slowly: one, two, three,", GAP_STREAM_MAX_TOKENS, on_token)
-    helper.join()
+    with no_client_gc():
+        helper.start()
+        result = stream(base_url, "Count slowly: one, two, three,", GAP_STREAM_MAX_TOKENS, on_token)
+        helper.join()
     pairs = list(zip(result.stamps, result.stamps[1:]))
     before = [b - a for a, b in pairs if b < window[0]]
     during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]

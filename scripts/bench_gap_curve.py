@@ -9,8 +9,9 @@ streams run (`ignore_eos`). Per bound: the prompt's time beside the streams over
 prompt waited over its median gap before it. With a bound of g, a prompt beside one stream can
 have at most about (g-1)/g of the machine, so its prefill takes at least ~g/(g-1) times its
 time alone (1.5x at g = 3). A prompt longer than the model's declared context is timed on the
-model with that context raised (`bench_common.stretched_context`). This script only prints; it
-asserts nothing.
+model with that context raised (`bench_common.stretched_context`). This client's garbage
+collector is off while the gaps are timed (`bench_common.no_client_gc`). This script only prints;
+it asserts nothing.
 
     python scripts/bench_gap_curve.py [--model PATH] [--prompt-tokens 2000] [--streams 1]
                                       [--gaps 2 3 5 off]
@@ -29,6 +30,7 @@ import bench_engine
 from bench_common import (
     ROW_ERRORS,
     default_model,
+    no_client_gc,
     print_table,
     reexec_for_cpu,
     row_failed,
@@ -72,11 +74,12 @@ def beside(base_url: str, tokens: int, streams: int) -> tuple[float, float, floa
         for i in range(streams - 1)
     ]
     helper = threading.Thread(target=prompt_beside)
-    for thread in [*others, helper]:
-        thread.start()
-    result = stream(base_url, STREAM_PROMPT, limit, measured_token)
-    for thread in [*others, helper]:
-        thread.join()
+    with no_client_gc():
+        for thread in [*others, helper]:
+            thread.start()
+        result = stream(base_url, STREAM_PROMPT, limit, measured_token)
+        for thread in [*others, helper]:
+            thread.join()
     pairs = list(zip(result.stamps, result.stamps[1:]))
     before = [b - a for a, b in pairs if b < window[0]]
     during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
