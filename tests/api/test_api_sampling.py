@@ -193,6 +193,21 @@ def test_seed_gives_the_same_text_alone_or_beside_other_requests(http, server):
     assert batch.largest >= 2, batch.largest
 
 
+def test_requests_sampling_alike_draw_together_as_each_alone(http, server):
+    """Rows with the same sampler chain run it as one graph in the batch; each still draws with
+    its own seed's key, and rows banning EOS (ignore_eos) are banned together."""
+    alike = dict(prompt=PROMPT, max_tokens=32, temperature=0.8, top_p=0.95, top_k=40)
+    requests = [dict(alike, seed=s, ignore_eos=s % 2 == 0) for s in range(4)]
+    requests += [dict(alike, temperature=0, ignore_eos=True), dict(alike, seed=9, min_p=0.1)]
+    alone = [texts(complete(http, **r)) for r in requests]
+    assert len({tuple(t) for t in alone[:4]}) == 4  # the seeds draw differently
+    with BatchSizes(server.engine) as batch:
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda r: texts(complete(http, **r)), requests))
+    assert together == alone
+    assert batch.largest >= 3, batch.largest
+
+
 def test_top_p_and_min_p_narrow_the_choice(http):
     body = dict(prompt=PROMPT, max_tokens=30, temperature=1.5, seed=5, ignore_eos=True, logprobs=0)
     wide = complete(http, **body)["choices"][0]["logprobs"]["token_logprobs"]
