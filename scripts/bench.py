@@ -28,6 +28,7 @@ The scripts share their server, stream and table code in scripts/bench_common.py
 
     python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
                             [--skip-engine | --engine-only] [--prefill-tokens 8000]
+                            [--engine-temperature 0.8] [--engine-concurrency-only]
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def parse_args() -> argparse.Namespace:
         "--engine-only", action="store_true", help="only the mlx_lm.server comparison"
     )
     parser.add_argument("--engine-max-tokens", type=int, default=64, help="tokens per request")
+    parser.add_argument(
+        "--engine-temperature",
+        type=float,
+        default=0.0,
+        help="the concurrency rows sample at this temperature with top_p 0.95 (0: greedy)",
+    )
+    parser.add_argument(
+        "--engine-concurrency-only",
+        action="store_true",
+        help="of the mlx_lm.server comparison, only the concurrency rows",
+    )
     parser.add_argument("--prefix-tokens", type=int, default=2000, help="repeated prompt length")
     parser.add_argument(
         "--prefill-tokens", type=int, default=8000, help="prompt prefilled beside a stream"
@@ -191,6 +203,8 @@ def main() -> int:
             args.prefix_tokens,
             args.prefill_tokens,
             args.warm_rows,
+            args.engine_temperature,
+            args.engine_concurrency_only,
         )
     if not args.skip_distributed and not args.engine_only:
         distributed_row(args, model_path)

@@ -155,18 +155,23 @@ def measure(
     prefix_tokens: int,
     prefill_tokens: int,
     warm_rows: bool = False,
+    sampling: dict | None = None,
+    concurrency_only: bool = False,
 ) -> dict[str, float]:
-    """One server's numbers: concurrency, the repeated prompt, the gap beside a prefill. With
-    `warm_rows`, each concurrency row runs once unmeasured first (a GPU backend compiles kernels
-    for each new batch shape on first use)."""
+    """One server's numbers: concurrency (greedy, or with `sampling` and a seed a request), the
+    repeated prompt, the gap beside a prefill (not with `concurrency_only`). With `warm_rows`,
+    each concurrency row runs once unmeasured first (a GPU backend compiles kernels for each new
+    batch shape on first use)."""
     stream(base_url, "warm up", 4)
     row: dict[str, float] = {}
     for c in CONCURRENCY:
         if warm_rows:
-            concurrency_row(base_url, c, max_tokens)
-        tps, p50, p95 = concurrency_row(base_url, c, max_tokens)
+            concurrency_row(base_url, c, max_tokens, sampling)
+        tps, p50, p95 = concurrency_row(base_url, c, max_tokens, sampling)
         row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
         print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
+    if concurrency_only:
+        return row
     row["prefix cold ttft"], row["prefix warm ttft"] = prefix_row(base_url, prefix_tokens)
     gaps = gap_row(base_url, prefill_tokens)
     row["gap max"], row["gap median"], row["gap covered"], row["gap after"] = gaps
@@ -175,7 +180,13 @@ def measure(
 
 
 def run(
-    model: str, max_tokens: int, prefix_tokens: int, prefill_tokens: int, warm_rows: bool = False
+    model: str,
+    max_tokens: int,
+    prefix_tokens: int,
+    prefill_tokens: int,
+    warm_rows: bool = False,
+    temperature: float = 0.0,
+    concurrency_only: bool = False,
 ) -> None:
     """Measure both servers, one after the other, and print the comparison; a server that does
     not start (or fails) prints `row engine (NAME): ...` instead, and the bench goes on."""
@@ -185,11 +196,19 @@ def run(
     TOKENIZER = AutoTokenizer.from_pretrained(model)
     TOKENIZER.model_max_length = 10**9
     rows: dict[str, dict[str, float]] = {}
+    sampling = {"temperature": temperature, "top_p": 0.95} if temperature > 0 else None
     for name, start in (("mlxserve", start_server), ("mlx_lm.server", start_mlx_lm_server)):
         try:
             with served(partial(start, model), f"engine-{name}") as server:
                 rows[name] = measure(
-                    name, server.url, max_tokens, prefix_tokens, prefill_tokens, warm_rows
+                    name,
+                    server.url,
+                    max_tokens,
+                    prefix_tokens,
+                    prefill_tokens,
+                    warm_rows,
+                    sampling,
+                    concurrency_only,
                 )
         except ROW_ERRORS as error:
             row_failed(f"engine ({name})", error)
@@ -199,6 +218,12 @@ def run(
     ours_row, theirs = rows["mlxserve"], rows["mlx_lm.server"]
     blas = "OpenBLAS, both servers" if openblas_library() else "MLX's own"
     table = [("model", model), ("max tokens per request", str(max_tokens)), ("CPU BLAS", blas)]
+    table.append(
+        (
+            "sampling",
+            f"temperature {temperature}, top_p 0.95, a seed a request" if sampling else "greedy",
+        )
+    )
     for c in CONCURRENCY:
         a, b = ours_row[f"c{c} tok/s"], theirs[f"c{c} tok/s"]
         table.append(
@@ -215,6 +240,8 @@ def run(
             )
         )
     for name, row in rows.items():
+        if concurrency_only:
+            break
         cold, warm = row["prefix cold ttft"], row["prefix warm ttft"]
         table.append(
             (
