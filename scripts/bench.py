@@ -28,7 +28,8 @@ The scripts share their server, stream and table code in scripts/bench_common.py
 
     python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
                             [--skip-engine | --engine-only] [--prefill-tokens 8000]
-                            [--engine-temperature 0.8] [--engine-concurrency-only]
+                            [--engine-temperature 0.8 [--engine-seeded]]
+                            [--engine-concurrency-only]
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0.0,
         help="the concurrency rows sample at this temperature with top_p 0.95 (0: greedy)",
+    )
+    parser.add_argument(
+        "--engine-seeded",
+        action="store_true",
+        help="sampled requests carry a seed each (mlx_lm.server then runs them one at a time)",
     )
     parser.add_argument(
         "--engine-concurrency-only",
@@ -205,6 +211,7 @@ def main() -> int:
             args.warm_rows,
             args.engine_temperature,
             args.engine_concurrency_only,
+            args.engine_seeded,
         )
     if not args.skip_distributed and not args.engine_only:
         distributed_row(args, model_path)

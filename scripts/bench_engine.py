@@ -80,15 +80,17 @@ def long_prompt(tokens: int, tag: str) -> str:
 
 
 def concurrency_row(
-    base_url: str, c: int, max_tokens: int, sampling: dict | None = None
+    base_url: str, c: int, max_tokens: int, sampling: dict | None = None, seeded: bool = True
 ) -> tuple[float, float, float]:
     """`c` distinct prompts at once: tokens/s over all of them, ttft p50 and p95. With
-    `sampling`, request i is seeded with i."""
+    `sampling` and `seeded`, request i is seeded with i."""
     prompts = [f"Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
 
     def one(i: int) -> Streamed:
-        seeded = None if sampling is None else sampling | {"seed": i}
-        return stream(base_url, prompts[i], max_tokens, sampling=seeded)
+        body = sampling
+        if sampling is not None and seeded:
+            body = sampling | {"seed": i}
+        return stream(base_url, prompts[i], max_tokens, sampling=body)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
@@ -157,17 +159,19 @@ def measure(
     warm_rows: bool = False,
     sampling: dict | None = None,
     concurrency_only: bool = False,
+    seeded: bool = False,
 ) -> dict[str, float]:
-    """One server's numbers: concurrency (greedy, or with `sampling` and a seed a request), the
-    repeated prompt, the gap beside a prefill (not with `concurrency_only`). With `warm_rows`,
-    each concurrency row runs once unmeasured first (a GPU backend compiles kernels for each new
-    batch shape on first use)."""
+    """One server's numbers: concurrency (greedy, or with `sampling`, and with `seeded` a seed a
+    request: mlx_lm.server runs seeded requests one at a time), the repeated prompt, the gap
+    beside a prefill (not with `concurrency_only`). With `warm_rows`, each concurrency row runs
+    once unmeasured first (a GPU backend compiles kernels for each new batch shape on first
+    use)."""
     stream(base_url, "warm up", 4)
     row: dict[str, float] = {}
     for c in CONCURRENCY:
         if warm_rows:
-            concurrency_row(base_url, c, max_tokens, sampling)
-        tps, p50, p95 = concurrency_row(base_url, c, max_tokens, sampling)
+            concurrency_row(base_url, c, max_tokens, sampling, seeded)
+        tps, p50, p95 = concurrency_row(base_url, c, max_tokens, sampling, seeded)
         row[f"c{c} tok/s"], row[f"c{c} ttft p50"], row[f"c{c} ttft p95"] = tps, p50, p95
         print(f"{name} c={c}: {tps:.1f} tok/s, ttft p50 {p50:.3f} s", file=sys.stderr)
     if concurrency_only:
@@ -187,6 +191,7 @@ def run(
     warm_rows: bool = False,
     temperature: float = 0.0,
     concurrency_only: bool = False,
+    seeded: bool = False,
 ) -> None:
     """Measure both servers, one after the other, and print the comparison; a server that does
     not start (or fails) prints `row engine (NAME): ...` instead, and the bench goes on."""
@@ -209,6 +214,7 @@ def run(
                     warm_rows,
                     sampling,
                     concurrency_only,
+                    seeded,
                 )
         except ROW_ERRORS as error:
             row_failed(f"engine ({name})", error)
@@ -221,7 +227,10 @@ def run(
     table.append(
         (
             "sampling",
-            f"temperature {temperature}, top_p 0.95, a seed a request" if sampling else "greedy",
+            f"temperature {temperature}, top_p 0.95"
+            + (", a seed a request" if seeded else ", unseeded")
+            if sampling
+            else "greedy",
         )
     )
     for c in CONCURRENCY:
