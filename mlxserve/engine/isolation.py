@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from ..sampling.chain import Ban
 from .faults import Fault
 
 log = logging.getLogger("mlxserve.engine")
@@ -26,6 +27,12 @@ class RowGuard:
             log.error("a sequence failed in its %s: %r", stage, error, exc_info=error)
             self.error = f"{stage} failed: {type(error).__name__}: {error}"
 
+    @property
+    def alone(self) -> bool:
+        """Whether the row must be handled on its own, not with rows like it: it has a fault to
+        play (the failure must be its own) or it failed."""
+        return self.fault is not None or self.error is not None
+
     def processor(self, process: Callable, stage: str) -> GuardedProcessor:
         return GuardedProcessor(self, process, stage)
 
@@ -34,9 +41,8 @@ class RowGuard:
 
 
 class GuardedProcessor:
-    """A row's logits processor behind its guard. A ban of fixed ids says which (`banned_ids`),
-    so that rows banning the same ids are banned together, unless this row has a fault to play
-    or failed."""
+    """A row's logits processor behind its guard. A ban of fixed ids gives itself up (`ban`), so
+    that rows banning the same ids are banned together, unless this row goes alone."""
 
     def __init__(self, guard: RowGuard, process: Callable, stage: str):
         self.guard = guard
@@ -44,10 +50,10 @@ class GuardedProcessor:
         self.stage = stage
 
     @property
-    def banned_ids(self) -> tuple[int, ...] | None:
-        if self.guard.fault is not None or self.guard.error is not None:
+    def ban(self) -> Ban | None:
+        if self.guard.alone or not isinstance(self.process, Ban):
             return None
-        return getattr(self.process, "banned_ids", None)
+        return self.process
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         guard = self.guard
@@ -72,9 +78,7 @@ class GuardedSampler:
 
     @property
     def group_key(self):
-        if self.guard.fault is not None or self.guard.error is not None:
-            return None
-        return getattr(self.sample, "group_key", None)
+        return None if self.guard.alone else getattr(self.sample, "group_key", None)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         guard = self.guard

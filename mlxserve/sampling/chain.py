@@ -241,7 +241,7 @@ def _allow_only(allowed: Sequence[int], vocab_size: int) -> LogitsProcessor:
 
 class Ban:
     """Bans `ids` for good. Rows that ban the same ids (EOS under ignore_eos) are banned in one
-    op by the decode step, which reads `banned_ids`."""
+    op by the decode step, which groups them by `banned_ids` and uses the first one's `index`."""
 
     def __init__(self, ids: Sequence[int]):
         self.banned_ids = tuple(ids)

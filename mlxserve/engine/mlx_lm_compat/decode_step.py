@@ -13,6 +13,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
+from ...sampling.chain import BANNED, Ban
 
 
 def _step(self):
@@ -51,26 +52,25 @@ def _step(self):
 
 
 def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
-    """`logits` with the bans of fixed ids (processors with `banned_ids`) applied to all their
-    rows at once, and each row's other processors. A ban commutes with every other processor:
-    each leaves a -inf logit at -inf."""
-    bans: dict[tuple[int, ...], list[int]] = {}
+    """`logits` with the bans of fixed ids (processors that give up their `ban`) applied to all
+    their rows at once, and each row's other processors. A ban commutes with every other
+    processor: each leaves a -inf logit at -inf."""
+    bans: dict[tuple[int, ...], tuple[Ban, list[int]]] = {}
     own = []
     for row, row_processors in enumerate(processors):
         kept = []
         for processor in row_processors or ():
-            ids = getattr(processor, "banned_ids", None)
-            if ids is None:
+            ban = getattr(processor, "ban", None)
+            if ban is None:
                 kept.append(processor)
             else:
-                bans.setdefault(ids, []).append(row)
+                bans.setdefault(ban.banned_ids, (ban, []))[1].append(row)
         own.append(kept)
-    for ids, rows in bans.items():
-        index = mx.array(ids)
+    for ban, rows in bans.values():
         if len(rows) == logits.shape[0]:
-            logits[:, index] = -mx.inf
+            logits[:, ban.index] = BANNED
         else:
-            logits[mx.array(rows)[:, None], index[None]] = -mx.inf
+            logits[mx.array(rows)[:, None], ban.index[None]] = BANNED
     return logits, own
 
 
