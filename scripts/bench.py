@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 from bench_common import (
     ROW_ERRORS,
+    bench_parser,
     default_model,
     http_decode_rate,
     median_cell,
@@ -59,11 +60,9 @@ DEFAULT_PROMPT = "def fibonacci(n):\n"
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Compare bare mlx-lm decode speed with mlxserve's streaming HTTP decode speed.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = bench_parser(
+        "Compare bare mlx-lm decode speed with mlxserve's streaming HTTP decode speed."
     )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 from bench_common import (
     ServerFailed,
+    bench_parser,
     default_model,
     print_table,
     reexec_for_cpu,
@@ -212,11 +213,7 @@ def report(model: str, args: argparse.Namespace, runs: list[list[tuple[Step, Ste
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Prefix-cache reuse and TTFT across an agent's steps on /v1/messages.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser = bench_parser("Prefix-cache reuse and TTFT across an agent's steps on /v1/messages.")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=1500)
     parser.add_argument("--result-tokens", type=int, default=150)

@@ -34,6 +34,7 @@ from functools import partial
 
 from bench_common import (
     ROW_ERRORS,
+    bench_parser,
     default_model,
     print_table,
     reexec_for_cpu,
@@ -115,11 +116,7 @@ def engine_rate(
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="mlxserve over HTTP against mlx-lm's BatchGenerator in-process.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser = bench_parser("mlxserve over HTTP against mlx-lm's BatchGenerator in-process.")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)

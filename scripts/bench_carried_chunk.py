@@ -18,18 +18,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench_common import default_model, print_table, reexec_for_cpu
+from bench_common import bench_parser, default_model, print_table, reexec_for_cpu
 
 CHUNKS = (1, 4, 8, 16, 24, 32, 64)
 FILL_PASS = 64  # tokens a pass while the caches are filled
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="A decode pass's cost by the prompt tokens it carries.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser = bench_parser("A decode pass's cost by the prompt tokens it carries.")
     parser.add_argument("--decode-depth", type=int, default=300)
     parser.add_argument("--prompt-depth", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)

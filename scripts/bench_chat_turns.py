@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from bench_common import (
     ServerFailed,
+    bench_parser,
     default_model,
     print_table,
     reexec_for_cpu,
@@ -158,11 +159,7 @@ def report(model: str, args: argparse.Namespace, runs: list[list[tuple[Turn, Tur
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Prefix-cache reuse and TTFT across the turns of a chat.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser = bench_parser("Prefix-cache reuse and TTFT across the turns of a chat.")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--user-tokens", type=int, default=100, help="tokens in each user turn")
     parser.add_argument("--answer-tokens", type=int, default=200, help="tokens in each answer")

@@ -9,6 +9,7 @@ on with its next row (`row_failed`, `ROW_ERRORS`).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -45,6 +46,16 @@ def demo_model() -> str:
     from mlxserve.settings import DEFAULT_MODEL
 
     return str(DEFAULT_MODEL)
+
+
+def bench_parser(description: str) -> argparse.ArgumentParser:
+    """A bench script's command line: its description, defaults shown in --help, and `--model`
+    (None: `default_model()`)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    return parser
 
 
 def default_model() -> str:

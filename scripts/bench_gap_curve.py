@@ -29,6 +29,7 @@ from functools import partial
 import bench_engine
 from bench_common import (
     ROW_ERRORS,
+    bench_parser,
     default_model,
     no_client_gc,
     print_table,
@@ -87,11 +88,7 @@ def beside(base_url: str, tokens: int, streams: int) -> tuple[float, float, floa
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Stream gap bound -> prefill time beside streams.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser = bench_parser("Stream gap bound -> prefill time beside streams.")
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=1, help="streams running beside it")
     parser.add_argument("--gaps", nargs="+", default=["2", "3", "5", "off"])
