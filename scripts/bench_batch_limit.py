@@ -115,7 +115,7 @@ def engine_rate(
     return asyncio.run(together())
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser("mlxserve over HTTP against mlx-lm's BatchGenerator in-process.")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -125,11 +125,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--in-process", action="store_true", help="mlxserve's engine in this process, no HTTP"
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     reexec_for_cpu()  # the process settings `mlxserve serve` runs under
     import mlx_lm
 

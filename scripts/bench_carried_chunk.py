@@ -24,16 +24,16 @@ CHUNKS = (1, 4, 8, 16, 24, 32, 64)
 FILL_PASS = 64  # tokens a pass while the caches are filled
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser("A decode pass's cost by the prompt tokens it carries.")
     parser.add_argument("--decode-depth", type=int, default=300)
     parser.add_argument("--prompt-depth", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     reexec_for_cpu()
     import mlx.core as mx
     from mlx_lm import load

@@ -1,12 +1,28 @@
-"""The engine benchmark: mlxserve beside mlx_lm.server, same model, same machine, one run.
+"""The engine's benchmark rows, each a ratio measured in one run; it prints, asserts nothing.
 
-- aggregate output tokens/s and p50/p95 time to first token at concurrency 1, 4 and 16
-  (distinct prompts, greedy, `max_tokens` each, streamed; a token is a streamed text chunk);
-- time to first token of a ~2k-token prompt, cold and then repeated (the prefix cache);
-- the largest inter-token gap of a running stream while another request prefills a long prompt,
-  over that stream's median gap.
+    python scripts/bench_engine.py versus [--model PATH] [--max-tokens 64] [--concurrency-only]
+                                          [--temperature 0.8 [--seeded]] [--prefill-tokens 8000]
+    python scripts/bench_engine.py limit [--temperature 0.8 --top-p 0.95] [--in-process] ...
+    python scripts/bench_engine.py curve [--prompt-tokens 8000] [--streams 1] [--gaps 2 3 5 off]
+    python scripts/bench_engine.py carried [--decode-depth 300] ...
+    python scripts/bench_engine.py all [--model PATH]
 
-Used by scripts/bench.py (`--skip-engine` leaves it out); prints a table, asserts nothing.
+- `versus`: mlxserve beside mlx_lm.server, same model, same machine: aggregate output tokens/s
+  and p50/p95 time to first token at concurrency 1, 4 and 16 (distinct prompts, greedy unless
+  `--temperature`, `max_tokens` each, streamed; a token is a streamed text chunk); time to first
+  token of a ~2k-token prompt, cold and then repeated (the prefix cache); the largest
+  inter-token gap of a running stream while another request prefills a long prompt, over that
+  stream's median gap. With equal weights quantized on both sides, run it under
+  MLXSERVE_PORTABLE=1 (else mlxserve's CPU policy serves float32 weights).
+- `limit`: mlxserve at concurrency 16 against mlx-lm's BatchGenerator in-process
+  (scripts/bench_batch_limit.py).
+- `curve`: `--max-stream-gap` against the prefill time of a prompt beside streams
+  (scripts/bench_gap_curve.py).
+- `carried`: a decode pass's cost by the prompt tokens it carries
+  (scripts/bench_carried_chunk.py).
+- `all`: the rows above as docs/benchmarks.md quotes them, one after the other (long).
+
+scripts/bench.py runs `versus` after its own rows (`--skip-engine` leaves it out).
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import httpx
@@ -44,6 +61,7 @@ GAP_TOKENS_AFTER = 32  # the stream's tokens after the long prompt's answer: its
 # taken over these. Over 16 (one second) it measured 0.050-0.072 s from run to run on the 2-core
 # VM, whose speed drifts, and moved the ratio as much as the worst gap did.
 GAP_TOKENS_BEFORE = 64
+GAP_STREAM_PROMPT = "Count slowly: one, two, three,"
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
 
 
@@ -108,46 +126,79 @@ def prefix_row(base_url: str, tokens: int) -> tuple[float, float]:
     return cold, warm
 
 
-def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, float]:
-    """Max inter-token gap of a stream while a long prompt is prefilled beside it, the stream's
-    median gap before that, the share of the prompt's wait the stream lasted (under 1: the
-    stream reached its token limit first, so the end of the prefill, and the prompt joining the
-    decode batch, fell outside the measurement), and the stream's median gap after the prompt is
-    answered (its own decode step, at the depth it reached meanwhile)."""
+@dataclass
+class Beside:
+    """A long prompt sent while streams run: what it waited and what the streams saw."""
+
+    waited: float  # the prompt's time to first token beside the streams
+    worst: float  # the measured stream's longest gap while the prompt waited
+    median: float  # its median gap before the prompt was sent (the yardstick)
+    # the share of the prompt's wait the stream lasted: under 1, the stream reached its token
+    # limit first, so the end of the prefill (the prompt joining the batch) went unmeasured
+    covered: float
+    median_after: float  # its median gap after the prompt's answer (nan: not measured)
+
+
+def beside(base_url: str, tokens: int, streams: int = 1, tokens_after: int = 0) -> Beside:
+    """Send a unique `tokens`-token prompt (`max_tokens` 1) once the first of `streams` greedy
+    streams has run GAP_TOKENS_BEFORE tokens; the streams stop when it is answered, the first
+    `tokens_after` tokens later (its own decode step afterwards, at the depth it reached)."""
+    # built before any stream starts: tokenizing it (~30 ms of this client's CPU) inside the
+    # window, as it was, landed in a server step on a 2-core machine and was measured as a gap
+    prompt = long_prompt(tokens, f"beside-{time.time_ns()}")
     started, finished = threading.Event(), threading.Event()
     window: list[float] = []
     after_finish = [0]
 
-    def on_token(n: int) -> bool:
+    def measured_token(n: int) -> bool:
         if n == GAP_TOKENS_BEFORE:
             started.set()
         if finished.is_set():
             after_finish[0] += 1
-        return after_finish[0] >= GAP_TOKENS_AFTER
+        return after_finish[0] >= max(tokens_after, 1)
 
-    # built before any stream starts: tokenizing it (~30 ms of this client's CPU) inside the
-    # window, as it was, landed in a server step on a 2-core machine and was measured as a gap
-    prompt = long_prompt(prefill_tokens, f"gap-{time.time_ns()}")
+    def other_token(n: int) -> bool:
+        return finished.is_set()
 
-    def other() -> None:
+    def prompt_beside() -> None:
         started.wait()
         window.append(time.perf_counter())
         stream(base_url, prompt, 1)
         window.append(time.perf_counter())
         finished.set()
 
-    helper = threading.Thread(target=other)
+    limit = GAP_STREAM_MAX_TOKENS
+    others = [
+        threading.Thread(
+            target=stream, args=(base_url, f"{GAP_STREAM_PROMPT} ({i})", limit, other_token)
+        )
+        for i in range(streams - 1)
+    ]
+    helper = threading.Thread(target=prompt_beside)
     with no_client_gc():
-        helper.start()
-        result = stream(base_url, "Count slowly: one, two, three,", GAP_STREAM_MAX_TOKENS, on_token)
-        helper.join()
+        for thread in [*others, helper]:
+            thread.start()
+        result = stream(base_url, GAP_STREAM_PROMPT, limit, measured_token)
+        for thread in [*others, helper]:
+            thread.join()
     pairs = list(zip(result.stamps, result.stamps[1:]))
     before = [b - a for a, b in pairs if b < window[0]]
     during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
     after = [b - a for a, b in pairs if a > window[1]]
-    covered = min(1.0, (result.stamps[-1] - window[0]) / (window[1] - window[0]))
-    median_after = statistics.median(after) if after else float("nan")
-    return max(during), statistics.median(before), covered, median_after
+    return Beside(
+        waited=window[1] - window[0],
+        worst=max(during),
+        median=statistics.median(before),
+        covered=min(1.0, (result.stamps[-1] - window[0]) / (window[1] - window[0])),
+        median_after=statistics.median(after) if after else float("nan"),
+    )
+
+
+def gap_row(base_url: str, prefill_tokens: int) -> tuple[float, float, float, float]:
+    """Max inter-token gap of a stream while a long prompt is prefilled beside it, its median
+    gap before, the share of the prompt's wait it covered, its median gap after (`Beside`)."""
+    seen = beside(base_url, prefill_tokens, 1, GAP_TOKENS_AFTER)
+    return seen.worst, seen.median, seen.covered, seen.median_after
 
 
 def measure(
@@ -273,3 +324,79 @@ def run(
             )
         )
     print_table(table)
+
+
+def versus(argv: list[str] | None = None) -> int:
+    from bench_common import bench_parser, default_model, reexec_for_cpu
+
+    parser = bench_parser("mlxserve beside mlx_lm.server on the same model.")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; top_p 0.95")
+    parser.add_argument("--seeded", action="store_true", help="a seed a sampled request")
+    parser.add_argument("--concurrency-only", action="store_true", help="only those rows")
+    parser.add_argument("--prefix-tokens", type=int, default=2000, help="repeated prompt")
+    parser.add_argument("--prefill-tokens", type=int, default=8000, help="beside a stream")
+    parser.add_argument("--warm-rows", action="store_true", help="each row once unmeasured")
+    args = parser.parse_args(argv)
+    reexec_for_cpu()  # the process settings `mlxserve serve` runs under
+    run(
+        args.model or default_model(),
+        args.max_tokens,
+        args.prefix_tokens,
+        args.prefill_tokens,
+        args.warm_rows,
+        args.temperature,
+        args.concurrency_only,
+        args.seeded,
+    )
+    return 0
+
+
+def limit(argv: list[str]) -> int:
+    import bench_batch_limit
+
+    return bench_batch_limit.main(argv)
+
+
+def curve(argv: list[str]) -> int:
+    import bench_gap_curve
+
+    return bench_gap_curve.main(argv)
+
+
+def carried(argv: list[str]) -> int:
+    import bench_carried_chunk
+
+    return bench_carried_chunk.main(argv)
+
+
+# `all`: what docs/benchmarks.md quotes for the engine, in this order.
+ALL_ROWS = (
+    (versus, ["--concurrency-only"]),
+    (versus, ["--concurrency-only", "--temperature", "0.8"]),
+    (versus, ["--concurrency-only", "--temperature", "0.8", "--seeded"]),
+    (limit, []),
+    (limit, ["--temperature", "0.8", "--top-p", "0.95"]),
+    (curve, ["--prompt-tokens", "8000", "--gaps", "2", "3", "5", "off"]),
+    (curve, ["--prompt-tokens", "8000", "--streams", "4", "--gaps", "3"]),
+    (curve, ["--prompt-tokens", "16000", "--gaps", "3"]),
+)
+COMMANDS = {"versus": versus, "limit": limit, "curve": curve, "carried": carried}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in [*COMMANDS, "all"]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command != "all":
+        return COMMANDS[command](rest)
+    failed = 0
+    for row, options in ALL_ROWS:
+        print(f"== {row.__name__} {' '.join(options)}", flush=True)
+        failed |= row([*options, *rest])
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

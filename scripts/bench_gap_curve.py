@@ -20,9 +20,7 @@ it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import threading
 import time
 from functools import partial
 
@@ -31,7 +29,6 @@ from bench_common import (
     ROW_ERRORS,
     bench_parser,
     default_model,
-    no_client_gc,
     print_table,
     reexec_for_cpu,
     row_failed,
@@ -39,64 +36,21 @@ from bench_common import (
     start_server,
     stretched_context,
 )
-from bench_engine import GAP_STREAM_MAX_TOKENS, GAP_TOKENS_BEFORE, long_prompt, stream
+from bench_engine import beside, long_prompt, stream
 
-STREAM_PROMPT = "Count slowly: one, two, three,"
 CONTEXT_MARGIN = 1024  # room beside the prompt for the template and the streams' tokens
 
 
-def beside(base_url: str, tokens: int, streams: int) -> tuple[float, float, float]:
-    """The prompt's time to first token while `streams` streams run; the first stream's
-    longest gap meanwhile, and its median gap before the prompt was sent."""
-    prompt = long_prompt(tokens, f"beside-{time.time_ns()}")
-    started, finished = threading.Event(), threading.Event()
-    window: list[float] = []
-
-    def measured_token(n: int) -> bool:
-        if n == GAP_TOKENS_BEFORE:
-            started.set()
-        return finished.is_set()
-
-    def other_token(n: int) -> bool:
-        return finished.is_set()
-
-    def prompt_beside() -> None:
-        started.wait()
-        window.append(time.perf_counter())
-        stream(base_url, prompt, 1)
-        window.append(time.perf_counter())
-        finished.set()
-
-    limit = GAP_STREAM_MAX_TOKENS  # the streams outlive the prefill; they stop once it ends
-    others = [
-        threading.Thread(
-            target=stream, args=(base_url, f"{STREAM_PROMPT} ({i})", limit, other_token)
-        )
-        for i in range(streams - 1)
-    ]
-    helper = threading.Thread(target=prompt_beside)
-    with no_client_gc():
-        for thread in [*others, helper]:
-            thread.start()
-        result = stream(base_url, STREAM_PROMPT, limit, measured_token)
-        for thread in [*others, helper]:
-            thread.join()
-    pairs = list(zip(result.stamps, result.stamps[1:]))
-    before = [b - a for a, b in pairs if b < window[0]]
-    during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
-    return window[1] - window[0], max(during), statistics.median(before)
-
-
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser("Stream gap bound -> prefill time beside streams.")
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=1, help="streams running beside it")
     parser.add_argument("--gaps", nargs="+", default=["2", "3", "5", "off"])
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     reexec_for_cpu()  # the process settings `mlxserve serve` runs under
     from transformers import AutoTokenizer
 
@@ -113,15 +67,15 @@ def main() -> int:
             with served(start, f"gap-{gap}") as server:
                 alone_prompt = long_prompt(args.prompt_tokens, f"alone-{time.time_ns()}")
                 alone = stream(server.url, alone_prompt, 1).ttft
-                waited, worst, median = beside(server.url, args.prompt_tokens, args.streams)
+                seen = beside(server.url, args.prompt_tokens, args.streams)
         except ROW_ERRORS as error:
             row_failed(f"--max-stream-gap {gap}", error)
             continue
         rows.append(
             (
                 f"--max-stream-gap {gap}: prefill beside / alone; worst gap / median",
-                f"{waited:.1f} / {alone:.1f} s = {waited / alone:.2f}x; "
-                f"{worst:.3f} / {median:.3f} s = {worst / median:.1f}x",
+                f"{seen.waited:.1f} / {alone:.1f} s = {seen.waited / alone:.2f}x; "
+                f"{seen.worst:.3f} / {seen.median:.3f} s = {seen.worst / seen.median:.1f}x",
             )
         )
         print(f"--max-stream-gap {gap} done", file=sys.stderr)
