@@ -22,9 +22,12 @@ from .settings import (
     DEFAULT_MAX_STREAM_GAP,
     DEFAULT_MODEL,
     DEFAULT_PORT,
+    PREFIX_CACHE_DIR_ENV,
     ChatSettings,
     Limits,
     Settings,
+    default_prefix_cache_dir,
+    prefix_cache_dir,
 )
 
 # (flag, Limits field, type, help): each request limit's flag; the defaults come from Limits.
@@ -164,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="KV kept for reuse by later prompts sharing a prefix; 0 turns it off "
         "(default: an eighth of this machine's memory, at most 8 GiB)",
+    )
+    serve.add_argument(
+        "--prefix-cache-dir",
+        metavar="DIR",
+        default=os.environ.get(PREFIX_CACHE_DIR_ENV),
+        help="where prompts of 1,024 tokens or more keep their KV across restarts; none turns "
+        f"it off (default: ${PREFIX_CACHE_DIR_ENV}, else {default_prefix_cache_dir()})",
+    )
+    serve.add_argument(
+        "--prefix-cache-disk-mb",
+        metavar="MB",
+        type=int,
+        default=None,
+        help="that folder's budget; the least recently used files go first "
+        "(default: a tenth of the disk's free space, at most 16 GiB)",
     )
     serve.add_argument(
         "--fim-template",
@@ -313,6 +331,9 @@ def serve(args: argparse.Namespace) -> int:
         memory["kv_budget_bytes"] = args.kv_budget_mb << 20
     if args.prefix_cache_mb is not None:
         memory["prefix_cache_bytes"] = args.prefix_cache_mb << 20
+    memory["prefix_cache_dir"] = prefix_cache_dir(args.prefix_cache_dir)
+    if args.prefix_cache_disk_mb is not None:
+        memory["prefix_cache_disk_bytes"] = args.prefix_cache_disk_mb << 20
     settings = Settings(
         model=model,
         host=args.host,

@@ -149,6 +149,8 @@ def serve_forever(settings: Settings) -> int:
             cluster=cluster,
             rank_timeout_s=settings.rank_timeout_s,
             max_stream_gap=settings.max_stream_gap,
+            prefix_cache_dir=settings.prefix_cache_dir,
+            prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
         )
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.

@@ -17,6 +17,24 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 # Sequences that may wait beyond the running batch before new requests get 503 + Retry-After.
 DEFAULT_MAX_QUEUED_SEQUENCES = 256
+# The prefix cache's folder on disk when --prefix-cache-dir is not given ("none": off).
+PREFIX_CACHE_DIR_ENV = "MLXSERVE_PREFIX_CACHE_DIR"
+
+
+def default_prefix_cache_dir() -> Path:
+    """Under the user's cache folder (~/Library/Caches on macOS, ~/.cache on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mlxserve")) / "prefix-cache"
+
+
+def prefix_cache_dir(value: str | None) -> Path | None:
+    """--prefix-cache-dir's folder: None (not given) is the default, "none" is no folder."""
+    if value is None:
+        return default_prefix_cache_dir()
+    if value.strip().lower() in ("none", ""):
+        return None
+    return Path(value).expanduser()
 
 
 def machine_memory_bytes() -> int:
@@ -69,6 +87,8 @@ class Settings:
     max_queued_sequences: int = DEFAULT_MAX_QUEUED_SEQUENCES
     kv_budget_bytes: int = field(default_factory=default_kv_budget_bytes)
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off
+    prefix_cache_dir: Path | None = None  # long prompts' KV across restarts (None: not kept)
+    prefix_cache_disk_bytes: int | None = None  # that folder's budget (None: from free space)
     fim_template: str | None = None  # None: detected from the model's vocabulary
     chat: ChatSettings = field(default_factory=ChatSettings)
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio

@@ -10,9 +10,12 @@ on with its next row (`row_failed`, `ROW_ERRORS`).
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import gc
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -158,10 +161,21 @@ def mlxserve_command(
     local ranks under mlx.launch (ring backend over loopback)."""
     command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if "--prefix-cache-dir" not in extra:  # as by default, but not in the user's cache folder
+        command += ["--prefix-cache-dir", bench_prefix_cache_dir()]
     if not distributed:
         return command
     launch = [str(MLX_LAUNCH), "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--"]
     return [*launch, *command, "--distributed"]
+
+
+@functools.cache
+def bench_prefix_cache_dir() -> str:
+    """A folder for the servers' prefix caches on disk, removed when the bench exits: the
+    bench's unique prompts would fill the user's own."""
+    folder = tempfile.mkdtemp(prefix="mlxserve-bench-prefix-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def start_server(

@@ -18,6 +18,10 @@ from .helpers import BackgroundStream
 if TYPE_CHECKING:
     import openai
 
+# Servers the tests start (`mlxserve serve` included) keep no prefix cache on disk, unless a
+# test gives them a folder: one test's prompts must not be cached for another's.
+os.environ["MLXSERVE_PREFIX_CACHE_DIR"] = "none"
+
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 SMOLLM2 = "smollm2-135m-instruct-4bit"
 SMOLLM2_ID = "SmolLM2"  # in the ids of the tests on it, for pytest_xdist_make_scheduler

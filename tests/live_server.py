@@ -78,6 +78,8 @@ class LiveServer:
             prefix_cache_bytes=self.settings.prefix_cache_bytes,
             fim_template=self.settings.fim_template,
             idle_unload_s=self.settings.idle_unload_s,
+            prefix_cache_dir=self.settings.prefix_cache_dir,
+            prefix_cache_disk_bytes=self.settings.prefix_cache_disk_bytes,
         )
         self.start_engine = start_engine and self.own_engine
         self.url = f"http://127.0.0.1:{self.settings.port}"

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -31,6 +32,7 @@ from .model_host import LoadedModel, ModelLoadError, model_id_for
 from .model_slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
 from .pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .prefix_cache import default_budget_bytes
+from .prefix_disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix_keeper import PrefixKeeper
 from .recovery import FailedSteps
 from .requests import GenerationEvent, GenerationRequest, kv_tokens
@@ -75,9 +77,13 @@ class Engine:
         cluster: Cluster | None = None,
         rank_timeout_s: float = 60.0,
         max_stream_gap: float | None = DEFAULT_MAX_STREAM_GAP,
+        prefix_cache_dir: Path | None = None,
+        prefix_cache_disk_bytes: int | None = None,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
-        0: no prefix cache). `fim_template`: force a FIM template by name (None: detect).
+        0: no prefix cache). `prefix_cache_dir`: where long prompts' KV is kept for a restarted
+        server (None: nowhere), within `prefix_cache_disk_bytes` (None: from the disk's free
+        space). `fim_template`: force a FIM template by name (None: detect).
         `idle_unload_s`: free the model after this long without work (None: never).
         `max_stream_gap`: a running stream's longest gap while prompts prefill beside it, in
         times its usual gap (None: prefill as fast as it can)."""
@@ -94,7 +100,13 @@ class Engine:
         self.stats = EngineStats()
         self._rate = RateMeter()
         budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
-        self.prefixes = PrefixKeeper(budget, self.stats)
+        if distributed:  # each rank holds its shard of the KV: no one file is the whole of it
+            prefix_cache_dir = None
+        if prefix_cache_dir is not None and prefix_cache_disk_bytes is None:
+            prefix_cache_disk_bytes = default_disk_budget_bytes(prefix_cache_dir)
+        self.prefixes = PrefixKeeper(
+            budget, self.stats, prefix_cache_dir, prefix_cache_disk_bytes or 0
+        )
         self.slot = ModelSlot(
             model_source,
             self.policy,
@@ -260,6 +272,8 @@ class Engine:
             self.lockstep.start_watchdog(lambda: slot.state in ("error", "stopped"))
         while True:
             idle = not self._busy and slot.pending is None
+            if idle:
+                self.prefixes.hand_over()  # what the last steps kept, before waiting for work
             try:
                 running = self._drain_inbox(block=idle, timeout=slot.idle_wait(self._busy))
             except Exception as error:
@@ -297,10 +311,12 @@ class Engine:
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
+        self.prefixes.close()
         slot.state = "stopped"
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
         self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk, cost=self.chunk_cost)
+        self.prefixes.open_disk(loaded.fingerprint)
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:

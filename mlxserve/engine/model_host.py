@@ -16,6 +16,7 @@ from ..platform import PlatformPolicy, current_policy
 from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
 from ..sampling.token_healing import TokenTexts
+from .prefix_disk import model_fingerprint
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
@@ -43,6 +44,7 @@ class LoadedModel:
     kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
     fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
+    fingerprint: str | None = None  # what its KV depends on (prefix_disk.model_fingerprint)
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)
@@ -257,6 +259,9 @@ def load_model(
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
     policy.prepare_model(model, sharded=sharded)
+    fingerprint = None
+    if folder is not None and not sharded:
+        fingerprint = model_fingerprint(folder, policy.description)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
@@ -270,6 +275,7 @@ def load_model(
         kv_bytes_per_token=kv_bytes_per_token(model),
         prefill_chunk=measure_prefill_chunk(model),
         fim=fim,
+        fingerprint=fingerprint,
     )
 
 

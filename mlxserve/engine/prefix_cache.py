@@ -45,24 +45,30 @@ class PrefixCache:
         self.hits = 0
         self.reused_tokens = 0
 
-    def fetch(self, prompt: list[int]) -> tuple[list[Any] | None, int]:
+    def fetch(self, prompt: list[int], count: bool = True) -> tuple[list[Any] | None, int]:
         """A private copy of the KV for the longest stored prefix of `prompt`, and its length.
 
         At least the last prompt token is left to compute: its logits give the first token.
+        `count`: this is the lookup the request's statistics count (else `count` it later).
         """
-        self.lookups += 1
         cache, rest = self._lru.fetch_nearest_cache(MODEL_KEY, list(prompt))
-        if cache is None:
-            return None, 0
-        if not rest:  # an exact repeat: recompute the last token
-            if not can_trim_prompt_cache(cache):
-                return None, 0
-            trim_prompt_cache(cache, 1)
-            rest = prompt[-1:]
-        reused = len(prompt) - len(rest)
-        self.hits += 1
-        self.reused_tokens += reused
+        reused = 0
+        if cache is not None and not rest:  # an exact repeat: recompute the last token
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = prompt[-1:]
+            else:
+                cache = None
+        if cache is not None:
+            reused = len(prompt) - len(rest)
+        if count:
+            self.count(reused)
         return cache, reused
+
+    def count(self, reused: int) -> None:
+        self.lookups += 1
+        self.hits += reused > 0
+        self.reused_tokens += reused
 
     def store(self, tokens: list[int], cache: list[Any] | None) -> None:
         """Keep `cache`, the KV of exactly `tokens`, for later prompts."""

@@ -1,22 +1,40 @@
 """What the engine keeps in the prefix cache, and when: prompts copied out of the running batch
-a few layers a step, and finished sequences' KV as they leave."""
+a few layers a step, and finished sequences' KV as they leave; long ones on disk too, for a
+restarted server."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from .prefix_cache import PrefixCache, RunningPromptCopies
+from .prefix_disk import DiskPrefixStore
 from .stats import EngineStats
+
+log = logging.getLogger("mlxserve.engine")
 
 
 class PrefixKeeper:
     """The prefix cache of the loaded model (None when its budget is 0) and its running copies."""
 
-    def __init__(self, budget_bytes: int, stats: EngineStats):
+    def __init__(
+        self,
+        budget_bytes: int,
+        stats: EngineStats,
+        disk_folder: Path | None = None,
+        disk_budget_bytes: int = 0,
+    ):
+        """`disk_folder`: where long prompts' KV is kept across restarts (None: nowhere)."""
         self.budget_bytes = budget_bytes
         self.stats = stats
+        self.disk_folder = disk_folder if disk_budget_bytes > 0 else None
+        self.disk_budget_bytes = disk_budget_bytes
         self.cache: PrefixCache | None = None
+        self.disk: DiskPrefixStore | None = None
         self.copies = RunningPromptCopies()
         self.reset()
 
@@ -25,18 +43,52 @@ class PrefixKeeper:
         return self.cache is not None
 
     def reset(self) -> None:
-        """An empty cache (KV of one model is no use to another)."""
+        """An empty cache (KV of one model is no use to another); the disk's files stay."""
+        self.close()
         self.cache = PrefixCache(self.budget_bytes) if self.budget_bytes > 0 else None
         self.copies = RunningPromptCopies()
         self._count()
+
+    def open_disk(self, fingerprint: str | None) -> None:
+        """Start reading and writing the loaded model's entries on disk (none where there is
+        no folder, no memory cache, or nothing to tell this model's KV from another's)."""
+        if self.cache is None or self.disk_folder is None or fingerprint is None:
+            return
+        try:
+            self.disk = DiskPrefixStore(self.disk_folder, self.disk_budget_bytes, fingerprint)
+        except OSError as error:
+            log.warning("prefix cache: %s is not usable (%s); memory only", self.disk_folder, error)
+
+    def close(self) -> None:
+        """Write what waits for the disk (a stopping server, a model unloading)."""
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
+
+    def hand_over(self) -> None:
+        """The disk's writer takes what was kept until now (its work has run)."""
+        if self.disk is not None:
+            self.disk.hand_over()
 
     def new_batch(self) -> None:
         """The batch was rebuilt: copies of its rows are gone with it."""
         self.copies = RunningPromptCopies()
 
     def fetch(self, prompt: list[int]):
-        """(a private copy of the longest cached prefix's KV or None, its length)."""
-        cache, reused = self.cache.fetch(prompt)
+        """(a private copy of the longest cached prefix's KV or None, its length): from memory,
+        or from disk where a file gives more."""
+        cache, reused = self.cache.fetch(prompt, count=False)
+        found = self.disk.best(prompt, reused) if self.disk is not None else None
+        loaded = self.disk.load(found[0]) if found is not None else None
+        if loaded is not None:
+            tokens = found[0].tokens.tolist()
+            self.cache.store(tokens, loaded)
+            cache, reused = self.cache.fetch(prompt, count=False)
+            target = min(found[1], len(prompt) - 1)
+            if reused < target and can_trim_prompt_cache(loaded):  # over the memory budget
+                trim_prompt_cache(loaded, len(tokens) - target)
+                cache, reused = loaded, target
+        self.cache.count(reused)
         self._count()
         return cache, reused
 
@@ -46,11 +98,14 @@ class PrefixKeeper:
             return
         with mx.stream(generation_stream):  # with the model's work (and its collectives)
             mx.async_eval([c.state for c in cache])
+            if self.disk is not None:
+                self.disk.put(list(tokens), cache)
         self.cache.store(list(tokens), cache)
         self._count()
 
     def advance_copies(self, decode_batch) -> None:
         """Copy the next layers of running prompts (within a step's byte budget)."""
+        self.hand_over()
         with mx.stream(generation_stream):
             for tokens, cache in self.copies.advance(decode_batch):
                 self.keep(tokens, cache)
@@ -74,3 +129,6 @@ class PrefixKeeper:
         stats.prefix_hits = cache.hits
         stats.prefix_reused_tokens = cache.reused_tokens
         stats.prefix_cache_bytes = cache.nbytes
+        if self.disk is not None:
+            stats.prefix_disk_entries = self.disk.entries
+            stats.prefix_disk_loads = self.disk.loaded

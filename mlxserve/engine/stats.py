@@ -24,6 +24,8 @@ class EngineStats:
     prefix_hits: int = 0
     prefix_reused_tokens: int = 0
     prefix_cache_bytes: int = 0
+    prefix_disk_entries: int = 0  # this model's files in the prefix cache's folder
+    prefix_disk_loads: int = 0  # prompts started from one of them
     tokens_per_second: float = 0.0  # generated, over the last RATE_WINDOW_S seconds
 
 
