@@ -5,6 +5,7 @@
     python scripts/bench_engine.py limit [--temperature 0.8 --top-p 0.95] [--in-process] ...
     python scripts/bench_engine.py curve [--prompt-tokens 8000] [--streams 1] [--gaps 2 3 5 off]
     python scripts/bench_engine.py carried [--decode-depth 300] ...
+    python scripts/bench_engine.py restart [--prompt-tokens 8000] [--repeats 1]
     python scripts/bench_engine.py all [--model PATH]
 
 - `versus`: mlxserve beside mlx_lm.server, same model, same machine: aggregate output tokens/s
@@ -20,6 +21,8 @@
   (scripts/bench_gap_curve.py).
 - `carried`: a decode pass's cost by the prompt tokens it carries
   (scripts/bench_carried_chunk.py).
+- `restart`: a repeated long prompt's time to first token on a restarted server, its KV read
+  from the prefix cache on disk, against its cold time.
 - `all`: the rows above as docs/benchmarks.md quotes them, one after the other (long).
 
 scripts/bench.py runs `versus` after its own rows (`--skip-engine` leaves it out).
@@ -34,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import httpx
 from bench_common import (
@@ -352,6 +356,49 @@ def versus(argv: list[str] | None = None) -> int:
     return 0
 
 
+def restart(argv: list[str] | None = None) -> int:
+    """A repeated long prompt's time to first token on a restarted server (its KV read from the
+    prefix cache on disk) against its first, cold time, on the same folder and model."""
+    import tempfile
+
+    from bench_common import bench_parser, default_model, reexec_for_cpu, stretched_context
+    from transformers import AutoTokenizer
+
+    parser = bench_parser("A repeated long prompt after a restart against cold.")
+    parser.add_argument("--prompt-tokens", type=int, default=8000)
+    parser.add_argument("--repeats", type=int, default=1, help="prompts, each on a restart")
+    args = parser.parse_args(argv)
+    reexec_for_cpu()
+    global TOKENIZER
+    model = args.model or default_model()
+    TOKENIZER = AutoTokenizer.from_pretrained(model)
+    TOKENIZER.model_max_length = 10**9
+    served_model = stretched_context(model, args.prompt_tokens + 64)
+    rows = [("model, prompt tokens", f"{model}, {args.prompt_tokens}")]
+    with tempfile.TemporaryDirectory(prefix="mlxserve-bench-restart-") as folder:
+        start = partial(start_server, served_model, extra=["--prefix-cache-dir", folder])
+        for number in range(1, args.repeats + 1):
+            prompt = long_prompt(args.prompt_tokens, f"restart-{time.time_ns()}")
+            try:
+                with served(start, "restart-cold") as server:
+                    cold = stream(server.url, prompt, 1).ttft
+                with served(start, "restart-warm") as server:
+                    warm = stream(server.url, prompt, 1)
+            except ROW_ERRORS as error:
+                row_failed("restart", error)
+                return 1
+            rows.append(
+                (
+                    f"run {number}: time to first token cold / after a restart",
+                    f"{cold:.2f} / {warm.ttft:.3f} s = {cold / warm.ttft:.0f}x  (target >= 10x)",
+                )
+            )
+        size = sum(f.stat().st_size for f in Path(folder).iterdir())
+    rows.append(("files written", f"{size / (1 << 20):,.0f} MiB"))
+    print_table(rows)
+    return 0
+
+
 def limit(argv: list[str]) -> int:
     import bench_batch_limit
 
@@ -380,8 +427,15 @@ ALL_ROWS = (
     (curve, ["--prompt-tokens", "8000", "--gaps", "2", "3", "5", "off"]),
     (curve, ["--prompt-tokens", "8000", "--streams", "4", "--gaps", "3"]),
     (curve, ["--prompt-tokens", "16000", "--gaps", "3"]),
+    (restart, ["--prompt-tokens", "8000"]),
 )
-COMMANDS = {"versus": versus, "limit": limit, "curve": curve, "carried": carried}
+COMMANDS = {
+    "versus": versus,
+    "limit": limit,
+    "curve": curve,
+    "carried": carried,
+    "restart": restart,
+}
 
 
 def main(argv: list[str]) -> int:
