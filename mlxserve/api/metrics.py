@@ -53,6 +53,11 @@ ENGINE_COUNTERS: tuple[tuple[str, str, Callable], ...] = (
         "Prompt tokens whose KV came from the cache",
         lambda e: e.stats.prefix_reused_tokens,
     ),
+    (
+        "prefix_cache_disk_loads",
+        "Prompts started from KV read from the prefix cache's folder on disk",
+        lambda e: e.stats.prefix_disk_loads,
+    ),
 )
 ENGINE_GAUGES: tuple[tuple[str, str, Callable], ...] = (
     ("batch_size", "Sequences in the running batch", lambda e: e.stats.active_sequences),
@@ -77,6 +82,11 @@ ENGINE_GAUGES: tuple[tuple[str, str, Callable], ...] = (
         "prefix_cache_bytes",
         "Bytes of KV held by the prefix cache",
         lambda e: e.stats.prefix_cache_bytes,
+    ),
+    (
+        "prefix_cache_disk_entries",
+        "This model's files in the prefix cache's folder on disk",
+        lambda e: e.stats.prefix_disk_entries,
     ),
 )
 

@@ -214,7 +214,7 @@ class DiskPrefixStore:
             log.warning("prefix cache: ignoring %s: %s", entry.path, problem)
             self._forget(entry.path.name, remove=True)
             return None
-        os.utime(entry.path)  # recently used: evicted last
+        _touch(entry.path)  # recently used: evicted last
         self.loaded += 1
         return cache
 
@@ -223,10 +223,15 @@ class DiskPrefixStore:
         the device, with the model's work) and handed over at `hand_over`, once that has run."""
         if not (self.writable and len(tokens) >= MIN_TOKENS):
             return
+        ids = np.asarray(tokens, dtype=np.int32)
+        near = self.best(tokens, beyond=len(tokens) - 2 * MIN_GAIN)
+        if near is not None:  # a file holds all but MIN_GAIN of these tokens, or more
+            _touch(near[0].path)
+            return
         arrays, classes, scalars = _flatten(cache)
         arrays = {key: mx.contiguous(value) for key, value in arrays.items()}
         mx.async_eval(list(arrays.values()))
-        self._unready.append(_Job(np.asarray(tokens, dtype=np.int32), arrays, classes, scalars, 0))
+        self._unready.append(_Job(ids, arrays, classes, scalars, 0))
 
     def hand_over(self) -> None:
         """Give the writer what was put since the last call (the writer thread must not run
@@ -390,6 +395,13 @@ def _due(job: _Job) -> bool:
 
 def _supersedes(newer: np.ndarray, older: np.ndarray) -> bool:
     return common_prefix(newer, older) >= SUPERSEDE_SHARE * len(older)
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _mtime(path: Path) -> float:

@@ -58,7 +58,9 @@ def test_a_restarted_server_starts_a_repeated_long_prompt_from_disk(
     assert len(our_files(tmp_path)) == 1  # the prompt and its answer; the prompt alone superseded
     with serve(live_servers, tiny_model, tmp_path) as second:
         after, cold = ask(second, body(), body(cache_prompt=False))
-        assert second.engine.stats.prefix_disk_loads == 1
+        metrics = httpx.get(second.url + "/metrics").text
+    assert "mlxserve_prefix_cache_disk_loads_total 1.0" in metrics
+    assert "mlxserve_prefix_cache_disk_entries 1.0" in metrics
     assert cached(after) >= 0.9 * after["usage"]["prompt_tokens"]
     assert cached(cold) == 0
     assert texts(after) == texts(cold) == texts(before)

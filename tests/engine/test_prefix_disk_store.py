@@ -88,3 +88,19 @@ def test_the_budget_removes_the_least_recently_used_of_our_files_only(tmp_path):
     assert disk.best(ids(MIN_TOKENS, k=0), beyond=0) is None  # the oldest went
     assert other.exists()
     disk.close()
+
+
+def test_a_prompt_a_file_already_holds_is_not_written_again(tmp_path):
+    tokens = ids(MIN_TOKENS + 300)
+    disk = store(tmp_path)
+    kept(disk, tokens)
+    disk.close()
+    (written,) = tmp_path.iterdir()
+    before = written.stat().st_mtime_ns
+    disk = store(tmp_path)
+    kept(disk, tokens[:-10])  # a repeat, its answer cut short
+    kept(disk, tokens + ids(5, k=1))  # or a few tokens longer
+    disk.close()
+    assert list(tmp_path.iterdir()) == [written]
+    assert disk.written == 0
+    assert written.stat().st_mtime_ns >= before  # touched: recently used
