@@ -1,19 +1,24 @@
 """The prefix cache on disk: long prompts' KV kept in files, so that a restarted server starts a
 repeated prompt from them instead of prefilling it again.
 
-Files are in mlx-lm's prompt-cache format (safetensors; what `load_prompt_cache` reads) with our
-metadata: the model's fingerprint, the mlxserve version, the tokens the file holds and a
-checksum of its arrays. A file that does not match (corrupt, truncated, another model's or
-another version's) is never loaded. The engine thread only hands over arrays it has evaluated;
-a thread of its own writes them a few seconds later (a prompt that a newer one mostly repeats
-meanwhile is not written), and removes the least recently used files over the byte budget. A
-write that fails (a full disk) turns writing off: the cache stays in memory.
+A prompt's KV is cut into segments of BLOCK tokens (the last one shorter), each a safetensors
+file named by a hash of its tokens and of the segment before it, so a file stands for one
+exact prefix. A conversation's next turn, or an agent's next step, writes only the segments it
+added: what it repeats is on disk already. A file's metadata holds the model's fingerprint, the
+mlxserve version, its tokens, its parent segment and a checksum of its arrays: a file that does
+not match (corrupt, truncated, another model's or another version's) is never loaded.
+
+The engine thread only hands over arrays it has evaluated; a thread of its own writes them a
+few seconds later (a prompt that a newer one mostly repeats meanwhile is not written) and, over
+the byte budget, removes the least recently used files, a chain's last segments first. A write
+that fails (a full disk) turns writing off: the cache stays in memory.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import heapq
 import json
 import logging
 import os
@@ -24,29 +29,29 @@ import struct
 import threading
 import time
 import zlib
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models import cache as mlx_lm_cache
+from mlx_lm.models.cache import KVCache
 
 log = logging.getLogger("mlxserve.engine")
 
-FORMAT = "1"  # this file's layout of the metadata below
-SUFFIX = ".safetensors"
+FORMAT = "2"  # this file's layout of the metadata below
+BLOCK = 256  # tokens a segment holds (a prompt's last segment: fewer)
 # Prompts shorter than this are not written: prefilling them again costs little.
 MIN_TOKENS = 1024
-# A disk entry is loaded only where it gives this many more tokens than memory does.
+# Disk is read only where it gives this many more tokens than memory does.
 MIN_GAIN = 256
 # A kept prompt waits this long before it is written: an editor's next keystroke, or the same
 # conversation's answer, usually supersedes it by then.
 DEBOUNCE_S = 2.0
-# A newer entry supersedes an older one (queued or on disk) that it repeats this share of.
+# A newer prompt supersedes a waiting older one that it repeats this share of.
 SUPERSEDE_SHARE = 0.9
-MAX_QUEUED = 4  # entries waiting to be written; beyond, the oldest is dropped
+MAX_QUEUED = 4  # prompts waiting to be written; beyond, the oldest is dropped
 DEFAULT_SHARE_OF_FREE_DISK = 10  # the default budget: a tenth of the disk's free space,
 MAX_DEFAULT_BYTES = 16 << 30  # at most this
 MAX_HEADER_BYTES = 64 << 20
@@ -55,6 +60,7 @@ FINGERPRINT_BLOCK_BYTES = 64 << 10
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a crash
 # Our files, the only ones counted against the budget and removed: the folder may hold others.
 OUR_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]{32}\.safetensors")
+SUFFIX = ".safetensors"
 
 
 def default_budget_bytes(folder: Path) -> int:
@@ -98,20 +104,41 @@ def model_fingerprint(folder: Path, how_it_runs: str) -> str | None:
     return digest.hexdigest() if weights else None
 
 
+def segment_key(parent: str, tokens: np.ndarray) -> str:
+    """A segment's identity: its tokens after everything its parent stands for."""
+    return hashlib.sha256(parent.encode() + tokens.astype("<i4").tobytes()).hexdigest()
+
+
 @dataclass
-class DiskEntry:
+class Segment:
+    key: str
+    parent: str  # the previous segment's key (the model's fingerprint for a first one)
+    tokens: np.ndarray  # int32
     path: Path
-    tokens: np.ndarray  # int32, the positions the file's KV holds
-    nbytes: int
+
+
+@dataclass
+class _Piece:
+    """A segment to write: positions [start, start + len(tokens)) of the job's layers."""
+
+    key: str
+    parent: str
+    start: int
+    tokens: np.ndarray
 
 
 @dataclass
 class _Job:
-    tokens: np.ndarray
-    arrays: dict[str, mx.array]  # evaluated on the engine thread
-    classes: list[str]
-    scalars: list
-    queued: float
+    tokens: np.ndarray  # the whole prompt
+    pieces: list[_Piece]
+    layers: list[tuple[mx.array, mx.array]]  # each layer's keys and values, all positions
+    views: list[tuple[np.ndarray, np.ndarray]] | None = None  # the same memory, for the writer
+    dtype: str = "F32"
+    queued: float = 0.0
+
+
+# safetensors' names of the dtypes KV comes in; bfloat16 is written from a uint16 view of it
+DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -128,11 +155,35 @@ def _tokens_of(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<i4").astype(np.int32)
 
 
-def _checksum(arrays: dict[str, mx.array]) -> str:
+def _checksum(arrays: dict[str, Any]) -> str:
+    """CRC-32 of the arrays' bytes, in their names' order (MLX or numpy arrays alike)."""
     crc = 0
     for key in sorted(arrays):
         crc = zlib.crc32(memoryview(arrays[key]), crc)
     return f"{crc:08x}"
+
+
+def _save_safetensors(
+    path: Path, arrays: dict[str, np.ndarray], dtype: str, metadata: dict[str, str]
+) -> None:
+    """The safetensors layout (a length, a JSON header, the arrays' bytes), written with plain
+    file writes: they release the GIL, so the engine thread runs on meanwhile."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for key, array in arrays.items():
+        header[key] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with path.open("wb") as file:
+        file.write(struct.pack("<Q", len(encoded)))
+        file.write(encoded)
+        for array in arrays.values():
+            file.write(memoryview(array))
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -148,8 +199,14 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def writable_cache(cache: list[Any]) -> bool:
+    """Whether `cache` cuts into segments: every layer a plain KV cache (a sliding window's or
+    a state-space layer's cache does not)."""
+    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
+
+
 class DiskPrefixStore:
-    """One model's entries in `folder` (other models' files share the folder and its budget)."""
+    """One model's segments in `folder` (other models' files share the folder and its budget)."""
 
     def __init__(self, folder: Path, max_bytes: int, fingerprint: str):
         self.folder = folder
@@ -158,86 +215,118 @@ class DiskPrefixStore:
         self.version = version()
         self.writable = True
         self.written = 0  # files written by this process
-        self.loaded = 0  # entries loaded from disk
+        self.loaded = 0  # prompts started from disk
         self._prefix = fingerprint[:16]
         self._lock = threading.Lock()  # the index, shared with the writer thread
-        self._entries: dict[str, DiskEntry] = {}  # file name: entry, this model's
+        self._segments: dict[str, Segment] = {}  # key: segment, this model's
+        self._children: dict[str, dict[str, Segment]] = defaultdict(dict)  # parent key: ...
         self._unready: list[_Job] = []
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._temp_names = iter(range(1 << 62))
         folder.mkdir(parents=True, exist_ok=True)
         self._scan()
+        self._evict()  # a budget lowered since the last run
         self._writer = threading.Thread(target=self._write_loop, name="mlxserve-kv-disk")
         self._writer.daemon = True
         self._writer.start()
 
     # ---- the engine thread ------------------------------------------------------------------
 
-    def best(self, prompt: list[int], beyond: int) -> tuple[DiskEntry, int] | None:
-        """The entry sharing the longest prefix with `prompt`, and that prefix's length, where
-        it is at least MIN_GAIN tokens more than `beyond` (what memory gives)."""
+    def best(self, prompt: list[int], beyond: int) -> tuple[list[Segment], int] | None:
+        """The chain of segments sharing the longest prefix with `prompt` (its last segment
+        possibly in part), and that prefix's length, where it is at least MIN_GAIN tokens more
+        than `beyond` (what memory gives)."""
         if len(prompt) < beyond + MIN_GAIN:
             return None
         ids = np.asarray(prompt, dtype=np.int32)
+        chain, shared, parent = [], 0, self.fingerprint
         with self._lock:
-            entries = list(self._entries.values())
-        found = max(
-            ((e, common_prefix(e.tokens, ids)) for e in entries), key=lambda x: x[1], default=None
-        )
-        if found is None or found[1] < beyond + MIN_GAIN:
+            while shared < len(ids):
+                found, length = None, 0
+                for segment in self._children.get(parent, {}).values():
+                    n = common_prefix(segment.tokens, ids[shared:])
+                    if n > length:
+                        found, length = segment, n
+                if found is None:
+                    break
+                chain.append(found)
+                shared += length
+                if length < len(found.tokens):
+                    break
+                parent = found.key
+        if shared < beyond + MIN_GAIN:
             return None
-        return found
+        return chain, shared
 
-    def load(self, entry: DiskEntry) -> list[Any] | None:
-        """The entry's KV, checked; None (with a log line) where the file does not hold what
-        its name and index say."""
-        try:
-            arrays, flat = mx.load(str(entry.path), return_metadata=True)
-            metadata, classes, scalars = tree_unflatten(list(flat.items()))
-            problem = self._mismatch(metadata)
-            if problem is None and _tokens_of(metadata["tokens"]).tolist() != entry.tokens.tolist():
-                problem = "its tokens are not those of its index entry"
-            if problem is None:
-                mx.eval(arrays)
-                if _checksum(arrays) != metadata.get("checksum"):
-                    problem = "its arrays do not match their checksum (corrupt)"
-            cache = None if problem else _caches(arrays, classes, scalars)
-            if cache is not None and not _holds(cache, len(entry.tokens)):
-                problem = "its KV does not hold as many positions as its tokens"
-        except FileNotFoundError:
-            self._forget(entry.path.name)
+    def load(self, chain: list[Segment], shared: int) -> tuple[list[KVCache], int] | None:
+        """The KV of the chain's first `shared` positions, as far as its files check out (a
+        file that does not is removed, with a log line): (the layers, their positions)."""
+        keys: list[list[mx.array]] = []
+        values: list[list[mx.array]] = []
+        positions = 0
+        for segment in chain:
+            arrays = self._read(segment)
+            if arrays is None:
+                break
+            layers = len(arrays) // 2
+            if keys and layers != len(keys):
+                break
+            keys = keys or [[] for _ in range(layers)]
+            values = values or [[] for _ in range(layers)]
+            for i in range(layers):
+                keys[i].append(arrays[f"k.{i}"])
+                values[i].append(arrays[f"v.{i}"])
+            positions += len(segment.tokens)
+            _touch(segment.path)
+        positions = min(positions, shared)
+        if not positions:
             return None
-        except Exception as error:  # a file cut short or damaged fails in many ways
-            problem = f"unreadable ({type(error).__name__}: {error})"
-        if problem is not None:
-            log.warning("prefix cache: ignoring %s: %s", entry.path, problem)
-            self._forget(entry.path.name, remove=True)
-            return None
-        _touch(entry.path)  # recently used: evicted last
+        cache = []
+        for k, v in zip(keys, values):
+            layer = KVCache()
+            layer.keys = mx.concatenate(k, axis=2)[..., :positions, :]
+            layer.values = mx.concatenate(v, axis=2)[..., :positions, :]
+            layer.offset = positions
+            cache.append(layer)
+        mx.eval([(c.keys, c.values) for c in cache])
         self.loaded += 1
-        return cache
+        return cache, positions
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep `cache`, the KV of `tokens`, for writing: its arrays laid out contiguous (on
-        the device, with the model's work) and handed over at `hand_over`, once that has run."""
-        if not (self.writable and len(tokens) >= MIN_TOKENS):
+        """Keep `cache`, the KV of `tokens`, for writing the segments not on disk yet (handed
+        over at `hand_over`, once the work that made it has run)."""
+        if not (self.writable and len(tokens) >= MIN_TOKENS and writable_cache(cache)):
+            return
+        dtype = DTYPES.get(cache[0].keys.dtype)
+        if dtype is None:
             return
         ids = np.asarray(tokens, dtype=np.int32)
-        near = self.best(tokens, beyond=len(tokens) - 2 * MIN_GAIN)
-        if near is not None:  # a file holds all but MIN_GAIN of these tokens, or more
-            _touch(near[0].path)
+        pieces, parent = [], self.fingerprint
+        for start in range(0, len(ids), BLOCK):
+            part = ids[start : start + BLOCK]
+            key = segment_key(parent, part)
+            if key not in self._segments and not self._covered(parent, part):
+                pieces.append(_Piece(key, parent, start, part))
+            parent = key
+        if not pieces:
             return
-        arrays, classes, scalars = _flatten(cache)
-        arrays = {key: mx.contiguous(value) for key, value in arrays.items()}
-        mx.async_eval(list(arrays.values()))
-        self._unready.append(_Job(ids, arrays, classes, scalars, 0))
+        # a row of the batch is a strided view: numpy reads contiguous memory
+        layers = [(mx.contiguous(c.keys), mx.contiguous(c.values)) for c in cache]
+        if dtype == "BF16":  # numpy has no bfloat16: its bits, as they are
+            layers = [(k.view(mx.uint16), v.view(mx.uint16)) for k, v in layers]
+        mx.async_eval(layers)
+        self._unready.append(_Job(ids, pieces, layers, dtype=dtype))
 
     def hand_over(self) -> None:
-        """Give the writer what was put since the last call (the writer thread must not run
-        MLX work: its arrays are evaluated here, at no cost once the step that made them ran)."""
+        """Give the writer what was put since the last call: numpy views of its evaluated
+        arrays (evaluating costs nothing once the step that made them ran; the writer thread
+        runs no MLX work, and copies only a segment at a time)."""
         for job in self._unready:
-            mx.eval(list(job.arrays.values()))
+            mx.eval(job.layers)
+            job.views = [
+                (np.asarray(memoryview(k)), np.asarray(memoryview(v))) for k, v in job.layers
+            ]
             job.queued = time.monotonic()
             self._jobs.put(job)
         self._unready = []
@@ -251,9 +340,9 @@ class DiskPrefixStore:
 
     @property
     def entries(self) -> int:
-        return len(self._entries)
+        return len(self._segments)
 
-    # ---- the index ---------------------------------------------------------------------------
+    # ---- reading -----------------------------------------------------------------------------
 
     def _mismatch(self, metadata: dict[str, str]) -> str | None:
         if metadata.get("mlxserve_prefix_cache") != FORMAT:
@@ -263,6 +352,34 @@ class DiskPrefixStore:
         if metadata.get("fingerprint") != self.fingerprint:
             return "written for another model"
         return None
+
+    def _read(self, segment: Segment) -> dict[str, mx.array] | None:
+        """The segment's arrays, checked; None (the file removed, with a log line) where they
+        are not what its metadata says."""
+        try:
+            arrays, metadata = mx.load(str(segment.path), return_metadata=True)
+            problem = self._mismatch(metadata)
+            if problem is None and (
+                metadata.get("parent") != segment.parent
+                or not np.array_equal(_tokens_of(metadata["tokens"]), segment.tokens)
+            ):
+                problem = "its tokens are not those of its index entry"
+            if problem is None:
+                mx.eval(arrays)
+                if _checksum(arrays) != metadata.get("checksum"):
+                    problem = "its arrays do not match their checksum (corrupt)"
+            if problem is None and any(a.shape[2] != len(segment.tokens) for a in arrays.values()):
+                problem = "its KV does not hold as many positions as its tokens"
+        except FileNotFoundError:
+            self._forget(segment.key)
+            return None
+        except Exception as error:  # a file cut short or damaged fails in many ways
+            problem = f"unreadable ({type(error).__name__}: {error})"
+        if problem is not None:
+            log.warning("prefix cache: ignoring %s: %s", segment.path, problem)
+            self._forget(segment.key, remove=True)
+            return None
+        return arrays
 
     def _scan(self) -> None:
         """Index this model's files; files that cannot be this model's are skipped (others')
@@ -276,31 +393,50 @@ class DiskPrefixStore:
             if not (OUR_NAME.fullmatch(path.name) and path.name.startswith(self._prefix)):
                 continue
             try:
-                header = read_header(path)
-                flat = header.get("__metadata__", {})
-                metadata = tree_unflatten(list(flat.items()))[0]
+                metadata = read_header(path).get("__metadata__", {})
                 problem = self._mismatch(metadata)
-                tokens = None if problem else _tokens_of(metadata["tokens"])
+                if problem is None:
+                    tokens = _tokens_of(metadata["tokens"])
+                    key = segment_key(metadata["parent"], tokens)
+                    if path.name != self._name(key):
+                        problem = "its name is not its tokens' hash"
             except Exception as error:
-                problem, tokens = f"unreadable ({type(error).__name__}: {error})", None
+                problem = f"unreadable ({type(error).__name__}: {error})"
             if problem is not None:
                 log.warning("prefix cache: ignoring %s: %s", path, problem)
                 continue
-            self._entries[path.name] = DiskEntry(path, tokens, path.stat().st_size)
-        if self._entries:
-            total = sum(e.nbytes for e in self._entries.values())
+            self._add(Segment(key, metadata["parent"], tokens, path))
+        if self._segments:
             log.info(
-                "prefix cache on disk: %d entries for this model (%.0f MiB) in %s",
-                len(self._entries),
-                total / (1 << 20),
+                "prefix cache on disk: %d segments for this model in %s",
+                len(self._segments),
                 self.folder,
             )
 
-    def _forget(self, name: str, remove: bool = False) -> None:
+    def _covered(self, parent: str, tokens: np.ndarray) -> bool:
+        """Whether a segment after `parent` holds `tokens` and maybe more (a prompt's last
+        segment, shorter than one on disk: its KV is that one's, cut short)."""
         with self._lock:
-            entry = self._entries.pop(name, None)
-        if remove and entry is not None:
-            entry.path.unlink(missing_ok=True)
+            siblings = list(self._children.get(parent, {}).values())
+        return any(
+            len(s.tokens) >= len(tokens) and common_prefix(s.tokens, tokens) == len(tokens)
+            for s in siblings
+        )
+
+    def _name(self, key: str) -> str:
+        return f"{self._prefix}-{key[:32]}{SUFFIX}"
+
+    def _add(self, segment: Segment) -> None:
+        self._segments[segment.key] = segment
+        self._children[segment.parent][segment.key] = segment
+
+    def _forget(self, key: str, remove: bool = False) -> None:
+        with self._lock:
+            segment = self._segments.pop(key, None)
+            if segment is not None:
+                self._children[segment.parent].pop(key, None)
+        if remove and segment is not None:
+            segment.path.unlink(missing_ok=True)
 
     # ---- the writer thread --------------------------------------------------------------------
 
@@ -314,9 +450,8 @@ class DiskPrefixStore:
                 if stopping:
                     job = self._jobs.get(block=False)
                 elif waiting:
-                    job = self._jobs.get(
-                        timeout=max(0.001, waiting[0].queued + DEBOUNCE_S - time.monotonic())
-                    )
+                    due = waiting[0].queued + DEBOUNCE_S - time.monotonic()
+                    job = self._jobs.get(timeout=max(0.001, due))
                 else:
                     job = self._jobs.get()
             except queue.Empty:
@@ -325,34 +460,43 @@ class DiskPrefixStore:
                 waiting = [w for w in waiting if not _supersedes(job.tokens, w.tokens)]
                 waiting = [*waiting[-(MAX_QUEUED - 1) :], job]
                 continue
-            for due in [w for w in waiting if stopping or _due(w)]:
-                waiting.remove(due)
+            for due_job in [w for w in waiting if stopping or _due(w)]:
+                waiting.remove(due_job)
                 if not self.writable:
                     continue
                 try:
-                    self._write(due)
+                    for piece in due_job.pieces:
+                        self._write(due_job, piece)
+                    self._evict()
                 except Exception:  # never the writer's end: memory goes on without it
                     log.exception("prefix cache: writing to %s failed", self.folder)
                     self.writable = False
             if stopping and self._jobs.empty():
                 return
 
-    def _write(self, job: _Job) -> None:
-        name = f"{self._prefix}-{hashlib.sha256(job.tokens.tobytes()).hexdigest()[:32]}{SUFFIX}"
-        final = self.folder / name
-        temp = self.folder / f".tmp-{os.getpid()}-{next(self._temp_names)}{SUFFIX}"
+    def _write(self, job: _Job, piece: _Piece) -> None:
+        if piece.key in self._segments or not self.writable:
+            return
+        end = piece.start + len(piece.tokens)
+        arrays = {}
+        for i, (keys, values) in enumerate(job.views):
+            arrays[f"k.{i}"] = np.ascontiguousarray(keys[..., piece.start : end, :])
+            arrays[f"v.{i}"] = np.ascontiguousarray(values[..., piece.start : end, :])
         metadata = {
             "mlxserve_prefix_cache": FORMAT,
             "version": self.version,
             "fingerprint": self.fingerprint,
-            "tokens": _tokens_text(job.tokens),
-            "checksum": _checksum(job.arrays),
+            "parent": piece.parent,
+            "start": str(piece.start),
+            "tokens": _tokens_text(piece.tokens),
+            "checksum": _checksum(arrays),
         }
-        flat = dict(tree_flatten([metadata, job.classes, job.scalars]))
+        final = self.folder / self._name(piece.key)
+        temp = self.folder / f".tmp-{os.getpid()}-{next(self._temp_names)}{SUFFIX}"
         try:
-            mx.save_safetensors(str(temp), job.arrays, flat)
+            _save_safetensors(temp, arrays, job.dtype, metadata)
             os.replace(temp, final)
-        except (OSError, RuntimeError) as error:  # MLX reports a failed write as the latter
+        except OSError as error:
             temp.unlink(missing_ok=True)
             self.writable = False
             log.warning(
@@ -362,31 +506,48 @@ class DiskPrefixStore:
             )
             return
         self.written += 1
-        entry = DiskEntry(final, job.tokens, final.stat().st_size)
         with self._lock:
-            older = [
-                e
-                for e in self._entries.values()
-                if e.path != final and _supersedes(job.tokens, e.tokens)
+            # a shorter last segment of an earlier prompt that this one repeats is of no use
+            siblings = list(self._children.get(piece.parent, {}).values())
+            covered = [
+                s
+                for s in siblings
+                if len(s.tokens) < len(piece.tokens)
+                and common_prefix(s.tokens, piece.tokens) == len(s.tokens)
+                and not self._children.get(s.key)
             ]
-            for e in older:
-                del self._entries[e.path.name]
-            self._entries[name] = entry
-        for e in older:
-            e.path.unlink(missing_ok=True)
-        self._evict()
+            self._add(Segment(piece.key, piece.parent, piece.tokens, final))
+        for segment in covered:
+            self._forget(segment.key, remove=True)
 
     def _evict(self) -> None:
-        """Remove the least recently used files of the folder (any model's) over the budget."""
-        files = [p for p in self.folder.iterdir() if OUR_NAME.fullmatch(p.name)]
-        sized = sorted(((_mtime(p), p, _size(p)) for p in files), key=lambda x: x[0])
-        total = sum(size for _, _, size in sized)
-        for _, path, size in sized:
-            if total <= self.max_bytes:
-                break
-            path.unlink(missing_ok=True)
-            self._forget(path.name)
-            total -= size
+        """Over the budget, remove the least recently used of the folder's files we name (any
+        model's), this model's only where no segment follows them: a chain's end goes first,
+        the prefix it shares with others last."""
+        files = {p.name: p for p in self.folder.iterdir() if OUR_NAME.fullmatch(p.name)}
+        sizes = {name: _size(path) for name, path in files.items()}
+        total = sum(sizes.values())
+        if total <= self.max_bytes:
+            return
+        with self._lock:
+            by_name = {self._name(s.key): s for s in self._segments.values()}
+            leaves = [
+                name
+                for name in files
+                if name not in by_name or not self._children.get(by_name[name].key)
+            ]
+        heap = [(_mtime(files[name]), name) for name in leaves]
+        heapq.heapify(heap)
+        while heap and total > self.max_bytes:
+            _, name = heapq.heappop(heap)
+            segment = by_name.get(name)
+            if segment is not None:
+                self._forget(segment.key)
+                parent = self._segments.get(segment.parent)
+                if parent is not None and not self._children.get(parent.key):
+                    heapq.heappush(heap, (_mtime(parent.path), parent.path.name))
+            files[name].unlink(missing_ok=True)
+            total -= sizes[name]
 
 
 def _due(job: _Job) -> bool:
@@ -416,44 +577,3 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _flatten(cache: list[Any]) -> tuple[dict[str, mx.array], list[str], list]:
-    """`cache` as mlx-lm's `save_prompt_cache` lays it out: its layers' states flattened, the
-    non-array parts of a state as arrays, listed in `scalars`, and each layer's class."""
-    scalars: list = [""]  # never empty: tree_flatten drops an empty list
-    arrays = {}
-    for key, value in tree_flatten([c.state for c in cache]):
-        if isinstance(value, mx.array):
-            arrays[key] = value
-        elif isinstance(value, bool | int | float):
-            scalars.append((key, "scalar"))
-            arrays[key] = mx.array(value)
-        elif isinstance(value, str):
-            scalars.append((key, "string"))
-            arrays[key] = mx.array([ord(c) for c in value])
-        elif value is None:
-            scalars.append((key, "none"))
-            arrays[key] = mx.array([])
-        else:
-            raise ValueError(f"a cache state that cannot be written: {type(value).__name__}")
-    return arrays, [type(c).__name__ for c in cache], scalars
-
-
-def _caches(arrays: dict[str, mx.array], classes: list[str], scalars: list) -> list[Any]:
-    """The layers `_flatten` laid out (what mlx-lm's `load_prompt_cache` does, from arrays
-    already read)."""
-    values: dict[str, Any] = dict(arrays)
-    for key, kind in scalars[1:]:
-        if kind == "scalar":
-            values[key] = values[key].item()
-        elif kind == "string":
-            values[key] = "".join(chr(i) for i in values[key].tolist())
-        else:
-            values[key] = None
-    states = tree_unflatten(list(values.items()))
-    return [getattr(mlx_lm_cache, c).from_state(s) for c, s in zip(classes, states)]
-
-
-def _holds(cache: list[Any], positions: int) -> bool:
-    return all(c.offset == positions for c in cache if type(c) is mlx_lm_cache.KVCache)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import trim_prompt_cache
 
 from .prefix_cache import PrefixCache, RunningPromptCopies
 from .prefix_disk import DiskPrefixStore
@@ -76,17 +76,17 @@ class PrefixKeeper:
 
     def fetch(self, prompt: list[int]):
         """(a private copy of the longest cached prefix's KV or None, its length): from memory,
-        or from disk where a file gives more."""
+        or from disk where its files give more."""
         cache, reused = self.cache.fetch(prompt, count=False)
         found = self.disk.best(prompt, reused) if self.disk is not None else None
-        loaded = self.disk.load(found[0]) if found is not None else None
-        if loaded is not None:
-            tokens = found[0].tokens.tolist()
-            self.cache.store(tokens, loaded)
+        read = self.disk.load(*found) if found is not None else None
+        if read is not None and read[1] > reused:
+            loaded, positions = read
+            self.cache.store(prompt[:positions], loaded)
             cache, reused = self.cache.fetch(prompt, count=False)
-            target = min(found[1], len(prompt) - 1)
-            if reused < target and can_trim_prompt_cache(loaded):  # over the memory budget
-                trim_prompt_cache(loaded, len(tokens) - target)
+            target = min(positions, len(prompt) - 1)
+            if reused < target:  # over the memory budget: evicted at once
+                trim_prompt_cache(loaded, positions - target)
                 cache, reused = loaded, target
         self.cache.count(reused)
         self._count()

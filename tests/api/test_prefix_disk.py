@@ -3,6 +3,7 @@ earlier one wrote; files that do not match are never loaded; a full disk leaves 
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import resource
@@ -12,8 +13,9 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
-from mlxserve.engine.prefix_disk import DEBOUNCE_S
+from mlxserve.engine.prefix_disk import BLOCK, DEBOUNCE_S, read_header
 
 from ..helpers import complete, start_serve, texts, wait_healthy
 from ..live_server import free_port
@@ -47,6 +49,16 @@ def our_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
+def first_segment(folder: Path, k: int) -> Path:
+    """The file holding prompt k's first tokens: without it no later one of its is read."""
+    for path in our_files(folder):
+        metadata = read_header(path)["__metadata__"]
+        first = np.frombuffer(base64.b64decode(metadata["tokens"]), dtype="<i4")[0]
+        if metadata["start"] == "0" and first == prompt(k)[0]:
+            return path
+    raise AssertionError(f"no first segment of prompt {k} in {folder}")
+
+
 def test_a_restarted_server_starts_a_repeated_long_prompt_from_disk(
     live_servers, tiny_model, tmp_path
 ):
@@ -55,23 +67,23 @@ def test_a_restarted_server_starts_a_repeated_long_prompt_from_disk(
     with serve(live_servers, tiny_model, tmp_path) as first:
         (before,) = ask(first, body())
     assert cached(before) == 0
-    assert len(our_files(tmp_path)) == 1  # the prompt and its answer; the prompt alone superseded
+    assert len(our_files(tmp_path)) == -(-PROMPT_TOKENS // BLOCK)  # segments of prompt + answer
     with serve(live_servers, tiny_model, tmp_path) as second:
         after, cold = ask(second, body(), body(cache_prompt=False))
         metrics = httpx.get(second.url + "/metrics").text
     assert "mlxserve_prefix_cache_disk_loads_total 1.0" in metrics
-    assert "mlxserve_prefix_cache_disk_entries 1.0" in metrics
+    assert f"mlxserve_prefix_cache_disk_entries {-(-PROMPT_TOKENS // BLOCK)}.0" in metrics
     assert cached(after) >= 0.9 * after["usage"]["prompt_tokens"]
     assert cached(cold) == 0
     assert texts(after) == texts(cold) == texts(before)
 
 
 def rewrite_metadata(path: Path, **changes: str) -> None:
-    """Change the file's safetensors metadata (our keys are under "0.")."""
+    """Change the file's safetensors metadata."""
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + length])
-    header["__metadata__"].update({f"0.{k}": v for k, v in changes.items()})
+    header["__metadata__"].update(changes)
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
     path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + raw[8 + length :])
@@ -87,17 +99,14 @@ def test_corrupt_truncated_foreign_and_other_version_files_are_ignored(
     # the same prompt served by another model of the same shapes (other weights)
     with serve(live_servers, tiny_models_dir / "tiny2", others) as server:
         ask(server, body(3))
-    files = {}
-    for k, path in enumerate(sorted(our_files(ours), key=lambda p: p.stat().st_mtime)):
-        files[k] = path  # written in the order asked: entry k holds prompt k
-    corrupt, truncated, other_version, foreign = files.values()
+    corrupt, truncated, other_version, foreign = (first_segment(ours, k) for k in range(4))
     data = bytearray(corrupt.read_bytes())
     data[-100:] = bytes(255 - b for b in data[-100:])  # flipped bits in the last layer's KV
     corrupt.write_bytes(bytes(data))
     truncated.write_bytes(truncated.read_bytes()[:-4096])
     rewrite_metadata(other_version, version="0.0.1")
-    (foreign_file,) = our_files(others)
-    foreign.write_bytes(foreign_file.read_bytes())  # another model's KV under this one's name
+    # another model's KV of the same tokens under this one's name
+    foreign.write_bytes(first_segment(others, 3).read_bytes())
     caplog.set_level(logging.WARNING, logger="mlxserve.engine")
     with serve(live_servers, tiny_model, ours) as server:
         results = ask(server, *(body(k) for k in range(4)))
@@ -116,7 +125,7 @@ def test_corrupt_truncated_foreign_and_other_version_files_are_ignored(
 
 def test_a_full_disk_leaves_the_server_answering_from_memory(tiny_model, tmp_path):
     """Files may not grow past 64 KiB in this server's process (RLIMIT_FSIZE, as a full disk
-    fails a write); the long prompt's KV is 1 MiB."""
+    fails a write); a segment of the long prompt's KV is 128 KiB."""
 
     def small_files() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, do not kill the process
