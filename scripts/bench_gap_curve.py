@@ -14,12 +14,13 @@ collector is off while the gaps are timed (`bench_common.no_client_gc`). This sc
 it asserts nothing.
 
     python scripts/bench_gap_curve.py [--model PATH] [--prompt-tokens 2000] [--streams 1]
-                                      [--gaps 2 3 5 off]
+                                      [--gaps 2 3 5 off] [--server-args '--flag value']
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from functools import partial
@@ -46,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=1, help="streams running beside it")
     parser.add_argument("--gaps", nargs="+", default=["2", "3", "5", "off"])
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more `mlxserve serve` flags, e.g. '--prefix-cache-dir none'",
+    )
     return parser.parse_args(argv)
 
 
@@ -60,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("model", model if served_model == model else f"{model}, context raised"),
         ("prompt tokens / streams beside it", f"{args.prompt_tokens} / {args.streams}"),
+        ("server flags", args.server_args or "(defaults)"),
     ]
     for gap in args.gaps:
-        start = partial(start_server, served_model, extra=["--max-stream-gap", gap])
+        extra = ["--max-stream-gap", gap, *shlex.split(args.server_args)]
+        start = partial(start_server, served_model, extra=extra)
         try:
             with served(start, f"gap-{gap}") as server:
                 alone_prompt = long_prompt(args.prompt_tokens, f"alone-{time.time_ns()}")
