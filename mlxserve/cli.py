@@ -23,6 +23,8 @@ from .settings import (
     DEFAULT_MODEL,
     DEFAULT_PORT,
     PREFIX_CACHE_DIR_ENV,
+    QUANTIZED_KV_BITS,
+    QUANTIZED_KV_GROUP_SIZES,
     ChatSettings,
     Limits,
     Settings,
@@ -167,6 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="KV kept for reuse by later prompts sharing a prefix; 0 turns it off "
         "(default: an eighth of this machine's memory, at most 8 GiB)",
+    )
+    serve.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=QUANTIZED_KV_BITS,
+        default=None,
+        help="hold the KV caches quantized to this many bits: about 3.5x (4) or 1.9x (8) more "
+        "tokens in the same memory than 16-bit, for a small loss of quality (default: the "
+        "model's own dtype)",
+    )
+    serve.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=QUANTIZED_KV_GROUP_SIZES,
+        default=64,
+        help="values sharing a scale and a bias in quantized KV",
     )
     serve.add_argument(
         "--prefix-cache-dir",
@@ -332,6 +350,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefix_cache_mb is not None:
         memory["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     memory["prefix_cache_dir"] = prefix_cache_dir(args.prefix_cache_dir)
+    memory["kv_bits"], memory["kv_group_size"] = args.kv_bits, args.kv_group_size
     if args.prefix_cache_disk_mb is not None:
         memory["prefix_cache_disk_bytes"] = args.prefix_cache_disk_mb << 20
     settings = Settings(

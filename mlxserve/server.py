@@ -151,6 +151,8 @@ def serve_forever(settings: Settings) -> int:
             max_stream_gap=settings.max_stream_gap,
             prefix_cache_dir=settings.prefix_cache_dir,
             prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
+            kv_bits=settings.kv_bits,
+            kv_group_size=settings.kv_group_size,
         )
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.

@@ -17,6 +17,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 # Sequences that may wait beyond the running batch before new requests get 503 + Retry-After.
 DEFAULT_MAX_QUEUED_SEQUENCES = 256
+# --kv-bits and --kv-group-size: what MLX's quantized matmuls take.
+QUANTIZED_KV_BITS = (4, 8)
+QUANTIZED_KV_GROUP_SIZES = (32, 64, 128)
 # The prefix cache's folder on disk when --prefix-cache-dir is not given ("none": off).
 PREFIX_CACHE_DIR_ENV = "MLXSERVE_PREFIX_CACHE_DIR"
 
@@ -89,6 +92,8 @@ class Settings:
     prefix_cache_bytes: int | None = None  # None: engine default from memory; 0: off
     prefix_cache_dir: Path | None = None  # long prompts' KV across restarts (None: not kept)
     prefix_cache_disk_bytes: int | None = None  # that folder's budget (None: from free space)
+    kv_bits: int | None = None  # KV caches quantized to these bits (None: the model's dtype)
+    kv_group_size: int = 64  # ... in groups of this many values
     fim_template: str | None = None  # None: detected from the model's vocabulary
     chat: ChatSettings = field(default_factory=ChatSettings)
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio

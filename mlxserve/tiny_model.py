@@ -182,9 +182,12 @@ def build_tiny_coder(out: Path, seed: int = 0, force: bool = False) -> Path:
     return _build(out, seed, force, _train_byte_level_tokenizer, CODER_CONFIG)
 
 
-def build_tiny_model(out: Path, seed: int = 0, force: bool = False) -> Path:
-    """Build the model into `out` (idempotent: an existing complete build is reused)."""
-    return _build(out, seed, force, _train_tokenizer, TINY_CONFIG)
+def build_tiny_model(
+    out: Path, seed: int = 0, force: bool = False, overrides: dict | None = None
+) -> Path:
+    """Build the model into `out` (idempotent: an existing complete build is reused);
+    `overrides`: config keys changed (other head counts, say)."""
+    return _build(out, seed, force, _train_tokenizer, TINY_CONFIG | (overrides or {}))
 
 
 def _build(out: Path, seed: int, force: bool, train_tokenizer, config: dict) -> Path:

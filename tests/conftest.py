@@ -92,6 +92,13 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_head32(tmp_path_factory) -> Path:
+    """The tiny model with 2 heads of 32 (1 KV head): KV MLX can quantize (groups of 32)."""
+    overrides = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-head32", 0, False, overrides)
+
+
+@pytest.fixture(scope="session")
 def tiny_coder(tmp_path_factory) -> Path:
     """The tiny model with StarCoder's FIM tokens (SPM, as the demo model): editors' infill
     requests end to end, fast in both passes."""

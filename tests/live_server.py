@@ -80,6 +80,8 @@ class LiveServer:
             idle_unload_s=self.settings.idle_unload_s,
             prefix_cache_dir=self.settings.prefix_cache_dir,
             prefix_cache_disk_bytes=self.settings.prefix_cache_disk_bytes,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
         )
         self.start_engine = start_engine and self.own_engine
         self.url = f"http://127.0.0.1:{self.settings.port}"

@@ -79,11 +79,15 @@ class Engine:
         max_stream_gap: float | None = DEFAULT_MAX_STREAM_GAP,
         prefix_cache_dir: Path | None = None,
         prefix_cache_disk_bytes: int | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
     ):
         """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
         0: no prefix cache). `prefix_cache_dir`: where long prompts' KV is kept for a restarted
         server (None: nowhere), within `prefix_cache_disk_bytes` (None: from the disk's free
-        space). `fim_template`: force a FIM template by name (None: detect).
+        space). `kv_bits`: the KV caches quantized to 4 or 8 bits in groups of
+        `kv_group_size` (None: the model's dtype). `fim_template`: force a FIM template by
+        name (None: detect).
         `idle_unload_s`: free the model after this long without work (None: never).
         `max_stream_gap`: a running stream's longest gap while prompts prefill beside it, in
         times its usual gap (None: prefill as fast as it can)."""
@@ -116,6 +120,7 @@ class Engine:
             cluster=cluster,
             on_loaded=self._model_loaded,
             on_unloaded=self._model_unloaded,
+            kv_quantization=(kv_bits, kv_group_size) if kv_bits else None,
         )
         self.generator: ServerBatchGenerator | None = None
         self._pacer: PrefillPacer | None = None
@@ -273,7 +278,7 @@ class Engine:
         while True:
             idle = not self._busy and slot.pending is None
             if idle:
-                self.prefixes.hand_over()  # what the last steps kept, before waiting for work
+                self.prefixes.hand_over(everything=True)  # before waiting for work
             try:
                 running = self._drain_inbox(block=idle, timeout=slot.idle_wait(self._busy))
             except Exception as error:

@@ -16,6 +16,7 @@ from ..platform import PlatformPolicy, current_policy
 from ..registry import context_length_of
 from ..sampling.grammars import GrammarCompiler
 from ..sampling.token_healing import TokenTexts
+from .mlx_lm_compat.quantized_kv import install as install_quantized_kv
 from .prefix_disk import model_fingerprint
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
@@ -214,11 +215,13 @@ def load_model(
     cluster=None,
     policy: PlatformPolicy | None = None,
     progress: LoadProgress | None = None,
+    kv_quantization: tuple[int, int] | None = None,
 ) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
     detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py).
     `policy`: how this platform runs the model (None: `current_policy()`). `progress`: where
-    the load says what it is doing (phase by phase, in the log too)."""
+    the load says what it is doing (phase by phase, in the log too). `kv_quantization`: (bits,
+    group size) of the KV caches, None for the model's own dtype."""
     import mlx.core as mx
     import mlx_lm
 
@@ -259,9 +262,16 @@ def load_model(
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
     policy.prepare_model(model, sharded=sharded)
+    how_it_runs = policy.description
+    if kv_quantization is not None:
+        try:
+            install_quantized_kv(model, *kv_quantization)
+        except ValueError as error:
+            raise ModelLoadError(f"{path_or_repo}: {error}") from error
+        how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
     fingerprint = None
     if folder is not None and not sharded:
-        fingerprint = model_fingerprint(folder, policy.description)
+        fingerprint = model_fingerprint(folder, how_it_runs)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
     return LoadedModel(
         model_id=model_id_for(path_or_repo),

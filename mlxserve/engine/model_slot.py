@@ -50,6 +50,7 @@ class ModelSlot:
         cluster=None,
         on_loaded: Callable[[LoadedModel], None] = lambda loaded: None,
         on_unloaded: Callable[[], None] = lambda: None,
+        kv_quantization: tuple[int, int] | None = None,
     ):
         self.source = source  # the model loaded, or being loaded
         self.name = model_id_for(source)  # the name clients use for it
@@ -59,6 +60,7 @@ class ModelSlot:
         self.default_idle_unload_s = idle_unload_s  # the server's --idle-unload
         self.idle_unload_s = idle_unload_s  # this model's, until it is unloaded (keep_alive)
         self.cluster = cluster
+        self.kv_quantization = kv_quantization  # (bits, group size) of the KV, or None
         self.state: EngineState = "starting"
         self.error: str | None = None
         self.load_error: str | None = None  # the last switch that failed (the old model stayed)
@@ -82,7 +84,12 @@ class ModelSlot:
         log.info("loading model %s", source)
         try:
             self.loaded = load_model(
-                source, self.fim_template, self.cluster, self.policy, progress=progress
+                source,
+                self.fim_template,
+                self.cluster,
+                self.policy,
+                progress=progress,
+                kv_quantization=self.kv_quantization,
             )
         except Exception as error:
             self.progress = None

@@ -19,6 +19,7 @@ from mlx_lm.models.cache import (
 
 from ..settings import machine_memory_bytes
 from .mlx_lm_compat.batch_join import row_view
+from .mlx_lm_compat.quantized_kv import empty_like
 
 MODEL_KEY = "active"  # one model per engine: the cache is dropped with it
 MAX_ENTRIES = 256
@@ -142,7 +143,7 @@ class RunningPromptCopies:
 def _prefix_copy(layer: KVCache, length: int) -> KVCache:
     """The first `length` positions of `layer` in buffers of their own (`mx.array` always copies;
     `mx.contiguous` shares a slice that happens to be contiguous)."""
-    copy = KVCache()
+    copy = empty_like(layer)
     copy.keys = mx.array(layer.keys[..., :length, :])
     copy.values = mx.array(layer.values[..., :length, :])
     copy.offset = length

@@ -30,13 +30,16 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
+
+from .mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache, packing_of
+from .prefix_cache import COPY_BUDGET_BYTES
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -131,14 +134,19 @@ class _Piece:
 class _Job:
     tokens: np.ndarray  # the whole prompt
     pieces: list[_Piece]
-    layers: list[tuple[mx.array, mx.array]]  # each layer's keys and values, all positions
-    views: list[tuple[np.ndarray, np.ndarray]] | None = None  # the same memory, for the writer
+    sources: list[tuple[mx.array, mx.array]]  # each layer's keys and values, not copied yet
+    low: int  # the first position to write: copies hold positions [low, len(tokens))
+    layers: list[tuple[mx.array, mx.array]] = field(default_factory=list)  # the copies
+    copied: bool = False  # every copy made, in an engine step before this one
+    views: list[tuple[np.ndarray, np.ndarray]] | None = None  # the copies, for the writer
     dtype: str = "F32"
+    packing: dict[str, str] | None = None  # quantized KV's, for the metadata
     queued: float = 0.0
 
 
-# safetensors' names of the dtypes KV comes in; bfloat16 is written from a uint16 view of it
-DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
+# safetensors' names of the dtypes KV comes in (quantized KV: packed in uint32); bfloat16 is
+# written from a uint16 view of it
+DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32"}
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -202,7 +210,29 @@ def read_header(path: Path) -> dict[str, Any]:
 def writable_cache(cache: list[Any]) -> bool:
     """Whether `cache` cuts into segments: every layer a plain KV cache (a sliding window's or
     a state-space layer's cache does not)."""
-    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
+    kinds = (KVCache, QuantizedRowKVCache)
+    return bool(cache) and all(type(c) in kinds and c.keys is not None for c in cache)
+
+
+def _packing_metadata(cache: list[Any]) -> dict[str, str] | None:
+    packing = packing_of(cache[0])
+    if packing is None or packing.dtype is None:
+        return None
+    return {
+        "kv_bits": str(packing.bits),
+        "kv_group_size": str(packing.group_size),
+        "kv_dtype": str(packing.dtype).rsplit(".", 1)[-1],
+    }
+
+
+def _new_layer(metadata: dict[str, str]) -> KVCache:
+    """An empty cache of the kind a segment's metadata says (packed, for quantized KV)."""
+    if "kv_bits" not in metadata:
+        return KVCache()
+    dtype = getattr(mx, metadata["kv_dtype"])
+    return QuantizedRowKVCache(
+        Packing(int(metadata["kv_bits"]), int(metadata["kv_group_size"]), dtype)
+    )
 
 
 class DiskPrefixStore:
@@ -264,11 +294,13 @@ class DiskPrefixStore:
         file that does not is removed, with a log line): (the layers, their positions)."""
         keys: list[list[mx.array]] = []
         values: list[list[mx.array]] = []
-        positions = 0
+        positions, kind = 0, None
         for segment in chain:
-            arrays = self._read(segment)
-            if arrays is None:
+            read = self._read(segment)
+            if read is None:
                 break
+            arrays, metadata = read
+            kind = kind or metadata
             layers = len(arrays) // 2
             if keys and layers != len(keys):
                 break
@@ -284,7 +316,7 @@ class DiskPrefixStore:
             return None
         cache = []
         for k, v in zip(keys, values):
-            layer = KVCache()
+            layer = _new_layer(kind)
             layer.keys = mx.concatenate(k, axis=2)[..., :positions, :]
             layer.values = mx.concatenate(v, axis=2)[..., :positions, :]
             layer.offset = positions
@@ -299,7 +331,8 @@ class DiskPrefixStore:
         if not (self.writable and len(tokens) >= MIN_TOKENS and writable_cache(cache)):
             return
         dtype = DTYPES.get(cache[0].keys.dtype)
-        if dtype is None:
+        packing = _packing_metadata(cache)
+        if dtype is None or (packing is None and dtype == "U32"):
             return
         ids = np.asarray(tokens, dtype=np.int32)
         pieces, parent = [], self.fingerprint
@@ -311,29 +344,51 @@ class DiskPrefixStore:
             parent = key
         if not pieces:
             return
-        # a row of the batch is a strided view: numpy reads contiguous memory
-        layers = [(mx.contiguous(c.keys), mx.contiguous(c.values)) for c in cache]
-        if dtype == "BF16":  # numpy has no bfloat16: its bits, as they are
-            layers = [(k.view(mx.uint16), v.view(mx.uint16)) for k, v in layers]
-        mx.async_eval(layers)
-        self._unready.append(_Job(ids, pieces, layers, dtype=dtype))
+        sources = [(c.keys, c.values) for c in cache]
+        low = pieces[0].start
+        self._unready.append(_Job(ids, pieces, sources, low, dtype=dtype, packing=packing))
 
-    def hand_over(self) -> None:
-        """Give the writer what was put since the last call: numpy views of its evaluated
-        arrays (evaluating costs nothing once the step that made them ran; the writer thread
-        runs no MLX work, and copies only a segment at a time)."""
+    def hand_over(self, budget_bytes: int | None = COPY_BUDGET_BYTES) -> None:
+        """Copy the positions to write of what was put, contiguous (numpy reads them; a finished
+        sequence's KV is a view of the batch's buffers), on the device with the steps' work, a
+        few layers a step within `budget_bytes` (None: all now, no stream waiting): copied at
+        once, a long prompt's held the streams beside it for several of their steps. A job
+        copied in an earlier step goes to the writer as numpy views of its copies (evaluating
+        them then costs nothing; the writer thread runs no MLX work)."""
+        waiting = []
         for job in self._unready:
-            mx.eval(job.layers)
-            job.views = [
-                (np.asarray(memoryview(k)), np.asarray(memoryview(v))) for k, v in job.layers
-            ]
-            job.queued = time.monotonic()
-            self._jobs.put(job)
-        self._unready = []
+            if job.copied:
+                self._give(job)
+            else:
+                waiting.append(job)
+        spent = 0
+        for job in waiting:
+            while job.sources and (budget_bytes is None or spent < budget_bytes):
+                copies = [
+                    mx.contiguous(array[..., job.low : len(job.tokens), :])
+                    for array in job.sources.pop(0)
+                ]
+                if job.dtype == "BF16":  # numpy has no bfloat16: its bits, as they are
+                    copies = [c.view(mx.uint16) for c in copies]
+                mx.async_eval(copies)
+                job.layers.append(tuple(copies))
+                spent += sum(c.nbytes for c in copies)
+            job.copied = not job.sources
+        self._unready = [job for job in waiting if budget_bytes is not None or not job.copied]
+        if budget_bytes is None:
+            for job in waiting:
+                self._give(job)
+
+    def _give(self, job: _Job) -> None:
+        mx.eval(job.layers)
+        job.views = [(np.asarray(memoryview(k)), np.asarray(memoryview(v))) for k, v in job.layers]
+        job.sources = []
+        job.queued = time.monotonic()
+        self._jobs.put(job)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued now (no debounce), for at most `timeout` seconds."""
-        self.hand_over()
+        self.hand_over(None)
         self._stop.set()
         self._jobs.put(None)  # wakes the writer
         self._writer.join(timeout)
@@ -353,9 +408,9 @@ class DiskPrefixStore:
             return "written for another model"
         return None
 
-    def _read(self, segment: Segment) -> dict[str, mx.array] | None:
-        """The segment's arrays, checked; None (the file removed, with a log line) where they
-        are not what its metadata says."""
+    def _read(self, segment: Segment) -> tuple[dict[str, mx.array], dict[str, str]] | None:
+        """The segment's arrays and metadata, checked; None (the file removed, with a log line)
+        where they are not what its metadata says."""
         try:
             arrays, metadata = mx.load(str(segment.path), return_metadata=True)
             problem = self._mismatch(metadata)
@@ -379,7 +434,7 @@ class DiskPrefixStore:
             log.warning("prefix cache: ignoring %s: %s", segment.path, problem)
             self._forget(segment.key, remove=True)
             return None
-        return arrays
+        return arrays, metadata
 
     def _scan(self) -> None:
         """Index this model's files; files that cannot be this model's are skipped (others')
@@ -477,11 +532,12 @@ class DiskPrefixStore:
     def _write(self, job: _Job, piece: _Piece) -> None:
         if piece.key in self._segments or not self.writable:
             return
-        end = piece.start + len(piece.tokens)
+        start = piece.start - job.low  # in the job's copies
+        end = start + len(piece.tokens)
         arrays = {}
         for i, (keys, values) in enumerate(job.views):
-            arrays[f"k.{i}"] = np.ascontiguousarray(keys[..., piece.start : end, :])
-            arrays[f"v.{i}"] = np.ascontiguousarray(values[..., piece.start : end, :])
+            arrays[f"k.{i}"] = np.ascontiguousarray(keys[..., start:end, :])
+            arrays[f"v.{i}"] = np.ascontiguousarray(values[..., start:end, :])
         metadata = {
             "mlxserve_prefix_cache": FORMAT,
             "version": self.version,
@@ -490,6 +546,7 @@ class DiskPrefixStore:
             "start": str(piece.start),
             "tokens": _tokens_text(piece.tokens),
             "checksum": _checksum(arrays),
+            **(job.packing or {}),
         }
         final = self.folder / self._name(piece.key)
         temp = self.folder / f".tmp-{os.getpid()}-{next(self._temp_names)}{SUFFIX}"

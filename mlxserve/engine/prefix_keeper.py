@@ -11,7 +11,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import trim_prompt_cache
 
-from .prefix_cache import PrefixCache, RunningPromptCopies
+from .prefix_cache import COPY_BUDGET_BYTES, PrefixCache, RunningPromptCopies
 from .prefix_disk import DiskPrefixStore
 from .stats import EngineStats
 
@@ -65,10 +65,11 @@ class PrefixKeeper:
             self.disk.close()
             self.disk = None
 
-    def hand_over(self) -> None:
-        """The disk's writer takes what was kept until now (its work has run)."""
+    def hand_over(self, everything: bool = False) -> None:
+        """The disk's writer takes what was kept (a step's share of the copies it needs, or
+        `everything` at once while no stream waits)."""
         if self.disk is not None:
-            self.disk.hand_over()
+            self.disk.hand_over(None if everything else COPY_BUDGET_BYTES)
 
     def new_batch(self) -> None:
         """The batch was rebuilt: copies of its rows are gone with it."""

@@ -28,6 +28,8 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from .quantized_kv import empty_like
+
 _BATCH_LISTS = (
     "uids",
     "prompt_cache",
@@ -107,12 +109,16 @@ def _filter(cache: BatchKVCache, batch_indices) -> None:
 
 
 def _extract(cache: BatchKVCache, idx: int):
-    """A row's KV as a `KVCache`; the only row's is handed out uncopied. mlx-lm's callers extract
-    a row that is about to leave the batch (it finished, or was removed), so nothing writes the
-    buffer afterwards, and the copy would only delay the streams' next token."""
-    if cache.keys is None or cache.offset.shape[0] != 1:
+    """A row's KV as a `KVCache` (of the batch's kind: packed, for quantized KV); the only row's
+    is handed out uncopied. mlx-lm's callers extract a row that is about to leave the batch (it
+    finished, or was removed), so nothing writes the buffer afterwards, and the copy would only
+    delay the streams' next token."""
+    if cache.keys is None:
         return _mlx_lm_extract(cache, idx)
-    return row_view(cache, idx)
+    row = row_view(cache, idx)
+    if cache.offset.shape[0] != 1:
+        row.keys, row.values = mx.contiguous(row.keys), mx.contiguous(row.values)
+    return row
 
 
 def row_view(cache, idx: int) -> KVCache:
@@ -121,7 +127,7 @@ def row_view(cache, idx: int) -> KVCache:
     if isinstance(cache, KVGroups):
         cache, idx = cache.locate(idx)
     padding = cache.left_padding[idx].item()
-    row = KVCache()
+    row = empty_like(cache)
     row.keys = cache.keys[idx : idx + 1, :, padding : cache._idx]
     row.values = cache.values[idx : idx + 1, :, padding : cache._idx]
     row.offset = cache._idx - padding
