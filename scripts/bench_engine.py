@@ -6,6 +6,7 @@
     python scripts/bench_engine.py curve [--prompt-tokens 8000] [--streams 1] [--gaps 2 3 5 off]
     python scripts/bench_engine.py carried [--decode-depth 300] ...
     python scripts/bench_engine.py restart [--prompt-tokens 8000] [--repeats 1]
+    python scripts/bench_engine.py kv [--kv-budget-mb 1024] [--sequence-tokens 4096] ...
     python scripts/bench_engine.py all [--model PATH]
 
 - `versus`: mlxserve beside mlx_lm.server, same model, same machine: aggregate output tokens/s
@@ -23,6 +24,8 @@
   (scripts/bench_carried_chunk.py).
 - `restart`: a repeated long prompt's time to first token on a restarted server, its KV read
   from the prefix cache on disk, against its cold time.
+- `kv`: quantized KV (`--kv-bits`) against float KV: bytes per token, quality, sequences
+  admitted within one KV budget (scripts/bench_kv.py).
 - `all`: the rows above as docs/benchmarks.md quotes them, one after the other (long).
 
 scripts/bench.py runs `versus` after its own rows (`--skip-engine` leaves it out).
@@ -399,6 +402,12 @@ def restart(argv: list[str] | None = None) -> int:
     return 0
 
 
+def kv(argv: list[str]) -> int:
+    import bench_kv
+
+    return bench_kv.main(argv)
+
+
 def limit(argv: list[str]) -> int:
     import bench_batch_limit
 
@@ -428,6 +437,7 @@ ALL_ROWS = (
     (curve, ["--prompt-tokens", "8000", "--streams", "4", "--gaps", "3"]),
     (curve, ["--prompt-tokens", "16000", "--gaps", "3"]),
     (restart, ["--prompt-tokens", "8000"]),
+    (kv, []),
 )
 COMMANDS = {
     "versus": versus,
@@ -435,6 +445,7 @@ COMMANDS = {
     "curve": curve,
     "carried": carried,
     "restart": restart,
+    "kv": kv,
 }
 
 

@@ -54,58 +54,44 @@ def packing_of(cache) -> Packing | None:
     return getattr(cache, "packing", None)
 
 
-class QuantizedRowKVCache(KVCache):
+class _Packed:
+    """What a packed cache adds to mlx-lm's: positions packed as they are written (`fetch`
+    unpacks the ones written so far), and `bits` and `group_size`, which send the models'
+    attention down mlx-lm's quantized path."""
+
+    packing: Packing
+
+    @property
+    def bits(self) -> int:
+        return self.packing.bits
+
+    @property
+    def group_size(self) -> int:
+        return self.packing.group_size
+
+    def update_and_fetch(self, keys, values):
+        if self.packing.dtype is None:
+            self.packing = Packing(self.packing.bits, self.packing.group_size, keys.dtype)
+        super().update_and_fetch(self.packing.pack(keys), self.packing.pack(values))
+        return tuple(self.packing.unpack(kv) for kv in self.keys_and_values())
+
+
+class QuantizedRowKVCache(_Packed, KVCache):
     """One sequence's KV, packed (the prompt caches mlx-lm makes per row, the prefix cache's)."""
 
     def __init__(self, packing: Packing):
         super().__init__()
         self.packing = packing
 
-    @property
-    def bits(self) -> int:
-        return self.packing.bits
-
-    @property
-    def group_size(self) -> int:
-        return self.packing.group_size
-
-    def update_and_fetch(self, keys, values):
-        if self.packing.dtype is None:
-            self.packing = Packing(self.packing.bits, self.packing.group_size, keys.dtype)
-        super().update_and_fetch(self.packing.pack(keys), self.packing.pack(values))
-        return self.fetch()
-
-    def fetch(self):
-        keys, values = self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-        return self.packing.unpack(keys), self.packing.unpack(values)
-
     @classmethod
     def merge(cls, caches):
         return QuantizedBatchKVCache.merge(caches)
 
 
-class QuantizedBatchKVCache(BatchKVCache):
+class QuantizedBatchKVCache(_Packed, BatchKVCache):
     """A batch's KV, packed: mlx-lm's `BatchKVCache` over packed rows."""
 
-    packing = Packing(8, 64)
-
-    @property
-    def bits(self) -> int:
-        return self.packing.bits
-
-    @property
-    def group_size(self) -> int:
-        return self.packing.group_size
-
-    def update_and_fetch(self, keys, values):
-        if self.packing.dtype is None:
-            self.packing = Packing(self.packing.bits, self.packing.group_size, keys.dtype)
-        super().update_and_fetch(self.packing.pack(keys), self.packing.pack(values))
-        return self.fetch()
-
-    def fetch(self):
-        keys, values = self.keys[..., : self._idx, :], self.values[..., : self._idx, :]
-        return self.packing.unpack(keys), self.packing.unpack(values)
+    packing = Packing(8, 64)  # the merged rows' (`merge`)
 
     @classmethod
     def merge(cls, caches):
