@@ -7,8 +7,9 @@
   share of positions whose top token is the float run's, and the mean absolute difference of
   that token's logprob;
 - the most 4k-token sequences admitted at once within one `--kv-budget-mb`: a server per
-  setting, `--requests` distinct requests (`--sequence-tokens` prompt tokens, 1 to generate)
-  sent together, counted by their answer (200 admitted, 503 busy), each closed at once.
+  setting, `--requests` distinct streamed requests (`--sequence-tokens` prompt tokens, 1 to
+  generate) sent together and held open until all are answered, counted by their answer (200
+  admitted, 503 busy).
 
 This script only prints; it asserts nothing.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -129,12 +131,15 @@ def quality_rows(path: str, prompts: int, tokens: int) -> list[tuple[str, str]]:
 def admitted(url: str, requests: int, sequence_tokens: int) -> int:
     """Distinct long requests sent at once: how many the server takes (200) before it is busy."""
 
+    answered = threading.Barrier(requests, timeout=300)
+
     def one(i: int) -> int:
         ids = [100 + (j * 31 + i * 977) % 20000 for j in range(sequence_tokens)]
         body = {"prompt": ids, "max_tokens": 1, "stream": True}
-        with httpx.Client(timeout=120) as client:
+        with httpx.Client(timeout=300) as client:
             with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-                return response.status_code  # closed at once: the server cancels it
+                answered.wait()  # held until every request is answered: all in flight at once
+                return response.status_code  # then closed: the server cancels it
 
     with ThreadPoolExecutor(requests) as pool:
         codes = list(pool.map(one, range(requests)))

@@ -26,8 +26,9 @@ def refuse_if_draining(config) -> None:
         )
 
 
-def admit(engine, loaded, sequences, settings: Settings) -> None:
-    """Raise unless `sequences` (GenerationRequests) may be submitted now."""
+def admit(engine, loaded, sequences, settings: Settings) -> int:
+    """Raise unless `sequences` (GenerationRequests) may be submitted now; else reserve their
+    place (`Engine.reserve`), counted until they are submitted."""
     tokens = kv_tokens(sequences)
     need = tokens * loaded.kv_bytes_per_token
     budget = settings.kv_budget_bytes
@@ -39,13 +40,13 @@ def admit(engine, loaded, sequences, settings: Settings) -> None:
             param="max_tokens",
             code="kv_budget_exceeded",
         )
-    waiting = engine.pending_sequences + len(sequences) - MAX_BATCH
-    in_flight_kv = (engine.pending_kv_tokens + tokens) * loaded.kv_bytes_per_token
-    if waiting > settings.max_queued_sequences or (
-        engine.pending_sequences and in_flight_kv > budget
-    ):
+    admitted = engine.admitted_sequences
+    waiting = admitted + len(sequences) - MAX_BATCH
+    in_flight_kv = (engine.admitted_kv_tokens + tokens) * loaded.kv_bytes_per_token
+    if waiting > settings.max_queued_sequences or (admitted and in_flight_kv > budget):
         raise ServiceUnavailable(
-            f"The server is busy ({engine.pending_sequences} sequences in flight); retry shortly.",
+            f"The server is busy ({admitted} sequences in flight); retry shortly.",
             code="server_busy",
             headers={"Retry-After": RETRY_AFTER_S},
         )
+    return engine.reserve(sequences)

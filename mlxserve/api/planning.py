@@ -50,6 +50,7 @@ class Plan:
     sequences: list[GenerationRequest]
     per_prompt: int
     truncated: list[bool] = field(default_factory=list)  # per prompt: something did not fit
+    reservation: int | None = None  # its place among the sequences in flight (admission)
 
     def prompt_of(self, index: int) -> Prompt:
         """The prompt the sequence at `index` continues."""
@@ -93,14 +94,14 @@ async def plan_on(
     timeout = settings.limits.grammar_timeout_s
     grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
     plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
-    admit(engine, loaded, plan.sequences, settings)
+    plan.reservation = admit(engine, loaded, plan.sequences, settings)
     return plan
 
 
 def submit(engine, plan: Plan) -> AsyncIterator[GenerationEvent]:
     """The plan's sequences handed to the engine, timed for /metrics (call it inside the
     request: a stream runs outside the app context)."""
-    return timed(engine.submit(plan.sequences))
+    return timed(engine.submit(plan.sequences, plan.reservation))
 
 
 async def compile_constraint(loaded, constraint: Constraint, timeout_s: float) -> str:

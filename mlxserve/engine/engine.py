@@ -40,6 +40,8 @@ from .sequence import SequenceState, read_logprob_rows
 from .starting import start_sequence
 from .stats import EngineStats, RateMeter
 
+# An admitted request not submitted by then (it failed in between) no longer counts.
+RESERVATION_TTL_S = 30.0
 log = logging.getLogger("mlxserve.engine")
 
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
@@ -135,6 +137,7 @@ class Engine:
         # Submitted and not finished, counted on the event loop's thread (admission control).
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
+        self._reservations: dict[int, tuple[float, int, int]] = {}  # id: (when, sequences, kv)
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -232,11 +235,36 @@ class Engine:
         """The loop of a rank other than 0 (engine/distributed.py); the process's exit code."""
         return follow(self)
 
-    async def submit(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[GenerationEvent]:
+    def reserve(self, requests: Sequence[GenerationRequest]) -> int:
+        """Count `requests` as in flight from their admission on (`admitted_sequences`,
+        `admitted_kv_tokens`), before `submit` starts them: a stream's submit starts only once
+        its response does, and requests arriving together were each admitted as if alone. A
+        reservation never submitted lapses after RESERVATION_TTL_S. Event loop thread only."""
+        now = time.monotonic()
+        for key, (when, _, _) in list(self._reservations.items()):
+            if now - when > RESERVATION_TTL_S:
+                del self._reservations[key]
+        key = next(self._ids)
+        self._reservations[key] = (now, len(requests), kv_tokens(requests))
+        return key
+
+    @property
+    def admitted_sequences(self) -> int:
+        return self.pending_sequences + sum(n for _, n, _ in self._reservations.values())
+
+    @property
+    def admitted_kv_tokens(self) -> int:
+        return self.pending_kv_tokens + sum(t for _, _, t in self._reservations.values())
+
+    async def submit(
+        self, requests: Sequence[GenerationRequest], reservation: int | None = None
+    ) -> AsyncIterator[GenerationEvent]:
         """Generate a group of sequences; events carry the request's index in the group.
+        `reservation`: `reserve`'s, now counted as submitted.
 
         Stop iterating (or get cancelled) to cancel whatever is still running.
         """
+        self._reservations.pop(reservation, None)
         self.check_ready()
         group = Group(next(self._ids), list(requests), asyncio.get_running_loop(), asyncio.Queue())
         group_kv_tokens = kv_tokens(requests)
