@@ -116,3 +116,31 @@ def test_a_model_whose_head_size_the_group_does_not_divide_is_refused_at_load(ti
         assert "--kv-group-size 64 does not divide this model's head size 16" in engine.error
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("layers_per_pass", [None, 1])
+@pytest.mark.parametrize("name", ["beside a stream", "prompts arrive during a chunk"])
+def test_chunks_carried_in_decode_passes_decode_as_mlx_lms_own_passes(
+    tiny_model_head32, monkeypatch, name, layers_per_pass
+):
+    """Mixed batches (a prompt's chunks in the decode pass, the decode batch in KV groups) on
+    packed KV: the tokens of mlx-lm's separate prefill passes on the same packed KV."""
+    import mlx_lm
+    from mlx_lm.generate import PromptProcessingBatch
+
+    from mlxserve.engine.mlx_lm_compat import mixed_batch
+    from mlxserve.engine.mlx_lm_compat.quantized_kv import install
+
+    from ..device_numerics import LOGPROB_TOLERANCE
+    from .test_mixed_batch import _decode
+
+    model = mlx_lm.load(str(tiny_model_head32))[0]
+    install(model, 4, 32)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    with_mixing = _decode(model, name, mixed=True, layers_per_pass=layers_per_pass)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain = _decode(model, name, mixed=False)
+    assert with_mixing[0] == plain[0]
+    for uid, expected in plain[1].items():
+        assert mx.abs(with_mixing[1][uid] - expected).max().item() < LOGPROB_TOLERANCE
+    assert with_mixing[2].carried_tokens > 0
