@@ -75,6 +75,19 @@ def _decode(model, name: str, mixed: bool, layers_per_pass: int | None = None):
     return tokens, {uid: mx.stack(rows) for uid, rows in logprobs.items()}, carrier
 
 
+def decodes_as_plain(model, name: str, monkeypatch, layers_per_pass=None):
+    """Decode scenario `name` with mixed batches and with mlx-lm's own prefill passes; assert
+    the same tokens and log-probabilities within float rounding. Returns the carrier."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    with_mixing = _decode(model, name, mixed=True, layers_per_pass=layers_per_pass)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain = _decode(model, name, mixed=False)
+    assert with_mixing[0] == plain[0]
+    for uid, expected in plain[1].items():
+        assert mx.abs(with_mixing[1][uid] - expected).max().item() < LOGPROB_TOLERANCE
+    return with_mixing[2]
+
+
 def test_the_tiny_model_is_supported(tiny_lm):
     assert mixed_batch.supports(tiny_lm)
 
@@ -86,14 +99,7 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name, layers_per_pass):
     then takes no more of the prompt, and lets no prompt join the prompt batch, until the chunk
     is through; a prompt that joins the decode batch, or a stream removed, meanwhile waits for
     it, and a chunk left when the decode batch empties goes through its other layers alone."""
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
-    with_mixing = _decode(tiny_lm, name, mixed=True, layers_per_pass=layers_per_pass)
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
-    plain = _decode(tiny_lm, name, mixed=False)
-    assert with_mixing[0] == plain[0]
-    for uid, expected in plain[1].items():
-        assert mx.abs(with_mixing[1][uid] - expected).max().item() < LOGPROB_TOLERANCE
-    carrier = with_mixing[2]
+    carrier = decodes_as_plain(tiny_lm, name, monkeypatch, layers_per_pass)
     assert carrier.carried_tokens >= (
         400 if name == "beside a stream" else 64 / (2 if layers_per_pass else 1)
     )
@@ -112,14 +118,8 @@ def test_a_quantized_model_decodes_as_with_mlx_lm(tiny_model, monkeypatch, layer
 
     model = mlx_lm.load(str(tiny_model))[0]
     nn.quantize(model, group_size=32, bits=4)
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
-    with_mixing = _decode(model, "beside a stream", mixed=True, layers_per_pass=layers_per_pass)
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
-    plain = _decode(model, "beside a stream", mixed=False)
-    assert with_mixing[0] == plain[0]
-    for uid, expected in plain[1].items():
-        assert mx.abs(with_mixing[1][uid] - expected).max().item() < LOGPROB_TOLERANCE
-    assert with_mixing[2].carried_tokens >= 400
+    carrier = decodes_as_plain(model, "beside a stream", monkeypatch, layers_per_pass)
+    assert carrier.carried_tokens >= 400
 
 
 def test_each_step_is_charged_for_the_chunk_its_pass_carried(tiny_lm, monkeypatch):

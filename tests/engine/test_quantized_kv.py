@@ -126,21 +126,11 @@ def test_chunks_carried_in_decode_passes_decode_as_mlx_lms_own_passes(
     """Mixed batches (a prompt's chunks in the decode pass, the decode batch in KV groups) on
     packed KV: the tokens of mlx-lm's separate prefill passes on the same packed KV."""
     import mlx_lm
-    from mlx_lm.generate import PromptProcessingBatch
 
-    from mlxserve.engine.mlx_lm_compat import mixed_batch
     from mlxserve.engine.mlx_lm_compat.quantized_kv import install
 
-    from ..device_numerics import LOGPROB_TOLERANCE
-    from .test_mixed_batch import _decode
+    from .test_mixed_batch import decodes_as_plain
 
     model = mlx_lm.load(str(tiny_model_head32))[0]
     install(model, 4, 32)
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
-    with_mixing = _decode(model, name, mixed=True, layers_per_pass=layers_per_pass)
-    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
-    plain = _decode(model, name, mixed=False)
-    assert with_mixing[0] == plain[0]
-    for uid, expected in plain[1].items():
-        assert mx.abs(with_mixing[1][uid] - expected).max().item() < LOGPROB_TOLERANCE
-    assert with_mixing[2].carried_tokens > 0
+    assert decodes_as_plain(model, name, monkeypatch, layers_per_pass).carried_tokens > 0
