@@ -25,7 +25,7 @@ from ..settings import DEFAULT_MAX_STREAM_GAP
 from . import faults
 from .distributed import Cluster, LockStep, follow
 from .followers import Follower, Followers
-from .inbox import Add, Cancel, Group, ModelChanged, Stop
+from .inbox import Add, Cancel, Group, ModelChanged, Prefetched, Stop
 from .live import LiveSequences
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .model_host import LoadedModel, ModelLoadError, model_id_for
@@ -138,6 +138,7 @@ class Engine:
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
         self._reservations: dict[int, tuple[float, int, int]] = {}  # id: (when, sequences, kv)
+        self._reading: dict[int, Group] = {}  # groups waiting for a read from disk, by id
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -318,7 +319,7 @@ class Engine:
                 continue
             if not running:
                 break
-            if self._busy:
+            if self._busy or self._reading:  # no model change under a read from disk either
                 slot.last_work = time.monotonic()
             elif slot.pending is not None:
                 slot.apply_change()
@@ -343,6 +344,8 @@ class Engine:
                 self._fail_all(f"generation failed: {error}")
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
+        for group in self._reading.values():
+            group.fail("the server is shutting down", unavailable=True)
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.prefixes.close()
         slot.state = "stopped"
@@ -402,7 +405,7 @@ class Engine:
             if isinstance(message, Stop):
                 running = False
                 break
-            if isinstance(message, Add | Cancel):
+            if isinstance(message, Add | Cancel | Prefetched):
                 messages.append(message)
         if self.lockstep is not None:
             prefill = self.generator.prefill_step_size if self.generator is not None else None
@@ -418,6 +421,8 @@ class Engine:
                 self._admit(message.group)
             elif isinstance(message, Cancel):
                 self._cancel(message.group_id)
+            elif isinstance(message, Prefetched):
+                self._prefetched(message)
         self.stats.waiting_groups = self._inbox.qsize()
 
     def step(self) -> None:
@@ -559,6 +564,9 @@ class Engine:
         )
 
     def _cancel(self, group_id: int) -> None:
+        reading = self._reading.pop(group_id, None)
+        if reading is not None:
+            self.stats.cancelled_sequences += len(reading.requests)
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
         self.stats.cancelled_sequences += self._failed.forget_group(group_id)
         members = self.live.group(group_id)
@@ -587,6 +595,8 @@ class Engine:
             except ModelLoadError as error:
                 group.fail(str(error))
                 return
+        if not group.disk_read and self._read_from_disk(group):
+            return  # admitted once its prefixes are in memory; the batch steps on meanwhile
         sequences = []
         leaders: dict[tuple[int, ...], SequenceState] = {}
         try:
@@ -609,6 +619,34 @@ class Engine:
         for seq in sequences:
             self.live.add(group.group_id, seq)
         self.stats.active_sequences = len(self.live)
+
+    def _read_from_disk(self, group: Group) -> bool:
+        """Start reading, on the disk cache's own thread, what it holds of the group's prompts
+        beyond memory (a long prompt's KV takes a while to read, which the streams in the batch
+        would wait through). Whether the group waits for a read."""
+        group.disk_read = True
+        prompts = {r.prompt_ids for r in group.requests if r.cache_prompt and not r.prompt_logprobs}
+        for prompt in prompts:
+
+            def done(read, group_id: int = group.group_id) -> None:
+                self._inbox.put(Prefetched(group_id, read))
+
+            group.reading += self.prefixes.prefetch(list(prompt), done)
+        if group.reading:
+            self._reading[group.group_id] = group
+        return group.reading > 0
+
+    def _prefetched(self, message: Prefetched) -> None:
+        """A prefix read from disk, into memory (a cancelled group's too: it was read); its
+        group admitted once it has all of its."""
+        self.prefixes.adopt(message.read)
+        group = self._reading.get(message.group_id)
+        if group is None:
+            return
+        group.reading -= 1
+        if not group.reading:
+            del self._reading[message.group_id]
+            self._admit(group)
 
     def _shares_prefill(self, request: GenerationRequest) -> bool:
         """Whether later choices of the same prompt should wait for this one's prefill."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .requests import GenerationEvent, GenerationRequest
 
@@ -17,6 +18,8 @@ class Group:
     requests: Sequence[GenerationRequest]
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
+    disk_read: bool = False  # its prompts' prefixes on disk were looked for (engine thread)
+    reading: int = 0  # of those, being read now (engine thread)
 
     def post(self, event: GenerationEvent) -> None:
         """Hand `event` to the submitter's loop; dropped if nobody can listen any more (ranks
@@ -42,6 +45,14 @@ class Add:
 @dataclass(frozen=True)
 class Cancel:
     group_id: int
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """A prefix of one of the group's prompts, read from disk (`PrefixKeeper.prefetch`)."""
+
+    group_id: int
+    read: Any  # prefix_disk.Read, or None where nothing could be read
 
 
 @dataclass(frozen=True)

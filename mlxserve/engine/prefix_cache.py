@@ -66,6 +66,17 @@ class PrefixCache:
             self.count(reused)
         return cache, reused
 
+    def covered(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s tokens `fetch` would reuse, nothing copied (mlx-lm's trie
+        search, as its `fetch_nearest_cache` makes it)."""
+        found = self._lru._trie.search(MODEL_KEY, list(prompt))
+        if found.exact is not None:
+            return len(prompt)
+        shorter = len(found.shorter) if found.shorter is not None else 0
+        if found.longer is not None and found.common_prefix > shorter:
+            return found.common_prefix
+        return shorter
+
     def count(self, reused: int) -> None:
         self.lookups += 1
         self.hits += reused > 0

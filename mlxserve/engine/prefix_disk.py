@@ -30,6 +30,8 @@ import threading
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,15 @@ class _Job:
 DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32"}
 
 
+@dataclass
+class Read:
+    """A chain's KV read from disk, not yet the model's caches (`DiskPrefixStore.adopt`)."""
+
+    tokens: np.ndarray  # the positions it holds
+    layers: list[tuple[np.ndarray, np.ndarray]]  # each layer's keys and values
+    kind: dict[str, str]  # its first file's metadata: what kind of cache holds it
+
+
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
@@ -169,6 +180,31 @@ def _checksum(arrays: dict[str, Any]) -> str:
     for key in sorted(arrays):
         crc = zlib.crc32(memoryview(arrays[key]), crc)
     return f"{crc:08x}"
+
+
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
+
+
+def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A file `_save_safetensors` wrote, into numpy (bfloat16 as its bits in uint16); a file
+    whose size is not what its header says fails."""
+    with path.open("rb") as file:
+        data = file.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > MAX_HEADER_BYTES:
+        raise ValueError("header length out of range")
+    header = json.loads(data[8 : 8 + length])
+    metadata = header.pop("__metadata__", {})
+    start = 8 + length
+    if start + max((t["data_offsets"][1] for t in header.values()), default=0) != len(data):
+        raise ValueError("truncated (its size is not what its header says)")
+    arrays = {}
+    for key, entry in header.items():
+        first, last = entry["data_offsets"]
+        dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]])
+        count = (last - first) // dtype.itemsize
+        arrays[key] = np.frombuffer(data, dtype, count, start + first).reshape(entry["shape"])
+    return arrays, metadata
 
 
 def _save_safetensors(
@@ -257,6 +293,7 @@ class DiskPrefixStore:
         folder.mkdir(parents=True, exist_ok=True)
         self._scan()
         self._evict()  # a budget lowered since the last run
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="mlxserve-kv-read")
         self._writer = threading.Thread(target=self._write_loop, name="mlxserve-kv-disk")
         self._writer.daemon = True
         self._writer.start()
@@ -292,9 +329,13 @@ class DiskPrefixStore:
     def load(self, chain: list[Segment], shared: int) -> tuple[list[KVCache], int] | None:
         """The KV of the chain's first `shared` positions, as far as its files check out (a
         file that does not is removed, with a log line): (the layers, their positions)."""
-        keys: list[list[mx.array]] = []
-        values: list[list[mx.array]] = []
-        positions, kind = 0, None
+        return self.adopt(self.read(chain, shared))
+
+    def read(self, chain: list[Segment], shared: int) -> Read | None:
+        """The chain's files read and checked, into numpy (no MLX work: any thread may)."""
+        keys: list[list[np.ndarray]] = []
+        values: list[list[np.ndarray]] = []
+        positions, kind, tokens = 0, None, []
         for segment in chain:
             read = self._read(segment)
             if read is None:
@@ -310,20 +351,49 @@ class DiskPrefixStore:
                 keys[i].append(arrays[f"k.{i}"])
                 values[i].append(arrays[f"v.{i}"])
             positions += len(segment.tokens)
+            tokens.append(segment.tokens)
             _touch(segment.path)
         positions = min(positions, shared)
         if not positions:
             return None
+        layers = [
+            (
+                np.concatenate(k, axis=2)[..., :positions, :],
+                np.concatenate(v, axis=2)[..., :positions, :],
+            )
+            for k, v in zip(keys, values)
+        ]
+        return Read(np.concatenate(tokens)[:positions], layers, kind)
+
+    def adopt(self, read: Read | None) -> tuple[list[KVCache], int] | None:
+        """What `read` read, as the model's caches (engine thread): (the layers, positions)."""
+        if read is None:
+            return None
         cache = []
-        for k, v in zip(keys, values):
-            layer = _new_layer(kind)
-            layer.keys = mx.concatenate(k, axis=2)[..., :positions, :]
-            layer.values = mx.concatenate(v, axis=2)[..., :positions, :]
-            layer.offset = positions
+        for k, v in read.layers:
+            layer = _new_layer(read.kind)
+            layer.keys, layer.values = (
+                mx.array(a).view(mx.bfloat16) if a.dtype == np.uint16 else mx.array(a)
+                for a in (k, v)
+            )
+            layer.offset = len(read.tokens)
             cache.append(layer)
         mx.eval([(c.keys, c.values) for c in cache])
         self.loaded += 1
-        return cache, positions
+        return cache, len(read.tokens)
+
+    def prefetch(self, chain: list[Segment], shared: int, done: Callable[[Read | None], None]):
+        """`read` on a thread of its own; `done(read)` there when it has."""
+
+        def run() -> None:
+            try:
+                result = self.read(chain, shared)
+            except Exception:
+                log.exception("prefix cache: reading %s failed", self.folder)
+                result = None
+            done(result)
+
+        self._reader.submit(run)
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, the KV of `tokens`, for writing the segments not on disk yet (handed
@@ -392,6 +462,7 @@ class DiskPrefixStore:
         self._stop.set()
         self._jobs.put(None)  # wakes the writer
         self._writer.join(timeout)
+        self._reader.shutdown(wait=False, cancel_futures=True)
 
     @property
     def entries(self) -> int:
@@ -408,21 +479,19 @@ class DiskPrefixStore:
             return "written for another model"
         return None
 
-    def _read(self, segment: Segment) -> tuple[dict[str, mx.array], dict[str, str]] | None:
-        """The segment's arrays and metadata, checked; None (the file removed, with a log line)
-        where they are not what its metadata says."""
+    def _read(self, segment: Segment) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:
+        """The segment's arrays (numpy; bfloat16 as its bits in uint16) and metadata, checked;
+        None (the file removed, with a log line) where they are not what its metadata says."""
         try:
-            arrays, metadata = mx.load(str(segment.path), return_metadata=True)
+            arrays, metadata = _load_safetensors(segment.path)
             problem = self._mismatch(metadata)
             if problem is None and (
                 metadata.get("parent") != segment.parent
                 or not np.array_equal(_tokens_of(metadata["tokens"]), segment.tokens)
             ):
                 problem = "its tokens are not those of its index entry"
-            if problem is None:
-                mx.eval(arrays)
-                if _checksum(arrays) != metadata.get("checksum"):
-                    problem = "its arrays do not match their checksum (corrupt)"
+            if problem is None and _checksum(arrays) != metadata.get("checksum"):
+                problem = "its arrays do not match their checksum (corrupt)"
             if problem is None and any(a.shape[2] != len(segment.tokens) for a in arrays.values()):
                 problem = "its KV does not hold as many positions as its tokens"
         except FileNotFoundError:

@@ -75,6 +75,25 @@ class PrefixKeeper:
         """The batch was rebuilt: copies of its rows are gone with it."""
         self.copies = RunningPromptCopies()
 
+    def prefetch(self, prompt: list[int], done) -> bool:
+        """Start reading from disk what it gives of `prompt` beyond memory, off the engine
+        thread; `done(read)` on the reader's thread (then `adopt` it on the engine's). False
+        when the disk gives nothing more."""
+        if self.disk is None or self.cache is None:
+            return False
+        found = self.disk.best(prompt, self.cache.covered(prompt))
+        if found is None:
+            return False
+        self.disk.prefetch(*found, done)
+        return True
+
+    def adopt(self, read) -> None:
+        """Into the memory cache, what a prefetch read (engine thread)."""
+        loaded = self.disk.adopt(read) if self.disk is not None else None
+        if loaded is not None:
+            self.cache.store(read.tokens.tolist(), loaded[0])
+            self._count()
+
     def fetch(self, prompt: list[int]):
         """(a private copy of the longest cached prefix's KV or None, its length): from memory,
         or from disk where its files give more."""

@@ -7,7 +7,7 @@ class; data attributes on an empty instance built as mlx-lm builds them.
 from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, LRUPromptCache
 
 REQUIRED: dict[str, list[tuple[str, str]]] = {
     "BatchGenerator": [
@@ -74,6 +74,7 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("offset", "batch_join.py"),
     ],
     "KVCache()": [("keys", "prefix_cache.py"), ("values", "prefix_cache.py")],
+    "LRUPromptCache()": [("_trie", "prefix_cache.py: what a prompt would reuse, uncopied")],
 }
 
 
@@ -92,6 +93,7 @@ def _owners() -> dict[str, object]:
         "BatchKVCache": BatchKVCache,
         "BatchKVCache()": BatchKVCache(left_padding=[0]),
         "KVCache()": KVCache(),
+        "LRUPromptCache()": LRUPromptCache(),
     }
 
 
