@@ -10,6 +10,7 @@ The engine keeps the thread, the inbox, the groups and the step; the model's lif
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import queue
@@ -139,6 +140,7 @@ class Engine:
         self.pending_kv_tokens = 0
         self._reservations: dict[int, tuple[float, int, int]] = {}  # id: (when, sequences, kv)
         self._reading: dict[int, Group] = {}  # groups waiting for a read from disk, by id
+        self._adopting: collections.deque[Prefetched] = collections.deque()  # reads to take in
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -305,7 +307,7 @@ class Engine:
         if self.lockstep is not None:
             self.lockstep.start_watchdog(lambda: slot.state in ("error", "stopped"))
         while True:
-            idle = not self._busy and slot.pending is None
+            idle = not self._busy and slot.pending is None and not self._adopting
             if idle:
                 self.prefixes.hand_over(everything=True)  # before waiting for work
             try:
@@ -328,6 +330,7 @@ class Engine:
                 log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
                 slot.unload()
                 continue
+            self._adopt()
             if not self.has_live_sequences:
                 continue
             try:
@@ -637,16 +640,26 @@ class Engine:
         return group.reading > 0
 
     def _prefetched(self, message: Prefetched) -> None:
-        """A prefix read from disk, into memory (a cancelled group's too: it was read); its
-        group admitted once it has all of its."""
-        self.prefixes.adopt(message.read)
-        group = self._reading.get(message.group_id)
-        if group is None:
-            return
-        group.reading -= 1
-        if not group.reading:
-            del self._reading[message.group_id]
-            self._admit(group)
+        """A prefix read from disk: to adopt into memory (a cancelled group's too: it was read),
+        a step's share at a time (`_adopt`)."""
+        self._adopting.append(message)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Adopt the oldest prefix read from disk into memory, a step's share of it, or all of
+        them while no stream waits; a group whose prefixes are all in is admitted."""
+        while self._adopting:
+            message = self._adopting[0]
+            if not self.prefixes.adopt(message.read, everything=not self.has_live_sequences):
+                return
+            self._adopting.popleft()
+            group = self._reading.get(message.group_id)
+            if group is None:
+                continue
+            group.reading -= 1
+            if not group.reading:
+                del self._reading[message.group_id]
+                self._admit(group)
 
     def _shares_prefill(self, request: GenerationRequest) -> bool:
         """Whether later choices of the same prompt should wait for this one's prefill."""

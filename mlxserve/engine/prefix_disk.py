@@ -158,6 +158,7 @@ class Read:
     tokens: np.ndarray  # the positions it holds
     layers: list[tuple[np.ndarray, np.ndarray]]  # each layer's keys and values
     kind: dict[str, str]  # its first file's metadata: what kind of cache holds it
+    cache: list[KVCache] = field(default_factory=list)  # the layers made the model's so far
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -365,22 +366,30 @@ class DiskPrefixStore:
         ]
         return Read(np.concatenate(tokens)[:positions], layers, kind)
 
-    def adopt(self, read: Read | None) -> tuple[list[KVCache], int] | None:
-        """What `read` read, as the model's caches (engine thread): (the layers, positions)."""
+    def adopt(
+        self, read: Read | None, budget_bytes: int | None = None
+    ) -> tuple[list[KVCache], int] | None:
+        """What `read` read, as the model's caches (engine thread): (the layers, positions);
+        with `budget_bytes`, only that many bytes' layers a call (None until all are)."""
         if read is None:
             return None
-        cache = []
-        for k, v in read.layers:
+        spent = 0
+        while len(read.cache) < len(read.layers) and (budget_bytes is None or spent < budget_bytes):
+            k, v = read.layers[len(read.cache)]
             layer = _new_layer(read.kind)
             layer.keys, layer.values = (
                 mx.array(a).view(mx.bfloat16) if a.dtype == np.uint16 else mx.array(a)
                 for a in (k, v)
             )
             layer.offset = len(read.tokens)
-            cache.append(layer)
-        mx.eval([(c.keys, c.values) for c in cache])
+            mx.async_eval(layer.keys, layer.values)
+            read.cache.append(layer)
+            spent += k.nbytes + v.nbytes
+        if len(read.cache) < len(read.layers):
+            return None
+        mx.eval([(c.keys, c.values) for c in read.cache])
         self.loaded += 1
-        return cache, len(read.tokens)
+        return read.cache, len(read.tokens)
 
     def prefetch(self, chain: list[Segment], shared: int, done: Callable[[Read | None], None]):
         """`read` on a thread of its own; `done(read)` there when it has."""

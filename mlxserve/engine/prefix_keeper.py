@@ -87,12 +87,18 @@ class PrefixKeeper:
         self.disk.prefetch(*found, done)
         return True
 
-    def adopt(self, read) -> None:
-        """Into the memory cache, what a prefetch read (engine thread)."""
-        loaded = self.disk.adopt(read) if self.disk is not None else None
-        if loaded is not None:
-            self.cache.store(read.tokens.tolist(), loaded[0])
-            self._count()
+    def adopt(self, read, everything: bool = False) -> bool:
+        """Into the memory cache, what a prefetch read (engine thread): a step's share of it
+        (a long prompt's KV is a copy that would hold the streams), or `everything` at once
+        while none waits. Whether it is all in (or there was nothing to adopt)."""
+        if read is None or self.disk is None:
+            return True
+        loaded = self.disk.adopt(read, None if everything else COPY_BUDGET_BYTES)
+        if loaded is None:
+            return False
+        self.cache.store(read.tokens.tolist(), loaded[0])
+        self._count()
+        return True
 
     def fetch(self, prompt: list[int]):
         """(a private copy of the longest cached prefix's KV or None, its length): from memory,
