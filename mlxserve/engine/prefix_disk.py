@@ -191,14 +191,8 @@ def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     whose size is not what its header says fails."""
     with path.open("rb") as file:
         data = file.read()
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > MAX_HEADER_BYTES:
-        raise ValueError("header length out of range")
-    header = json.loads(data[8 : 8 + length])
+    header, start = _header(data, len(data))
     metadata = header.pop("__metadata__", {})
-    start = 8 + length
-    if start + max((t["data_offsets"][1] for t in header.values()), default=0) != len(data):
-        raise ValueError("truncated (its size is not what its header says)")
     arrays = {}
     for key, entry in header.items():
         first, last = entry["data_offsets"]
@@ -206,6 +200,19 @@ def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
         count = (last - first) // dtype.itemsize
         arrays[key] = np.frombuffer(data, dtype, count, start + first).reshape(entry["shape"])
     return arrays, metadata
+
+
+def _header(head: bytes, size: int) -> tuple[dict[str, Any], int]:
+    """The safetensors header at the start of `head` (all of its bytes there) and where the
+    arrays start, checked against the file's `size` (a truncated file fails)."""
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > MAX_HEADER_BYTES:
+        raise ValueError("header length out of range")
+    header = json.loads(head[8 : 8 + length])
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    if 8 + length + max(ends, default=0) != size:
+        raise ValueError("truncated (its size is not what its header says)")
+    return header, 8 + length
 
 
 def _save_safetensors(
@@ -234,14 +241,9 @@ def _save_safetensors(
 def read_header(path: Path) -> dict[str, Any]:
     """A safetensors file's header, checked against the file's size (a truncated file fails)."""
     with path.open("rb") as file:
-        (length,) = struct.unpack("<Q", file.read(8))
-        if length > MAX_HEADER_BYTES:
-            raise ValueError("header length out of range")
-        header = json.loads(file.read(length))
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-    if 8 + length + max(ends, default=0) != path.stat().st_size:
-        raise ValueError("truncated (its size is not what its header says)")
-    return header
+        head = file.read(8)
+        head += file.read(min(struct.unpack("<Q", head)[0], MAX_HEADER_BYTES))
+    return _header(head, path.stat().st_size)[0]
 
 
 def writable_cache(cache: list[Any]) -> bool:
@@ -551,10 +553,7 @@ class DiskPrefixStore:
         segment, shorter than one on disk: its KV is that one's, cut short)."""
         with self._lock:
             siblings = list(self._children.get(parent, {}).values())
-        return any(
-            len(s.tokens) >= len(tokens) and common_prefix(s.tokens, tokens) == len(tokens)
-            for s in siblings
-        )
+        return any(_starts_with(s.tokens, tokens) for s in siblings)
 
     def _name(self, key: str) -> str:
         return f"{self._prefix}-{key[:32]}{SUFFIX}"
@@ -648,7 +647,7 @@ class DiskPrefixStore:
                 s
                 for s in siblings
                 if len(s.tokens) < len(piece.tokens)
-                and common_prefix(s.tokens, piece.tokens) == len(s.tokens)
+                and _starts_with(piece.tokens, s.tokens)
                 and not self._children.get(s.key)
             ]
             self._add(Segment(piece.key, piece.parent, piece.tokens, final))
@@ -687,6 +686,10 @@ class DiskPrefixStore:
 
 def _due(job: _Job) -> bool:
     return time.monotonic() >= job.queued + DEBOUNCE_S
+
+
+def _starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
+    return len(tokens) >= len(prefix) and common_prefix(tokens, prefix) == len(prefix)
 
 
 def _supersedes(newer: np.ndarray, older: np.ndarray) -> bool:
