@@ -355,7 +355,7 @@ class Engine:
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
         self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk, cost=self.chunk_cost)
-        self.prefixes.open_disk(loaded.fingerprint)
+        self.prefixes.open_disk(loaded)
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:

@@ -45,10 +45,18 @@ class LoadedModel:
     kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
     fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
-    fingerprint: str | None = None  # what its KV depends on (prefix_disk.model_fingerprint)
+    weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
+    how_it_runs: str = ""  # what the platform does to it, its KV's kind included
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)
+
+    def fingerprint(self) -> str | None:
+        """What its KV depends on (`prefix_disk.model_fingerprint`: reads blocks of every weight
+        file, so only the disk cache asks); None where its files are not on this machine."""
+        if self.weights_folder is None:
+            return None
+        return model_fingerprint(self.weights_folder, self.how_it_runs)
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -269,9 +277,6 @@ def load_model(
         except ValueError as error:
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
-    fingerprint = None
-    if folder is not None and not sharded:
-        fingerprint = model_fingerprint(folder, how_it_runs)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
@@ -285,7 +290,8 @@ def load_model(
         kv_bytes_per_token=kv_bytes_per_token(model),
         prefill_chunk=measure_prefill_chunk(model),
         fim=fim,
-        fingerprint=fingerprint,
+        weights_folder=None if sharded else folder,
+        how_it_runs=how_it_runs,
     )
 
 

@@ -49,10 +49,13 @@ class PrefixKeeper:
         self.copies = RunningPromptCopies()
         self._count()
 
-    def open_disk(self, fingerprint: str | None) -> None:
-        """Start reading and writing the loaded model's entries on disk (none where there is
+    def open_disk(self, loaded) -> None:
+        """Start reading and writing the `loaded` model's entries on disk (none where there is
         no folder, no memory cache, or nothing to tell this model's KV from another's)."""
-        if self.cache is None or self.disk_folder is None or fingerprint is None:
+        if self.cache is None or self.disk_folder is None:
+            return
+        fingerprint = loaded.fingerprint()
+        if fingerprint is None:
             return
         try:
             self.disk = DiskPrefixStore(self.disk_folder, self.disk_budget_bytes, fingerprint)
