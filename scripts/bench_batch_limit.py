@@ -20,7 +20,7 @@ shared by every row is mlx-lm's.)
 
     python scripts/bench_batch_limit.py [--model PATH] [--concurrency 16] [--max-tokens 128]
                                         [--repeats 3] [--temperature 0.8 --top-p 0.95]
-                                        [--in-process]
+                                        [--in-process [--profile]]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import asyncio
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from functools import partial
 
 from bench_common import (
@@ -43,6 +44,7 @@ from bench_common import (
     start_server,
 )
 from bench_engine import WORDS, concurrency_row
+from stack_sampler import StackSampler
 
 
 def prompts(concurrency: int) -> list[str]:
@@ -125,6 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--in-process", action="store_true", help="mlxserve's engine in this process, no HTTP"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --in-process: where the engine thread spends its time (stack_sampler.py)",
+    )
     return parser.parse_args(argv)
 
 
@@ -164,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         if not engine.wait_ready(600):
             row_failed("batch limit", RuntimeError(f"the engine did not load: {engine.error}"))
             return 1
-        try:
-            repeat(
-                lambda: engine_rate(
+        sampler = StackSampler("mlxserve-engine") if args.profile else nullcontext()
+
+        def sampled() -> tuple[float, float]:
+            with sampler:
+                return engine_rate(
                     engine,
                     tokenizer,
                     args.concurrency,
@@ -174,9 +183,13 @@ def main(argv: list[str] | None = None) -> int:
                     args.temperature,
                     args.top_p,
                 )
-            )
+
+        try:
+            repeat(sampled)
         finally:
             engine.stop()
+        if args.profile:
+            print(sampler.report(), file=sys.stderr)
     else:
         try:
             with served(partial(start_server, path), "batch-limit") as server:

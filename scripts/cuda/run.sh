@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a lent NVIDIA machine (the device tool), from the repo root, after scripts/cuda/prepare.py:
-# install .whl/, then the portable pass and the decode benchmarks on MLX's CUDA backend, the
-# nearest we get to a Mac's GPU. Logs go to $OUT. Each step has its own time limit so one that
-# hangs leaves the others their time.
+# install .whl/, then the portable pass, the decode benchmarks and the engine's rows (bench_engine.py)
+# on MLX's CUDA backend, the nearest we get to a Mac's GPU. Logs go to $OUT. Each step has its own
+# time limit (NAME_LIMIT=0 skips it) so one that hangs leaves the others their time. The demo
+# model's weights are too big to travel: send the tree without them (move them aside) and a
+# random-weight stand-in of it takes their place there.
 set -uo pipefail
 OUT=${OUT:-/tmp/mlxserve-cuda}
 SITE=/tmp/site
@@ -31,6 +33,12 @@ step() {  # step NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, say how lon
     echo "== $name: exit ${PIPESTATUS[0]} in $((SECONDS - start)) s"
 }
 
+DEMO=mlxserve/models/mlxserve-demo-coder
+if [ ! -f "$DEMO/model.safetensors" ]; then
+    python3 scripts/make_stand_in_model.py --like "$DEMO" --out /tmp/demo-stand-in || exit 1
+    cp /tmp/demo-stand-in/model.safetensors* "$DEMO/"
+fi
+
 step portable "${PORTABLE_LIMIT:-240}" python3 -m pytest tests/engine tests/api \
     -m "not slow and not http_only" -n 8 -q -p no:cacheprovider --timeout 120
 python3 scripts/make_stand_in_model.py --like .whl/smollm2 --out /tmp/smollm2-stand-in
@@ -38,4 +46,13 @@ step bench "${BENCH_LIMIT:-110}" python3 scripts/bench.py --model /tmp/smollm2-s
     --skip-engine --skip-distributed
 step bench_engine "${ENGINE_LIMIT:-110}" python3 scripts/bench.py \
     --model /tmp/smollm2-stand-in --engine-only --warm-rows
+# issue 37's rows: HTTP and the engine in-process against mlx-lm's BatchGenerator at batch 16
+# (the first repeat compiles each batch shape's kernels), where the engine thread's time goes, and
+# the stream-gap bound against an 8,000-token prefill beside one stream
+step limit "${LIMIT_LIMIT:-90}" python3 scripts/bench_batch_limit.py \
+    --model /tmp/smollm2-stand-in --repeats 4
+step limit_in_process "${INPROC_LIMIT:-90}" python3 scripts/bench_batch_limit.py \
+    --model /tmp/smollm2-stand-in --repeats 4 --in-process --profile
+TAIL=8 step curve "${CURVE_LIMIT:-150}" python3 scripts/bench_gap_curve.py \
+    --model /tmp/smollm2-stand-in --prompt-tokens 8000
 tar czf "$OUT/server_logs.tgz" /tmp/mlxserve-*.log 2>/dev/null
