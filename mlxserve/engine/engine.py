@@ -26,7 +26,7 @@ from ..settings import DEFAULT_MAX_STREAM_GAP
 from . import faults
 from .distributed import Cluster, LockStep, follow
 from .followers import Follower, Followers
-from .inbox import Add, Cancel, Group, ModelChanged, Prefetched, Stop
+from .inbox import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .live import LiveSequences
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .model_host import LoadedModel, ModelLoadError, model_id_for
@@ -508,12 +508,13 @@ class Engine:
             return  # rank 0 decides what ended; its next tick says so
         logprob_rows = read_logprob_rows(live)
         finished = []
-        for response, seq in live:
-            event = self._advance(seq, response, logprob_rows.get(id(seq)))
-            stats.generated_tokens += event.error is None
-            seq.post(event)
-            if event.finished:
-                finished.append(seq)
+        with posted_together():
+            for response, seq in live:
+                event = self._advance(seq, response, logprob_rows.get(id(seq)))
+                stats.generated_tokens += event.error is None
+                seq.post(event)
+                if event.finished:
+                    finished.append(seq)
         self._remove(finished)
         self._failed.sent(live)
         if self.lockstep is not None:

@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .requests import GenerationEvent, GenerationRequest
+
+_held = threading.local()  # the events of the posts held on this thread, by loop
+
+
+@contextlib.contextmanager
+def posted_together() -> Iterator[None]:
+    """Hold the events posted on this thread inside the block and hand each loop its share in
+    one call at the end: the server's loop wakes once per engine step, not once per token (each
+    wake-up writes to its self-pipe and queues a callback while the engine thread holds the
+    interpreter's lock)."""
+    if getattr(_held, "events", None) is not None:  # already holding: the outer block hands over
+        yield
+        return
+    _held.events = held = {}
+    try:
+        yield
+    finally:
+        _held.events = None
+        for loop, events in held.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: cancels follow
+                loop.call_soon_threadsafe(_put_all, events)
+
+
+def _put_all(events: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue, event in events:
+        queue.put_nowait(event)
 
 
 @dataclass
@@ -25,6 +53,10 @@ class Group:
         """Hand `event` to the submitter's loop; dropped if nobody can listen any more (ranks
         other than 0, or a loop already closed: its cancel is on the way)."""
         if self.loop is None or self.loop.is_closed():
+            return
+        held = getattr(_held, "events", None)
+        if held is not None:
+            held.setdefault(self.loop, []).append((self.events, event))
             return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
