@@ -86,13 +86,10 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def version_text() -> str:
     """mlxserve's version and the MLX stack it runs on, from the installed packages' metadata
     (nothing is imported: `--version` answers at once)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from .versions import installed
 
     def of(package: str) -> str:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return "not installed"
+        return installed(package) or "not installed"
 
     return f"mlxserve {of('mlxserve')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')})"
 

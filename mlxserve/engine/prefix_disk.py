@@ -40,6 +40,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
+from ..versions import mlxserve_version
 from .mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache, packing_of
 from .prefix_cache import COPY_BUDGET_BYTES
 
@@ -77,16 +78,6 @@ def default_budget_bytes(folder: Path) -> int:
     except OSError:
         return 0
     return min(free // DEFAULT_SHARE_OF_FREE_DISK, MAX_DEFAULT_BYTES)
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("mlxserve")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def model_fingerprint(folder: Path, how_it_runs: str) -> str | None:
@@ -281,7 +272,7 @@ class DiskPrefixStore:
         self.folder = folder
         self.max_bytes = max_bytes
         self.fingerprint = fingerprint
-        self.version = version()
+        self.version = mlxserve_version()
         self.writable = True
         self.written = 0  # files written by this process
         self.loaded = 0  # prompts started from disk

@@ -5,12 +5,11 @@ unless started with `--props`."""
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 from quart import Blueprint, current_app
 
 from ...chat.templates import template_text
 from ...engine import MAX_BATCH
+from ...versions import mlxserve_version
 from ..planning import ready_model
 from .completion import generation_settings
 from .protocol import NativeCompletionRequest
@@ -47,5 +46,5 @@ async def get_props():
             loaded.tokenizer, current_app.config["SETTINGS"].chat.template
         ),
         "modalities": {"vision": False, "audio": False},
-        "build_info": f"mlxserve {version('mlxserve')}",
+        "build_info": f"mlxserve {mlxserve_version()}",
     }
