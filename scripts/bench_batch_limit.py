@@ -20,13 +20,15 @@ shared by every row is mlx-lm's.)
 
     python scripts/bench_batch_limit.py [--model PATH] [--concurrency 16] [--max-tokens 128]
                                         [--repeats 3] [--temperature 0.8 --top-p 0.95]
-                                        [--in-process [--profile]]
+                                        [--clients processes|threads]
+                                        [--switch-interval-ms 5] [--in-process [--profile]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -45,6 +47,8 @@ from bench_common import (
 )
 from bench_engine import WORDS, concurrency_row
 from stack_sampler import StackSampler
+
+from mlxserve.server import SWITCH_INTERVAL_ENV
 
 
 def prompts(concurrency: int) -> list[str]:
@@ -128,6 +132,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--in-process", action="store_true", help="mlxserve's engine in this process, no HTTP"
     )
     parser.add_argument(
+        "--clients",
+        choices=("processes", "threads"),
+        default="processes",
+        help="over HTTP: a client process per request, or threads of one",
+    )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="over HTTP: the server's interpreter lock switch interval (default: mlxserve's)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="with --in-process: where the engine thread spends its time (stack_sampler.py)",
@@ -192,17 +207,27 @@ def main(argv: list[str] | None = None) -> int:
             print(sampler.report(), file=sys.stderr)
     else:
         try:
-            with served(partial(start_server, path), "batch-limit") as server:
+            env = dict(os.environ)
+            if args.switch_interval_ms is not None:
+                env[SWITCH_INTERVAL_ENV] = str(args.switch_interval_ms)
+            with served(partial(start_server, path, env=env), "batch-limit") as server:
                 repeat(
                     lambda: concurrency_row(
-                        server.url, args.concurrency, args.max_tokens, sampling
+                        server.url,
+                        args.concurrency,
+                        args.max_tokens,
+                        sampling,
+                        clients=args.clients,
                     )[:2]
                 )
         except ROW_ERRORS as error:
             row_failed("batch limit", error)
             return 1
     limit, http = statistics.median(limits), statistics.median(https)
-    way = "in-process (no HTTP)" if args.in_process else "over HTTP"
+    way = "in-process (no HTTP)"
+    if not args.in_process:
+        interval = args.switch_interval_ms
+        way = f"over HTTP ({args.clients} as clients, switch interval {interval or 'default'})"
     print_table(
         [
             ("model, platform", f"{path}, {policy.description}"),

@@ -33,11 +33,13 @@ scripts/bench.py runs `versus` after its own rows (`--skip-engine` leaves it out
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -104,23 +106,48 @@ def long_prompt(tokens: int, tag: str) -> str:
     return TOKENIZER.decode(ids) + "\n"
 
 
+@functools.cache
+def client_processes(c: int) -> ProcessPoolExecutor:
+    """`c` client processes, started once and warmed (each has imported the client): every
+    concurrent request streams in a process of its own, so what is measured is the server, not
+    one client interpreter parsing every stream's lines under its one lock."""
+    pool = ProcessPoolExecutor(c, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(_ready, range(c), chunksize=1))
+    return pool
+
+
+def _ready(i: int) -> int:
+    return i
+
+
+def _stream_one(base_url: str, prompt: str, max_tokens: int, body: dict | None) -> Streamed:
+    return stream(base_url, prompt, max_tokens, sampling=body)
+
+
 def concurrency_row(
-    base_url: str, c: int, max_tokens: int, sampling: dict | None = None, seeded: bool = True
+    base_url: str,
+    c: int,
+    max_tokens: int,
+    sampling: dict | None = None,
+    seeded: bool = True,
+    clients: str = "processes",
 ) -> tuple[float, float, float]:
-    """`c` distinct prompts at once: tokens/s over all of them, ttft p50 and p95. With
-    `sampling` and `seeded`, request i is seeded with i."""
+    """`c` distinct prompts at once, each from its own client process (`clients="threads"`:
+    threads of this one): tokens/s over all of them, ttft p50 and p95. With `sampling` and
+    `seeded`, request i is seeded with i."""
     prompts = [f"Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
-
-    def one(i: int) -> Streamed:
-        body = sampling
-        if sampling is not None and seeded:
-            body = sampling | {"seed": i}
-        return stream(base_url, prompts[i], max_tokens, sampling=body)
-
+    bodies = [
+        sampling | {"seed": i} if sampling is not None and seeded else sampling for i in range(c)
+    ]
+    pool = client_processes(c) if clients == "processes" else ThreadPoolExecutor(c)
     start = time.perf_counter()
-    with ThreadPoolExecutor(c) as pool:
-        results = list(pool.map(one, range(c)))
+    futures = [
+        pool.submit(_stream_one, base_url, prompts[i], max_tokens, bodies[i]) for i in range(c)
+    ]
+    results = [f.result() for f in futures]
     wall = time.perf_counter() - start
+    if clients != "processes":
+        pool.shutdown()
     ttfts = sorted(r.ttft for r in results)
     p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
     return sum(r.tokens for r in results) / wall, statistics.median(ttfts), p95

@@ -38,6 +38,8 @@ WHEELS = [
     "pydantic==2.14.4",
     "llguidance==1.9.1",
     "openai==3.57.0",
+    "anthropic==2.14.0",
+    "ollama==0.6.3",
     "platformdirs",
     "jsonschema==4.26.0",
     "schemathesis==4.32.5",

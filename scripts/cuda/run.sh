@@ -39,7 +39,8 @@ if [ ! -f "$DEMO/model.safetensors" ]; then
     cp /tmp/demo-stand-in/model.safetensors* "$DEMO/"
 fi
 
-step portable "${PORTABLE_LIMIT:-240}" python3 -m pytest tests/engine tests/api \
+# shellcheck disable=SC2086  # PORTABLE_TESTS: test paths, split on spaces
+step portable "${PORTABLE_LIMIT:-240}" python3 -m pytest ${PORTABLE_TESTS:-tests/engine tests/api} \
     -m "not slow and not http_only" -n 8 -q -p no:cacheprovider --timeout 120
 python3 scripts/make_stand_in_model.py --like .whl/smollm2 --out /tmp/smollm2-stand-in
 step bench "${BENCH_LIMIT:-110}" python3 scripts/bench.py --model /tmp/smollm2-stand-in \
@@ -49,10 +50,22 @@ step bench_engine "${ENGINE_LIMIT:-110}" python3 scripts/bench.py \
 # issue 37's rows: HTTP and the engine in-process against mlx-lm's BatchGenerator at batch 16
 # (the first repeat compiles each batch shape's kernels), where the engine thread's time goes, and
 # the stream-gap bound against an 8,000-token prefill beside one stream
-step limit "${LIMIT_LIMIT:-90}" python3 scripts/bench_batch_limit.py \
-    --model /tmp/smollm2-stand-in --repeats 4
+# over HTTP: clients as threads of one process or a process each, the server's interpreter lock
+# switch interval Python's default or mlxserve's
+limit_variants() {
+    for clients in threads processes; do
+        for interval in 5 "${SWITCH_MS:-0.5}"; do
+            python3 scripts/bench_batch_limit.py --model /tmp/smollm2-stand-in --repeats 3 \
+                --clients $clients --switch-interval-ms $interval 2>&1 | grep -E "repeat|HTTP"
+        done
+    done
+}
+export -f limit_variants
+step probe "${PROBE_LIMIT:-30}" python3 scripts/cuda/probe_quantized_kv.py
+step limit "${LIMIT_LIMIT:-150}" bash -c limit_variants
 step limit_in_process "${INPROC_LIMIT:-90}" python3 scripts/bench_batch_limit.py \
     --model /tmp/smollm2-stand-in --repeats 4 --in-process --profile
+# shellcheck disable=SC2086  # CURVE_GAPS: bounds, split on spaces
 TAIL=8 step curve "${CURVE_LIMIT:-150}" python3 scripts/bench_gap_curve.py \
-    --model /tmp/smollm2-stand-in --prompt-tokens 8000
+    --model /tmp/smollm2-stand-in --prompt-tokens 8000 --gaps ${CURVE_GAPS:-2 3 5 off}
 tar czf "$OUT/server_logs.tgz" /tmp/mlxserve-*.log 2>/dev/null
