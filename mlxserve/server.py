@@ -105,16 +105,16 @@ async def drain_then_stop(
 
 
 SWITCH_INTERVAL_ENV = "MLXSERVE_SWITCH_INTERVAL_MS"
-SWITCH_INTERVAL_MS = 0.5
 
 
-def hand_the_lock_over_sooner() -> None:
-    """Python hands its interpreter lock to a waiting thread only after the holder has run this
-    long (5 ms by default). The engine thread comes back from each device pass wanting it to
-    queue the next one while the server's loop is writing streams: a long wait leaves the
-    device idle. `$MLXSERVE_SWITCH_INTERVAL_MS` sets it (benchmarks compare)."""
-    milliseconds = float(os.environ.get(SWITCH_INTERVAL_ENV) or SWITCH_INTERVAL_MS)
-    sys.setswitchinterval(milliseconds / 1000)
+def set_switch_interval() -> None:
+    """`$MLXSERVE_SWITCH_INTERVAL_MS`: how long a thread may hold Python's interpreter lock
+    while another waits for it (Python's default: 5 ms). The engine thread, back from a device
+    pass, waits that long at most while the server's loop writes streams; benchmarks compare
+    settings (`bench_batch_limit.py --switch-interval-ms`)."""
+    milliseconds = os.environ.get(SWITCH_INTERVAL_ENV)
+    if milliseconds:
+        sys.setswitchinterval(float(milliseconds) / 1000)
 
 
 def serve_forever(settings: Settings) -> int:
@@ -134,7 +134,7 @@ def serve_forever(settings: Settings) -> int:
             ).follow()
     warn_if_exposed(settings)
     warn_if_slow_blas()
-    hand_the_lock_over_sooner()
+    set_switch_interval()
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

@@ -20,3 +20,13 @@ needs_batch_invariance = pytest.mark.skipif(
     reason="sampled text alone vs in a batch: exact only where MLX's kernels are batch-invariant "
     "(its CPU backend; this run is on a GPU)",
 )
+
+
+def skip_without_quantized_attention(head_dim: int, bits: int, group_size: int) -> None:
+    """Skip where MLX on this device has no quantized attention for these shapes (its CUDA
+    backend lacks some); `--kv-bits` then refuses the model at load, saying so."""
+    from mlxserve.engine.mlx_lm_compat.quantized_kv import backend_refusal
+
+    refusal = backend_refusal(head_dim, bits, group_size)
+    if refusal:
+        pytest.skip(f"no quantized attention for heads of {head_dim} on this device: {refusal}")

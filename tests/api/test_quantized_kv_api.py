@@ -8,6 +8,7 @@ import re
 import httpx
 import pytest
 
+from ..device_numerics import skip_without_quantized_attention
 from ..helpers import complete, texts
 
 LONG = [3 + (i * 7919) % 900 for i in range(1500)]  # token ids: long enough for the disk
@@ -18,6 +19,7 @@ def cached(result: dict) -> int:
 
 
 def serve(live_servers, model, folder):
+    skip_without_quantized_attention(32, 4, 32)
     return live_servers.own(model, kv_bits=4, kv_group_size=32, prefix_cache_dir=folder)
 
 

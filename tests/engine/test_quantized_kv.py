@@ -11,6 +11,7 @@ from mlxserve.engine import Engine, GenerationRequest, StopSpec
 from mlxserve.engine.mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache
 from mlxserve.sampling.params import SamplingParams
 
+from ..device_numerics import skip_without_quantized_attention
 from .test_engine import run, token_ids
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -31,6 +32,7 @@ def request(prompt, max_tokens=16, sampling=GREEDY, seed=0, **kwargs) -> Generat
 
 @pytest.fixture(scope="module", params=[4, 8], ids=["4-bit", "8-bit"])
 def engine(request, tiny_model_head32):
+    skip_without_quantized_attention(32, request.param, 32)
     engine = Engine(str(tiny_model_head32), kv_bits=request.param, kv_group_size=32).start()
     assert engine.wait_ready(60), engine.error
     yield engine
@@ -131,6 +133,7 @@ def test_chunks_carried_in_decode_passes_decode_as_mlx_lms_own_passes(
 
     from .test_mixed_batch import decodes_as_plain
 
+    skip_without_quantized_attention(32, 4, 32)
     model = mlx_lm.load(str(tiny_model_head32))[0]
     install(model, 4, 32)
     assert decodes_as_plain(model, name, monkeypatch, layers_per_pass).carried_tokens > 0

@@ -111,6 +111,24 @@ def empty_like(cache) -> KVCache:
     return KVCache() if packing is None else QuantizedRowKVCache(packing)
 
 
+def backend_refusal(head_dim: int, bits: int, group_size: int) -> str | None:
+    """None where MLX on the default device runs quantized attention for this head size (one
+    query and several, grouped query heads), else its error: its GPU backends implement the
+    quantized matmul for some shapes only."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    keys = mx.quantize(mx.ones((1, 1, 5, head_dim)), group_size=group_size, bits=bits)
+    try:
+        for queries in (1, 5):
+            out = quantized_scaled_dot_product_attention(
+                mx.ones((1, 2, queries, head_dim)), keys, keys, 1.0, None, group_size, bits
+            )
+            mx.eval(out)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
 def install(model, bits: int, group_size: int) -> None:
     """Make every cache made for `model` (by `make_prompt_cache`) a packed one. Raises
     ValueError, saying why, for a model whose caches are of its own kind (sliding windows,
@@ -132,6 +150,12 @@ def install(model, bits: int, group_size: int) -> None:
         raise ValueError(
             f"--kv-group-size {group_size} does not divide this model's head size {head_dim}"
             + (f"; use {' or '.join(map(str, fits))}" if fits else "; it cannot be quantized")
+        )
+    if head_dim is not None and (refusal := backend_refusal(head_dim, bits, group_size)):
+        raise ValueError(
+            f"--kv-bits {bits} --kv-group-size {group_size}: MLX on this device has no quantized "
+            f"attention for this model's head size {head_dim} ({refusal}); serve it without "
+            "--kv-bits"
         )
     layers = len(model.layers)
     packing = Packing(bits, group_size)
