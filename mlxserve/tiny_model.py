@@ -128,10 +128,11 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
 def _write_weights(out: Path, seed: int, config: dict) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
+    from mlx_lm.utils import _get_classes
 
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model_class, args_class = _get_classes(config)  # llama, unless an override says otherwise
+    model = model_class(args_class.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -44,6 +44,7 @@ class Cluster:
         self.group = group if group is not None else mx.distributed.init(strict=True)
         self.rank = self.group.rank()
         self.size = self.group.size()
+        self.sharding: str | None = None  # "tensor" or "pipeline", once the model loaded
 
     @property
     def leader(self) -> bool:
@@ -72,23 +73,66 @@ class Cluster:
         return pickle.loads(bytes(np.array(received, dtype=np.uint8)))
 
     def load(self, path: str):
-        """(model, tokenizer, config) with this rank's shard of the weights."""
-        from mlx_lm.utils import load_model, sharded_load
+        """(model, tokenizer, config) with this rank's shard of the weights: tensor parallel
+        where the model's heads split over the ranks, else pipeline parallel where mlx-lm has
+        it for the architecture; decided on the lazily read model, before any weight is read.
+        (mlx-lm's `sharded_load` does the same but needs a weight index to pick a pipeline
+        stage's files, which a model of one file has not.)"""
+        from mlx_lm.utils import load_model, load_tokenizer
 
-        probe, _ = load_model(_local(path), lazy=True, strict=False)
-        if hasattr(probe, "shard"):
-            _check_heads_split(probe, self.size)
-            groups = {"tensor_group": self.group}
-        elif hasattr(probe, "model") and hasattr(probe.model, "pipeline"):
-            groups = {"pipeline_group": self.group}
+        folder = _local(path)
+        model, config = load_model(folder, lazy=True, strict=False)
+        self.sharding = how = sharding(model, self.size)
+        log.info("%s parallel over %d ranks", how, self.size)
+        if how == "tensor":
+            model.shard(self.group)
         else:
-            kind = type(probe).__module__.rsplit(".", 1)[-1]
-            raise DistributedError(
-                f"the {kind} architecture supports neither tensor nor pipeline parallelism in "
-                "mlx-lm, so it cannot be served across machines"
-            )
-        del probe
-        return sharded_load(path, return_config=True, **groups)
+            model.model.pipeline(self.group)
+        mx.eval(model.parameters())  # this rank's shard only: the rest is never read
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=self.group))
+        tokenizer = load_tokenizer(
+            folder, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id")
+        )
+        return model, tokenizer, config
+
+
+def sharding(model, ranks: int) -> str:
+    """How `model` splits over `ranks`: "tensor" or "pipeline". DistributedError, saying why
+    and what would work, where neither can."""
+    kind = type(model).__module__.rsplit(".", 1)[-1]
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    layers = len(getattr(model, "layers", ()))
+    tensor = hasattr(model, "shard")
+    pipeline = hasattr(getattr(model, "model", None), "pipeline")
+    heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
+    if tensor and heads_split:
+        return "tensor"
+    if pipeline and layers >= ranks:
+        return "pipeline"
+    if not tensor and not pipeline:
+        raise DistributedError(
+            f"the {kind} architecture supports neither tensor nor pipeline parallelism in "
+            "mlx-lm, so it cannot be served across machines"
+        )
+    if tensor:
+        fits = [n for n in range(2, min(heads, kv_heads) + 1) if heads % n == kv_heads % n == 0]
+        why_not_tensor = (
+            f"its {heads} attention heads ({kv_heads} key/value heads) do not split evenly over "
+            f"{ranks} ranks ("
+            + (f"{' or '.join(map(str, fits))} ranks would" if fits else "no number of ranks would")
+            + ")"
+        )
+    else:
+        why_not_tensor = f"mlx-lm has no tensor parallelism for {kind} models"
+    if pipeline:
+        why_not_pipeline = f"its {layers} layers are too few for a pipeline of {ranks} ranks"
+    else:
+        why_not_pipeline = f"mlx-lm has no pipeline parallelism for {kind} models"
+    raise DistributedError(
+        f"this model cannot be split over {ranks} ranks: {why_not_tensor}, and {why_not_pipeline}"
+    )
 
 
 class LockStep:
@@ -174,19 +218,6 @@ def follow(engine: Engine) -> int:
             engine.step()
     mx.synchronize()
     return 0
-
-
-def _check_heads_split(model, ranks: int) -> None:
-    """Tensor parallelism gives each rank a whole number of attention heads; mlx-lm's `shard`
-    does not check, and a model whose heads do not divide fails later with a shape error."""
-    args = getattr(model, "args", None)
-    heads = getattr(args, "num_attention_heads", None)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    if heads and (heads % ranks or kv_heads % ranks):
-        raise DistributedError(
-            f"the model's {heads} attention heads ({kv_heads} key/value heads) do not split "
-            f"evenly over {ranks} ranks: run a number of ranks that divides both"
-        )
 
 
 def _local(path: str):

@@ -1,5 +1,6 @@
 """One model over 2 local ranks (mlx.launch, ring backend on 127.0.0.1): the same answers as the
-single-process server, and a rank that dies fails requests with 503 and stops rank 0."""
+single-process server, tensor parallel and pipeline parallel; a model that splits neither way is
+refused at start; a rank that dies fails requests with 503 and stops rank 0."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from mlxserve.tiny_model import build_tiny_model
 
 from ..helpers import skip_for_missing, wait_healthy
 from ..live_server import free_port
@@ -76,11 +79,31 @@ def serve_command(port: int, model: Path, *extra: str) -> list[str]:
     ]
 
 
+THREE_HEADS = {"hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 3}
+
+
+@pytest.fixture(scope="module")
+def three_heads(tmp_path_factory) -> dict[str, Path]:
+    """Tiny models with 3 heads, which do not split over 2 ranks: a Qwen2 (mlx-lm has a
+    pipeline for it) and a Llama (it has none)."""
+    folder = tmp_path_factory.mktemp("three-heads")
+    qwen2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    return {
+        "qwen2": build_tiny_model(folder / "qwen2", 0, False, THREE_HEADS | qwen2),
+        "llama": build_tiny_model(folder / "llama", 0, False, THREE_HEADS),
+    }
+
+
 @pytest.fixture
 def cluster(ring, tiny_model, tmp_path):
+    yield from started(tiny_model, tmp_path)
+
+
+def started(model: Path, tmp_path: Path):
+    """Two ranks serving `model`: (url, the launcher's process, its log); stopped after."""
     port = free_port()
     log = tmp_path / "cluster.log"
-    process = launch(serve_command(port, tiny_model), log, free_port())
+    process = launch(serve_command(port, model), log, free_port())
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url)
@@ -175,6 +198,36 @@ def test_two_ranks_answer_as_one_process(cluster, server):
             assert time.monotonic() < deadline, "the dropped stream was not cancelled"
             time.sleep(0.1)
         assert answers(url, False)[0] == answers(server.url, False)[0]
+
+
+def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
+    ring, three_heads, live_servers, tmp_path
+):
+    url, _, log = next(cluster := started(three_heads["qwen2"], tmp_path))
+    try:
+        assert "pipeline parallel over 2 ranks" in log.read_text()
+        with live_servers.own(three_heads["qwen2"]) as single:
+            for stream in (False, True):
+                alone = answers(single.url, stream)
+                assert all(all(texts) for texts in alone)
+                assert answers(url, stream) == alone
+    finally:
+        cluster.close()
+
+
+def test_a_model_that_splits_neither_way_is_refused_at_start(ring, three_heads, tmp_path):
+    log = tmp_path / "refused.log"
+    process = launch(serve_command(free_port(), three_heads["llama"]), log, free_port())
+    try:
+        process.wait(60)  # (mlx.launch itself exits 0 whatever its ranks did)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert "rank 0 exited with code 1" in log.read_text()
+    assert (
+        "its 3 attention heads (3 key/value heads) do not split evenly over 2 ranks (3 ranks "
+        "would), and mlx-lm has no pipeline parallelism for llama models"
+    ) in log.read_text()
 
 
 def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_model, tmp_path):

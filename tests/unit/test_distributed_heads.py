@@ -1,33 +1,67 @@
-"""A model whose attention heads do not split over the ranks is refused at load with the numbers,
-instead of mlx-lm's shape error in the first forward pass (SmolLM2's 9 heads over 2 ranks)."""
+"""How a model splits over the ranks is decided before its weights load: tensor parallel where
+its heads split, pipeline parallel where mlx-lm has it for the architecture, else a refusal with
+the numbers that would work (SmolLM2's 9 heads over 2 ranks failed in its first forward pass
+with mlx-lm's shape error)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+from mlx_lm.utils import _get_classes
 
-from mlxserve.engine.distributed import DistributedError, _check_heads_split
-
-
-def model(heads: int, kv_heads: int | None):
-    return SimpleNamespace(
-        args=SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads)
-    )
+from mlxserve.engine.distributed import DistributedError, sharding
 
 
-def test_heads_that_do_not_divide_are_refused_with_the_numbers():
+def model(model_type: str, heads: int, kv_heads: int, layers: int = 2):
+    """mlx-lm's own model class for `model_type`, tiny."""
+    config = {
+        "model_type": model_type,
+        "hidden_size": 16 * heads,
+        "num_hidden_layers": layers,
+        "intermediate_size": 32,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": 16,
+        "vocab_size": 64,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    model_class, args_class = _get_classes(config)
+    return model_class(args_class.from_dict(config))
+
+
+@pytest.mark.parametrize(
+    "model_type, heads, kv_heads, ranks",
+    [("llama", 4, 2, 2), ("llama", 9, 3, 3), ("qwen2", 4, 2, 2)],
+)
+def test_heads_that_split_shard_by_tensors(model_type, heads, kv_heads, ranks):
+    assert sharding(model(model_type, heads, kv_heads), ranks) == "tensor"
+
+
+def test_heads_that_do_not_split_fall_back_to_a_pipeline_where_mlx_lm_has_one():
+    assert sharding(model("qwen2", 3, 3), 2) == "pipeline"
+    assert sharding(model("qwen2", 4, 1), 2) == "pipeline"
+
+
+def test_without_a_pipeline_the_refusal_names_the_ranks_that_would_work():
     with pytest.raises(
-        DistributedError, match="9 attention heads \\(3 key/value heads\\).* 2 ranks"
+        DistributedError,
+        match=r"9 attention heads \(3 key/value heads\) do not split evenly over 2 ranks "
+        r"\(3 ranks would\), and mlx-lm has no pipeline parallelism for llama models",
     ):
-        _check_heads_split(model(9, 3), 2)
+        sharding(model("llama", 9, 3), 2)
+    with pytest.raises(DistributedError, match="no number of ranks would"):
+        sharding(model("llama", 8, 1), 2)
 
 
-@pytest.mark.parametrize("heads, kv_heads, ranks", [(9, 3, 3), (4, 2, 2), (32, 8, 4), (8, None, 2)])
-def test_heads_that_divide_pass(heads, kv_heads, ranks):
-    _check_heads_split(model(heads, kv_heads), ranks)
+def test_a_pipeline_needs_a_layer_a_rank():
+    with pytest.raises(
+        DistributedError,
+        match=r"\(2 or 4 ranks would\), and its 2 layers are too few for a pipeline of 3 ranks",
+    ):
+        sharding(model("qwen2", 4, 4, layers=2), 3)
 
 
-def test_grouped_heads_must_divide_too():
-    with pytest.raises(DistributedError):
-        _check_heads_split(model(8, 1), 2)
+def test_an_architecture_with_neither_is_refused():
+    with pytest.raises(DistributedError, match="gemma architecture supports neither"):
+        sharding(model("gemma", 4, 4), 2)

@@ -46,7 +46,10 @@ class ServerBatchGenerator(BatchGenerator):
         batch_join.install()
         decode_step.install()
         if cluster is not None and cluster.size > 1:
-            broadcast_sampled_tokens(cluster)
+            # A pipeline's last stage gathers its hidden state to every rank: the same logits
+            # everywhere, so the same tokens without a broadcast (with one, the ring hangs)
+            if cluster.sharding != "pipeline":
+                broadcast_sampled_tokens(cluster)
             mixed = False
         kwargs.setdefault("completion_batch_size", MAX_BATCH)
         kwargs.setdefault("prefill_batch_size", PREFILL_BATCH)
