@@ -4,6 +4,7 @@ refused at start; a rank that dies fails requests with 503 and stops rank 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -96,26 +98,31 @@ def three_heads(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def cluster(ring, tiny_model, tmp_path):
-    yield from started(tiny_model, tmp_path)
+    with running_cluster(tiny_model, tmp_path) as running:
+        yield running
 
 
-def started(model: Path, tmp_path: Path):
+@contextmanager
+def running_cluster(model: Path, tmp_path: Path):
     """Two ranks serving `model`: (url, the launcher's process, its log); stopped after."""
     port = free_port()
     log = tmp_path / "cluster.log"
     process = launch(serve_command(port, model), log, free_port())
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url)
-    except AssertionError:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"the distributed server never got ready: {log.read_text()[-2000:]}")
-    yield url, process, log
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
+            wait_healthy(url)
+        except AssertionError:
+            pytest.fail(f"the distributed server never got ready: {log.read_text()[-2000:]}")
+        yield url, process, log
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):  # the launcher, and any rank left
             os.killpg(process.pid, signal.SIGKILL)
 
 
@@ -203,16 +210,13 @@ def test_two_ranks_answer_as_one_process(cluster, server):
 def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
     ring, three_heads, live_servers, tmp_path
 ):
-    url, _, log = next(cluster := started(three_heads["qwen2"], tmp_path))
-    try:
+    with running_cluster(three_heads["qwen2"], tmp_path) as (url, _, log):
         assert "pipeline parallel over 2 ranks" in log.read_text()
         with live_servers.own(three_heads["qwen2"]) as single:
             for stream in (False, True):
                 alone = answers(single.url, stream)
                 assert all(all(texts) for texts in alone)
                 assert answers(url, stream) == alone
-    finally:
-        cluster.close()
 
 
 def test_a_model_that_splits_neither_way_is_refused_at_start(ring, three_heads, tmp_path):
