@@ -130,7 +130,10 @@ def serve_forever(settings: Settings) -> int:
         log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
         if not cluster.leader:
             return Engine(
-                settings.model, fim_template=settings.fim_template, cluster=cluster
+                settings.model,
+                fim_template=settings.fim_template,
+                cluster=cluster,
+                rank_timeout_s=settings.rank_timeout_s,
             ).follow()
     warn_if_exposed(settings)
     warn_if_slow_blas()
@@ -153,6 +156,7 @@ def serve_forever(settings: Settings) -> int:
                 shutdown.set()
             else:
                 signalled.append((signum.name, engine.pending_sequences))
+                engine.stopping_soon()
             stopping.set()
 
         engine = Engine(

@@ -12,6 +12,7 @@ same tokens even if their logits differed in the last bit.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import threading
 import time
@@ -24,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
+from .doorbell import Doorbell
 from .inbox import Add
 from .model_host import ModelLoadError
 
@@ -151,8 +153,27 @@ class LockStep:
         self.rank_timeout_s = rank_timeout_s
         self.on_lost = on_lost
         self.removed: list[int] = []  # ended by rank 0's own rules since the last tick
+        self.doorbell: Doorbell | None = None  # set once the model is loaded (doorbell.py)
+        self.asleep = False  # the others wait on the doorbell
         self._sent_prefill: int | None = None
         self._waiting_since: float | None = None
+
+    def hurry(self, seconds: float) -> None:
+        """A stop is under way: a step waiting this long on the others means one is gone (a
+        launcher stops rank 0 when another rank dies, and the drain must not wait on it)."""
+        self.rank_timeout_s = min(self.rank_timeout_s, seconds)
+
+    def sleep(self) -> None:
+        """Rank 0 has no work: the others wait on the doorbell, not in a collective."""
+        if self.doorbell is not None and not self.asleep:
+            self.tick([], self._sent_prefill, stop=False, idle=True)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Rank 0 has a tick to send: the others come back to the collectives."""
+        if self.asleep:
+            self.doorbell.ring()
+            self.asleep = False
 
     @contextmanager
     def waiting(self):
@@ -163,21 +184,19 @@ class LockStep:
         finally:
             self._waiting_since = None
 
-    def tick(self, messages: list, prefill: int | None, stop: bool) -> None:
-        """Send the tick; added groups go without their event loop and queue."""
+    def tick(self, messages: list, prefill: int | None, stop: bool, idle: bool = False) -> None:
+        """Send the tick; added groups go without their event loop and queue. `idle`: the
+        others wait on the doorbell after it."""
         messages = [
             Add(replace(m.group, loop=None, events=None)) if isinstance(m, Add) else m
             for m in messages
         ]
         removed, self.removed = self.removed, []
-        changed = messages or removed or stop or prefill != self._sent_prefill
+        changed = messages or removed or stop or idle or prefill != self._sent_prefill
         self._sent_prefill = prefill
+        tick = {"messages": messages, "removed": removed, "prefill": prefill, "stop": stop}
         with self.waiting():
-            self.cluster.broadcast(
-                {"messages": messages, "removed": removed, "prefill": prefill, "stop": stop}
-                if changed
-                else None
-            )
+            self.cluster.broadcast(tick | {"idle": idle} if changed else None)
 
     def start_watchdog(self, stopped: Callable[[], bool]) -> None:
         threading.Thread(
@@ -199,25 +218,45 @@ class LockStep:
 
 def follow(engine: Engine) -> int:
     """The loop of a rank other than 0: load the shard, then apply rank 0's ticks and step with
-    it until it stops. Returns the process's exit code."""
+    it until it stops. Returns the process's exit code; exits at once (1) when rank 0 is gone,
+    or a collective waits on it longer than the rank timeout."""
     try:
         engine.slot.load(engine.slot.source)
     except ModelLoadError as error:
         log.error("%s", error)
         return 1
-    while True:
-        tick = engine.cluster.broadcast()
-        if tick is not None:
-            engine.remove_uids(tick["removed"])
-            engine.apply(tick["messages"])
-            if tick["prefill"] is not None:
-                engine.generator.prefill_step_size = tick["prefill"]
-            if tick["stop"]:
-                break
-        if engine.has_live_sequences:
-            engine.step()
+    lockstep, cluster = engine.lockstep, engine.cluster
+    lockstep.on_lost = lambda error: _exit_lost(cluster.rank, str(error))
+    lockstep.start_watchdog(lambda: False)
+    doorbell = Doorbell.open(cluster, on_gone=lambda why: _exit_lost(cluster.rank, why))
+    try:
+        while True:
+            with lockstep.waiting():
+                tick = cluster.broadcast()
+            if tick is not None:
+                engine.remove_uids(tick["removed"])
+                engine.apply(tick["messages"])
+                if tick["prefill"] is not None:
+                    engine.generator.prefill_step_size = tick["prefill"]
+                if tick["stop"]:
+                    break
+                if tick["idle"]:
+                    doorbell.wait()
+                    continue
+            if engine.has_live_sequences:
+                with lockstep.waiting():
+                    engine.step()
+    except Exception as error:  # a collective failed: rank 0 or another rank is gone
+        _exit_lost(cluster.rank, f"{type(error).__name__}: {error}")
     mx.synchronize()
     return 0
+
+
+def _exit_lost(rank: int, why: str) -> None:
+    """A rank other than 0 without rank 0 has nothing left to do: say why and exit."""
+    log.error("rank %d stops: %s", rank, why)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _local(path: str):

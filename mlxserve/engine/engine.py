@@ -25,6 +25,7 @@ from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP
 from . import faults
 from .distributed import Cluster, LockStep, follow
+from .doorbell import Doorbell
 from .followers import Follower, Followers
 from .inbox import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .live import LiveSequences
@@ -234,6 +235,13 @@ class Engine:
         """The recent generation rate; 0 once nothing was generated for a few seconds."""
         return 0.0 if self._rate.idle() else self.stats.tokens_per_second
 
+    def stopping_soon(self, rank_timeout_s: float = 5.0) -> None:
+        """A stop signal came: under --distributed, a step that waits `rank_timeout_s` on the
+        other ranks means one is gone (mlx.launch stops rank 0 when another rank dies): the
+        requests in flight get a 503 then, not a drain that waits on a lost rank."""
+        if self.lockstep is not None:
+            self.lockstep.hurry(rank_timeout_s)
+
     def follow(self) -> int:
         """The loop of a rank other than 0 (engine/distributed.py); the process's exit code."""
         return follow(self)
@@ -306,11 +314,18 @@ class Engine:
             return
         if self.lockstep is not None:
             self.lockstep.start_watchdog(lambda: slot.state in ("error", "stopped"))
+            try:
+                self.lockstep.doorbell = Doorbell.open(self.cluster, on_gone=None)
+            except Exception as error:
+                self._lose_cluster(error)
+                return
         while True:
             idle = not self._busy and slot.pending is None and not self._adopting
             if idle:
                 self.prefixes.hand_over(everything=True)  # before waiting for work
             try:
+                if idle and self.lockstep is not None:
+                    self.lockstep.sleep()  # the other ranks wait on the doorbell meanwhile
                 running = self._drain_inbox(block=idle, timeout=slot.idle_wait(self._busy))
             except Exception as error:
                 if self.lockstep is not None:  # the distributed tick failed
@@ -412,6 +427,7 @@ class Engine:
                 messages.append(message)
         if self.lockstep is not None:
             prefill = self.generator.prefill_step_size if self.generator is not None else None
+            self.lockstep.wake()
             self.lockstep.tick(messages, prefill, stop=not running)
         self.apply(messages)
         return running

@@ -227,20 +227,101 @@ def test_a_model_that_splits_neither_way_is_refused_at_start(ring, three_heads, 
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert "rank 0 exited with code 1" in log.read_text()
+    assert "rank 0 exited" in log.read_text()  # with 1, or by the launcher once rank 1 had
     assert (
         "its 3 attention heads (3 key/value heads) do not split evenly over 2 ranks (3 ranks "
         "would), and mlx-lm has no pipeline parallelism for llama models"
     ) in log.read_text()
 
 
-def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_model, tmp_path):
-    """The ranks are started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), without the
-    launcher: it would itself terminate rank 0 as soon as rank 1 dies."""
+LONG_STREAM = {
+    "prompt": "def f():\n",
+    "max_tokens": 1500,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """The ranks mlx.launch started, by rank."""
+    children = subprocess.run(
+        ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+    ).stdout.split()
+    ranks = {}
+    for pid in children:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            for entry in environ.read().split(b"\0"):
+                if entry.startswith(b"MLX_RANK="):
+                    ranks[int(entry[9:])] = int(pid)
+    return ranks
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream_until_killed(url: str, pid: int) -> list[dict]:
+    """A long stream; `pid` is killed after its 5th chunk. The chunks' errors, in order."""
+    chunks: list[str] = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=LONG_STREAM) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+                if len(chunks) == 5:
+                    os.kill(pid, signal.SIGKILL)
+    return [json.loads(c)["error"] for c in chunks if c.startswith('{"error"')]
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    """The pids still running after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_idle_ranks_use_no_cpu(cluster):
+    url, launcher, _ = cluster
+    httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 4}, timeout=60)
+    ranks = rank_pids(launcher)
+    time.sleep(1)
+    before = {rank: cpu_seconds(pid) for rank, pid in ranks.items()}
+    time.sleep(3)
+    used = {rank: cpu_seconds(pid) - before[rank] for rank, pid in ranks.items()}
+    assert all(seconds < 0.2 for seconds in used.values()), used  # spinning: ~1 s of 3
+
+
+def test_under_mlx_launch_a_killed_rank_fails_the_stream_with_503_and_every_rank_ends(cluster):
+    url, launcher, log = cluster
+    ranks = rank_pids(launcher)
+    errors = stream_until_killed(url, ranks[1])
+    assert errors and errors[0]["type"] == "service_unavailable", errors
+    assert "lost a rank" in errors[0]["message"]
+    assert not wait_gone(ranks.values(), 15)
+    launcher.wait(15)
+    assert "rank 0 exited with code 1" in log.read_text()
+
+
+@contextmanager
+def ranks_by_hand(model: Path, tmp_path: Path, *extra: str):
+    """Two ranks started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), without the
+    launcher, which would itself stop the others when one dies: (url, [rank 0, rank 1])."""
     port = free_port()
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
-    command = serve_command(port, tiny_model, "--rank-timeout", "3")
+    command = serve_command(port, model, *extra)
     ranks = [
         subprocess.Popen(
             command,
@@ -250,29 +331,31 @@ def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_mo
         )
         for rank in (0, 1)
     ]
-    url = f"http://127.0.0.1:{port}"
     try:
+        url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        body = {
-            "prompt": "def f():\n",
-            "max_tokens": 1500,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        chunks: list[str] = []
-        with httpx.Client(base_url=url, timeout=60) as client:
-            with client.stream("POST", "/v1/completions", json=body) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        chunks.append(line[6:])
-                    if len(chunks) == 5:
-                        ranks[1].kill()
-        errors = [json.loads(c)["error"] for c in chunks if c.startswith('{"error"')]
-        assert errors and errors[0]["type"] == "service_unavailable", chunks[-3:]
-        assert "lost a rank" in errors[0]["message"]
-        assert ranks[0].wait(30) != 0  # it stopped, and says it failed
+        yield url, ranks
     finally:
         for rank in ranks:
             if rank.poll() is None:
                 rank.kill()
+
+
+def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_model, tmp_path):
+    with ranks_by_hand(tiny_model, tmp_path, "--rank-timeout", "3") as (url, ranks):
+        errors = stream_until_killed(url, ranks[1].pid)
+        assert errors and errors[0]["type"] == "service_unavailable", errors
+        assert "lost a rank" in errors[0]["message"]
+        assert ranks[0].wait(30) != 0  # it stopped, and says it failed
+
+
+@pytest.mark.parametrize("when", ["idle", "mid-stream"])
+def test_without_rank_0_the_other_rank_exits(ring, tiny_model, tmp_path, when):
+    with ranks_by_hand(tiny_model, tmp_path, "--rank-timeout", "3") as (url, ranks):
+        if when == "idle":
+            ranks[0].kill()
+        else:
+            with contextlib.suppress(httpx.HTTPError):  # rank 0, the server, is gone
+                stream_until_killed(url, ranks[0].pid)
+        assert ranks[1].wait(15) == 1
+    assert "rank 1 stops" in (tmp_path / "rank1.log").read_text()
