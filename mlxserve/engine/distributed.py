@@ -228,8 +228,9 @@ def follow(engine: Engine) -> int:
     lockstep, cluster = engine.lockstep, engine.cluster
     lockstep.on_lost = lambda error: _exit_lost(cluster.rank, str(error))
     lockstep.start_watchdog(lambda: False)
-    doorbell = Doorbell.open(cluster, on_gone=lambda why: _exit_lost(cluster.rank, why))
     try:
+        with lockstep.waiting():
+            doorbell = Doorbell.open(cluster, on_gone=lambda why: _exit_lost(cluster.rank, why))
         while True:
             with lockstep.waiting():
                 tick = cluster.broadcast()

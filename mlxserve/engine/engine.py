@@ -97,8 +97,7 @@ class Engine:
         times its usual gap (None: prefill as fast as it can)."""
         self.chunk_cost = chunk_cost(max_stream_gap)
         self.policy = current_policy()
-        if cluster is None:  # see platform/memory.py for why not under mlx.launch
-            self.policy.limit_malloc_arenas()  # before this engine's threads allocate
+        self.policy.limit_malloc_arenas()  # before this engine's threads allocate
         self.cluster = cluster  # several ranks in lock-step (None: this process alone)
         distributed = cluster is not None and cluster.size > 1
         self._leader = cluster is None or cluster.leader
@@ -515,7 +514,7 @@ class Engine:
         stats.decode_steps += 1
         stats.peak_batch = max(stats.peak_batch, len(responses))
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:
-            self.policy.release_freed_memory(trim=self.cluster is None)
+            self.policy.release_freed_memory(trim=True)
         live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:

@@ -5,9 +5,7 @@ threads. glibc gives each thread its own arena and keeps what is freed there, so
 long soak (scripts/soak.py). Two arenas and a trim whenever MLX's buffer cache is cleared keep it
 flat. Elsewhere (macOS) only MLX's cache is cleared.
 
-Not under `--distributed`: with the arena limit, the trim or both, the distributed test failed
-far more often (rank 0 died of SIGSEGV); the memory error this exposes in that path is not
-found, so ranks keep glibc's defaults.
+The same under `--distributed`.
 """
 
 from __future__ import annotations
