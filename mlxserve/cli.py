@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="SECONDS",
         help="with --distributed: a step that waits this long on the other ranks means one is "
-        "gone: requests in flight get 503 and the server exits",
+        "gone: rank 0 fails the requests in flight with 503 and exits, the other ranks exit "
+        "(5 s once a stop signal came)",
     )
     serve.add_argument(
         "--log-level",

@@ -10,7 +10,9 @@ generated token (tensor parallelism all-reduces each layer's attention and MLP o
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import time
 from functools import partial
 from pathlib import Path
@@ -45,6 +47,32 @@ def _all_reduced_bytes_per_token(model: str) -> int:
     return 2 * config["num_hidden_layers"] * config["hidden_size"] * width
 
 
+IDLE_S = 5.0  # how long the idle ranks' CPU use is measured
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu(launcher: subprocess.Popen) -> tuple[list[float], float] | None:
+    """Each rank's CPU use while the server has no work, and mlx.launch's own, as shares of a
+    core over IDLE_S (None where /proc cannot say: not Linux)."""
+    ranks = subprocess.run(
+        ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+    ).stdout.split()
+    pids = [launcher.pid, *map(int, ranks)]
+    try:
+        time.sleep(1.0)  # the last request's tail
+        before = [_cpu_seconds(p) for p in pids]
+        time.sleep(IDLE_S)
+        used = [(_cpu_seconds(p) - b) / IDLE_S for p, b in zip(pids, before, strict=True)]
+    except OSError:
+        return None
+    return used[1:], used[0]
+
+
 def run(model: str, prompt: str, max_tokens: int, repeats: int) -> None:
     if not MLX_LAUNCH.exists():
         print("distributed row skipped: mlx.launch is not installed")
@@ -64,6 +92,8 @@ def run(model: str, prompt: str, max_tokens: int, repeats: int) -> None:
                     http_decode_rate(client, url, prompt, max_tokens)[0] for _ in range(repeats)
                 ]
                 ttfts = [_ttft(client, url, prompt) for _ in range(repeats)]
+                if distributed:
+                    idle = _idle_cpu(server.process)
         except ROW_ERRORS as error:
             row_failed(f"distributed ({name})", error)
             if not distributed:
@@ -89,3 +119,10 @@ def run(model: str, prompt: str, max_tokens: int, repeats: int) -> None:
         f"  bytes all-reduced per token:  {_all_reduced_bytes_per_token(model):,} "
         "(+ 4 for rank 0's token, + the step's tick)"
     )
+    if idle is not None:
+        ranks, launcher = idle
+        shares = " / ".join(f"{share:.1%}" for share in ranks)
+        print(
+            f"  idle CPU over {IDLE_S:g} s: ranks {shares} of a core; mlx.launch itself "
+            f"{launcher:.0%} (it polls its ranks' output in a busy loop)"
+        )
