@@ -91,7 +91,7 @@ class Cluster:
         else:
             model.model.pipeline(self.group)
         mx.eval(model.parameters())  # this rank's shard only: the rest is never read
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=self.group))
+        self.broadcast()  # every rank has its shard before any runs the model
         tokenizer = load_tokenizer(
             folder, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id")
         )
@@ -194,9 +194,15 @@ class LockStep:
         removed, self.removed = self.removed, []
         changed = messages or removed or stop or idle or prefill != self._sent_prefill
         self._sent_prefill = prefill
-        tick = {"messages": messages, "removed": removed, "prefill": prefill, "stop": stop}
+        tick = {
+            "messages": messages,
+            "removed": removed,
+            "prefill": prefill,
+            "stop": stop,
+            "idle": idle,
+        }
         with self.waiting():
-            self.cluster.broadcast(tick | {"idle": idle} if changed else None)
+            self.cluster.broadcast(tick if changed else None)
 
     def start_watchdog(self, stopped: Callable[[], bool]) -> None:
         threading.Thread(

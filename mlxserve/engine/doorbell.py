@@ -54,7 +54,7 @@ class Doorbell:
     def open(cls, cluster, on_gone: Callable[[str], None]) -> Doorbell | None:
         """Connect rank 0 to every other rank (a collective: every rank calls it at the same
         point); None on every rank where rank 0 has no doorbell to offer."""
-        host = rank0_host() if cluster.leader else None
+        host = rank0_host()  # every rank reads the same host file
         listener = None
         if cluster.leader and host is not None:
             try:
@@ -65,7 +65,7 @@ class Doorbell:
         if port is None:
             return None
         if not cluster.leader:
-            connection = socket.create_connection((rank0_host(), port), timeout=ACCEPT_TIMEOUT_S)
+            connection = socket.create_connection((host, port), timeout=ACCEPT_TIMEOUT_S)
             connection.settimeout(None)
             return cls([connection], on_gone)
         listener.settimeout(ACCEPT_TIMEOUT_S)
