@@ -202,3 +202,32 @@ def _build(out: Path, seed: int, force: bool, train_tokenizer, config: dict) -> 
     _write_weights(out, seed, config)
     done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
     return out
+
+
+def build_tiny_adapter(base: Path, out: Path, seed: int = 0, rank: int = 4) -> Path:
+    """A LoRA adapter for the model at `base`, in mlx-lm's format (what `mlx_lm.lora` writes),
+    with random matrices on both sides: a trained adapter's zero-started side would leave the
+    base's answers unchanged, and tests must tell the two apart."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm.utils import load_model
+
+    out = Path(out)
+    if (out / "adapters.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    model, _ = load_model(Path(base))
+    layers = len(model.layers)
+    parameters = {"rank": rank, "scale": 2.0, "dropout": 0.0}
+    linear_to_lora_layers(model, layers, parameters)
+    mx.random.seed(seed)
+    lora = {
+        name: mx.random.normal(array.shape) * 0.5
+        for name, array in tree_flatten(model.parameters())
+        if name.rsplit(".", 1)[-1] in ("lora_a", "lora_b")
+    }
+    mx.save_safetensors(str(out / "adapters.safetensors"), lora)
+    config = {"fine_tune_type": "lora", "num_layers": layers, "lora_parameters": parameters}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return out

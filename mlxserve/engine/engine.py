@@ -41,6 +41,7 @@ from .requests import GenerationEvent, GenerationRequest, kv_tokens
 from .sequence import SequenceState, read_logprob_rows
 from .starting import start_sequence
 from .stats import EngineStats, RateMeter
+from .turns import EngineThread, Inbox
 
 # An admitted request not submitted by then (it failed in between) no longer counts.
 RESERVATION_TTL_S = 30.0
@@ -69,7 +70,7 @@ def _slot_attribute(name: str) -> property:
 
 
 class Engine:
-    """One model, one thread, one batch."""
+    """One model, one batch; its steps run on an `EngineThread`, in turn with other models'."""
 
     def __init__(
         self,
@@ -85,16 +86,22 @@ class Engine:
         prefix_cache_disk_bytes: int | None = None,
         kv_bits: int | None = None,
         kv_group_size: int = 64,
+        thread: EngineThread | None = None,
+        name: str | None = None,
+        loader: Callable[..., LoadedModel] | None = None,
     ):
-        """`prefix_cache_bytes`: the prefix KV cache's budget (None: from the machine's memory,
-        0: no prefix cache). `prefix_cache_dir`: where long prompts' KV is kept for a restarted
-        server (None: nowhere), within `prefix_cache_disk_bytes` (None: from the disk's free
-        space). `kv_bits`: the KV caches quantized to 4 or 8 bits in groups of
-        `kv_group_size` (None: the model's dtype). `fim_template`: force a FIM template by
-        name (None: detect).
-        `idle_unload_s`: free the model after this long without work (None: never).
-        `max_stream_gap`: a running stream's longest gap while prompts prefill beside it, in
-        times its usual gap (None: prefill as fast as it can)."""
+        """`thread`: the thread this engine takes its turns on, with other models' engines
+        (None: one of its own). `name`: what clients call the model (None: from its source).
+        `loader`: loads it in place of `model_host.load_model` (an adapter on its base's
+        weights). `prefix_cache_bytes`: the prefix KV cache's budget (None: from the
+        machine's memory, 0: no prefix cache). `prefix_cache_dir`: where long prompts' KV is
+        kept for a restarted server (None: nowhere), within `prefix_cache_disk_bytes` (None:
+        from the disk's free space). `kv_bits`: the KV caches quantized to 4 or 8 bits in
+        groups of `kv_group_size` (None: the model's dtype). `fim_template`: force a FIM
+        template by name (None: detect). `idle_unload_s`: free the model after this long
+        without work (None: never). `max_stream_gap`: a running stream's longest gap while
+        prompts prefill beside it, in times its usual gap (None: prefill as fast as it
+        can)."""
         self.chunk_cost = chunk_cost(max_stream_gap)
         self.policy = current_policy()
         self.policy.limit_malloc_arenas()  # before this engine's threads allocate
@@ -124,13 +131,19 @@ class Engine:
             on_loaded=self._model_loaded,
             on_unloaded=self._model_unloaded,
             kv_quantization=(kv_bits, kv_group_size) if kv_bits else None,
+            name=name,
+            loader=loader,
         )
         self.generator: ServerBatchGenerator | None = None
         self._pacer: PrefillPacer | None = None
         self._on_fatal = on_fatal
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = thread if thread is not None else EngineThread()
+        self._inbox = Inbox(self.thread.wake)
         self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
+        self.begun = False  # its first load was tried, on the engine thread
+        self.others_streaming_s = 0.0  # how long the other models' streams wait for their steps
+        self._started = False
+        self._stopped = threading.Event()
         self.live = LiveSequences()
         self._followers = Followers()
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
@@ -158,8 +171,27 @@ class Engine:
 
     def start(self) -> Engine:
         self.slot.begin_first_load()
-        self._thread.start()
+        self._started = True
+        self.thread.add(self)
         return self
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def idle_for_eviction(self) -> bool:
+        """No request admitted, in flight or waiting on a model change: unloading it now
+        harms nobody."""
+        return (
+            self.admitted_sequences == 0
+            and not self.has_live_sequences
+            and self.slot.pending is None
+        )
+
+    def reload(self) -> None:
+        """Load its model again (unloaded idle, or to make room)."""
+        self.switch(self.slot.source, self.slot.name)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self.slot.ready.wait(timeout)
@@ -167,8 +199,8 @@ class Engine:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._inbox.put(Stop())
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        if self._started and not self.thread.is_current():
+            self._stopped.wait(timeout)
         self.slot.state = "stopped"
 
     def check_ready(self) -> LoadedModel:
@@ -304,68 +336,102 @@ class Engine:
     def _busy(self) -> bool:
         return self.has_live_sequences or bool(self._followers)
 
-    def _run(self) -> None:
+    # ---- the engine thread's turns (turns.py) ------------------------------------------------
+
+    def begin(self) -> bool:
+        """The first load (and, distributed, the watchdog and the doorbell); False when it
+        failed and this engine is done."""
         slot = self.slot
+        self.begun = True
         try:
             slot.load(slot.source)
         except ModelLoadError as error:
             self._fail(str(error))
-            return
+            self._stopped.set()
+            return False
         if self.lockstep is not None:
             self.lockstep.start_watchdog(lambda: slot.state in ("error", "stopped"))
             try:
                 self.lockstep.doorbell = Doorbell.open(self.cluster, on_gone=None)
             except Exception as error:
                 self._lose_cluster(error)
-                return
-        while True:
-            idle = not self._busy and slot.pending is None and not self._adopting
-            if idle:
-                self.prefixes.hand_over(everything=True)  # before waiting for work
-            try:
-                if idle and self.lockstep is not None:
-                    self.lockstep.sleep()  # the other ranks wait on the doorbell meanwhile
-                running = self._drain_inbox(block=idle, timeout=slot.idle_wait(self._busy))
-            except Exception as error:
-                if self.lockstep is not None:  # the distributed tick failed
-                    self._lose_cluster(error)
-                    return
-                log.exception("admitting or cancelling requests failed")
-                self._fail_all(f"generation failed: {error}")
-                continue
-            if not running:
-                break
-            if self._busy or self._reading:  # no model change under a read from disk either
-                slot.last_work = time.monotonic()
-            elif slot.pending is not None:
-                slot.apply_change()
-                continue
-            elif slot.idle_for_too_long():
-                log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
-                slot.unload()
-                continue
-            self._adopt()
-            if not self.has_live_sequences:
-                continue
-            try:
-                if self.lockstep is None:
+                self._stopped.set()
+                return False
+        return True
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do until a message comes (or the idle unload is due)."""
+        return not self._busy and self.slot.pending is None and not self._adopting
+
+    def idle_wait(self) -> float | None:
+        return self.slot.idle_wait(self._busy)
+
+    def before_sleep(self) -> None:
+        """Every engine on the thread is idle: what waits for a quiet moment is done now."""
+        self.prefixes.hand_over(everything=True)
+        if self.lockstep is not None:
+            self.lockstep.sleep()  # the other ranks wait on the doorbell meanwhile
+
+    def streaming_step_s(self) -> float:
+        """How long this model's streams wait for its step (0 while none decodes): the other
+        models' prefill chunks add to that wait."""
+        generator, pacer = self.generator, self._pacer
+        if generator is None or pacer is None or not generator.decode_batch.uids:
+            return 0.0
+        return pacer.decode_step_s or 0.0
+
+    def turn(self) -> bool:
+        """This engine's share of a round: take its messages, apply a model change or an idle
+        unload, step its batch once. False once it is asked to stop."""
+        slot = self.slot
+        try:
+            running = self._drain_inbox()
+        except Exception as error:
+            if self.lockstep is not None:  # the distributed tick failed
+                self._lose_cluster(error)
+                return False
+            log.exception("admitting or cancelling requests failed")
+            self._fail_all(f"generation failed: {error}")
+            return True
+        if not running:
+            return False
+        if self._busy or self._reading:  # no model change under a read from disk either
+            slot.last_work = time.monotonic()
+        elif slot.pending is not None:
+            slot.apply_change()
+            return True
+        elif slot.idle_for_too_long():
+            log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
+            slot.unload()
+            return True
+        self._adopt()
+        if not self.has_live_sequences:
+            return True
+        try:
+            if self.lockstep is None:
+                self.step()
+            else:
+                with self.lockstep.waiting():
                     self.step()
-                else:
-                    with self.lockstep.waiting():
-                        self.step()
-            except Exception as error:  # a broken step must not take the server down
-                if self.lockstep is not None:
-                    self._lose_cluster(error)
-                    return
-                log.exception("engine step failed")
-                self._fail_all(f"generation failed: {error}")
+        except Exception as error:  # a broken step must not take the server down
+            if self.lockstep is not None:
+                self._lose_cluster(error)
+                return False
+            log.exception("engine step failed")
+            self._fail_all(f"generation failed: {error}")
+        return True
+
+    def finish(self) -> None:
+        """Asked to stop: whoever still waits is told so, and the model is let go."""
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
         for group in self._reading.values():
             group.fail("the server is shutting down", unavailable=True)
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.prefixes.close()
-        slot.state = "stopped"
+        self.slot.state = "stopped"
+        self._stopped.set()
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
         self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk, cost=self.chunk_cost)
@@ -409,16 +475,15 @@ class Engine:
         self._fail_all(message, unavailable=True)
         self._fail(message)
 
-    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+    def _drain_inbox(self) -> bool:
         """Apply queued adds and cancels (on every rank, when distributed). Returns False when
         asked to stop."""
         messages, running = [], True
         while True:
             try:
-                message = self._inbox.get(block=block, timeout=timeout if block else None)
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            block = False
             if isinstance(message, Stop):
                 running = False
                 break
@@ -470,6 +535,7 @@ class Engine:
                 prompt_tokens=paid,
                 prompts=sum(not r.end_of_prompt for r in prompt_responses),
                 decoded=bool(responses),
+                others_s=self.others_streaming_s,
             )
             # a stream waits on the step a prompt joins in; a chunk spread over passes costs
             # a share of the layers in each, its final one too

@@ -47,6 +47,8 @@ class LoadedModel:
     fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
     how_it_runs: str = ""  # what the platform does to it, its KV's kind included
+    weight_bytes: int = 0  # memory its weights take, as this platform runs them (its own only)
+    base_model: str | None = None  # an adapter's: the model whose weights it shares
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)
@@ -292,6 +294,7 @@ def load_model(
         fim=fim,
         weights_folder=None if sharded else folder,
         how_it_runs=how_it_runs,
+        weight_bytes=weight_bytes(model),
     )
 
 
@@ -321,6 +324,15 @@ def measure_prefill_chunk(model: nn.Module) -> int:
         prefill = min(prefill, timed(128, make_prompt_cache(model)))
     prefill /= 128
     return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9))
+
+
+def weight_bytes(model: nn.Module, besides: nn.Module | None = None) -> int:
+    """Bytes of the model's arrays, each counted once; those `besides` holds too are not."""
+    from mlx.utils import tree_flatten
+
+    shared = {id(a) for _, a in tree_flatten(besides.parameters())} if besides is not None else ()
+    arrays = {id(a): a for _, a in tree_flatten(model.parameters()) if id(a) not in shared}
+    return sum(a.nbytes for a in arrays.values())
 
 
 def kv_bytes_per_token(model: nn.Module) -> int:

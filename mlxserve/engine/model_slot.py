@@ -51,9 +51,11 @@ class ModelSlot:
         on_loaded: Callable[[LoadedModel], None] = lambda loaded: None,
         on_unloaded: Callable[[], None] = lambda: None,
         kv_quantization: tuple[int, int] | None = None,
+        name: str | None = None,
+        loader: Callable[..., LoadedModel] | None = None,
     ):
         self.source = source  # the model loaded, or being loaded
-        self.name = model_id_for(source)  # the name clients use for it
+        self.name = name or model_id_for(source)  # the name clients use for it
         self.loaded_name = self.name  # the name of the model loaded last
         self.policy = policy
         self.fim_template = fim_template
@@ -72,6 +74,7 @@ class ModelSlot:
         self.ready = threading.Event()
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
+        self._loader = loader or load_model
 
     # ---- the engine thread ------------------------------------------------------------------
 
@@ -83,7 +86,7 @@ class ModelSlot:
         self.state = "loading"
         log.info("loading model %s", source)
         try:
-            self.loaded = load_model(
+            self.loaded = self._loader(
                 source,
                 self.fim_template,
                 self.cluster,
@@ -97,6 +100,8 @@ class ModelSlot:
                 raise
             raise ModelLoadError(f"could not load model {source}: {error}") from error
         self.source = source
+        if self.name != self.loaded.model_id:  # an adapter, or a switch named by its registry entry
+            self.loaded.model_id = self.name
         self.loaded_name = self.name
         self.idle_unload_s = self.default_idle_unload_s
         self._on_loaded(self.loaded)

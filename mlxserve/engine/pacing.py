@@ -105,9 +105,18 @@ class PrefillPacer:
     _decode_steps: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
     _token_costs: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
 
-    def observe(self, step_s: float, prompt_tokens: int, prompts: int, decoded: bool) -> int:
+    def observe(
+        self,
+        step_s: float,
+        prompt_tokens: int,
+        prompts: int,
+        decoded: bool,
+        others_s: float = 0.0,
+    ) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
-        decoded. Returns the chunk for the next step."""
+        decoded. `others_s`: how long other models' streams already wait for their own steps
+        each round (turns.py); this model's chunks add to that wait too. Returns the chunk for
+        the next step."""
         if decoded and not prompt_tokens:
             self._decode_steps.append(step_s)
             self.decode_step_s = statistics.median(self._decode_steps)
@@ -116,16 +125,20 @@ class PrefillPacer:
             self._token_costs.append(max(step_s - usual, 1e-6) / prompt_tokens)
             self.token_cost_s = statistics.median(self._token_costs)
         self.layers_per_pass = None
-        if not decoded:
+        own_s = self.decode_step_s if decoded else 0.0
+        if not decoded and not others_s:
             self.chunk = MAX_CHUNK  # no stream waits on this step
-        elif self.decode_step_s is None or self.token_cost_s is None:
+        elif own_s is None or self.token_cost_s is None:
             self.chunk = clamp_chunk(self.calibrated * self.cost / CHUNK_COST_IN_DECODE_STEPS)
         else:
-            budget = self.cost * self.decode_step_s
+            budget = self.cost * (own_s + others_s)
             fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
             chunk = clamp_chunk(fits)
+            if not decoded:  # only other models' streams wait: a pass of its own
+                self.chunk = chunk
+                return chunk
             if fits < SPREAD_CHUNK and self.layers:
                 chunk, self.layers_per_pass = self._spread(fits)
             self.chunk = min(chunk, self.beside_decode_max)

@@ -1,0 +1,258 @@
+"""The resident models: one engine per model, all on one thread, within a memory budget.
+
+Requests route by model name (aliases first). A model not resident loads beside the others
+when its weights fit the budget; when they do not, the least recently used models with no work
+in flight and no pin are unloaded first, and when none can be, the request gets `NoRoom` (a 503
+with Retry-After). A LoRA adapter is a model of its own that shares its base's weights: its
+base stays resident while it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..platform import current_policy
+from ..registry import read_json
+from .engine import Engine
+
+log = logging.getLogger("mlxserve.engine")
+UNLOAD_POLL_S = 0.02  # how often a load waiting for room looks whether an eviction is done
+UNLOAD_WAIT_S = 30.0  # ... and how long it waits for one
+NO_ROOM_RETRY_AFTER_S = 5  # a busy model frees its memory once its requests end
+
+
+class NoRoom(Exception):
+    """The model does not fit beside the resident ones, and none of them can be unloaded."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    path: str  # mlx-lm's adapter folder
+    base: str  # the name of the model whose weights it shares
+
+
+@dataclass
+class Resident:
+    """What the pool knows of one engine: when it was last asked for, whether it is pinned."""
+
+    engine: Engine
+    last_used: float
+    pinned: bool = False
+    estimate_bytes: int = 0  # its weights' memory before it is loaded
+
+
+def estimate_weight_bytes(source: str) -> int:
+    """The memory a model's weights will take, from its files: their size, times what this
+    platform's conversion makes of them (MLX's CPU backend runs float32)."""
+    folder = Path(source).expanduser()
+    files = list(folder.glob("*.safetensors")) if folder.is_dir() else []
+    size = sum(f.stat().st_size for f in files)
+    if not current_policy().converts_weights:
+        return size
+    config = read_json(folder / "config.json")
+    quantization = config.get("quantization") or config.get("quantization_config") or {}
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    if isinstance(bits, int) and bits > 0:
+        return size * 32 // bits
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    return size * 2 if dtype in ("float16", "bfloat16") else size
+
+
+class ModelPool:
+    """Every engine of this server by model name; the default answers unnamed requests."""
+
+    def __init__(
+        self,
+        default: Engine,
+        make_engine: Callable[..., Engine],
+        budget_bytes: int,
+        aliases: dict[str, str] | None = None,
+        adapters: dict[str, Adapter] | None = None,
+        configured: dict[str, str] | None = None,
+        pinned: tuple[str, ...] = (),
+    ):
+        """`make_engine(source, name, loader=None)`: a new engine on `default`'s thread, not
+        started. `configured`: name -> source of the models named at start (loaded on request
+        whatever --allow-switch says). `pinned`: names never unloaded to make room."""
+        self.default_name = default.model_name
+        self.budget_bytes = budget_bytes
+        self.aliases = dict(aliases or {})
+        self.adapters = dict(adapters or {})
+        self.configured = dict(configured or {})
+        self.pinned = set(pinned)
+        self._make_engine = make_engine
+        self._residents: dict[str, Resident] = {
+            default.model_name: Resident(default, time.monotonic())
+        }
+        self._lock: asyncio.Lock | None = None  # loads make room one at a time
+
+    # ---- looking up -------------------------------------------------------------------------
+
+    @property
+    def default(self) -> Engine:
+        return self._residents[self.default_name].engine
+
+    @property
+    def engines(self) -> list[Engine]:
+        return [r.engine for r in self._residents.values()]
+
+    def get(self, name: str) -> Engine | None:
+        resident = self._residents.get(name)
+        return resident.engine if resident is not None else None
+
+    def resolve(self, name: str | None) -> str | None:
+        """The name of the model a request's `name` routes to: the default for none, an alias's
+        target, a model by its name or source; None for a model this pool does not know."""
+        if not name:
+            return self.default_name
+        name = self.aliases.get(name, name)
+        if name in self._residents or name in self.adapters or name in self.configured:
+            return name
+        for resident_name, resident in self._residents.items():
+            if name == resident.engine.model_source:
+                return resident_name
+        return None
+
+    def is_pinned(self, name: str) -> bool:
+        return name in self.pinned
+
+    def resident(self) -> list[Engine]:
+        """The engines whose model is in memory, or on its way there."""
+        return [e for e in self.engines if _holds_memory(e)]
+
+    def memory_used(self, besides: Engine | None = None) -> int:
+        return sum(self.footprint(e) for e in self.resident() if e is not besides)
+
+    def footprint(self, engine: Engine) -> int:
+        """Its weights' memory: measured once loaded, estimated from its files before."""
+        loaded = engine.loaded
+        if loaded is not None:
+            return loaded.weight_bytes
+        resident = self._residents.get(engine.model_name)
+        return resident.estimate_bytes if resident is not None else 0
+
+    # ---- changing ---------------------------------------------------------------------------
+
+    def engine_for(self, name: str, source: str | None = None) -> Engine:
+        """The engine for `name`, made (not started) if it has none yet: an adapter's, a
+        configured model's, or `source`'s (a registry entry a request may load)."""
+        resident = self._residents.get(name)
+        if resident is not None:
+            return resident.engine
+        adapter = self.adapters.get(name)
+        if adapter is not None:
+            base = self.engine_for(adapter.base)
+
+            def loader(path, *args, **kwargs):
+                from .adapters import load_adapter
+
+                return load_adapter(base.loaded, path, name)
+
+            engine = self._make_engine(adapter.path, name, loader=loader)
+            estimate = sum(f.stat().st_size for f in Path(adapter.path).glob("*.safetensors"))
+        else:
+            source = source or self.configured.get(name)
+            if source is None:
+                raise KeyError(name)
+            engine = self._make_engine(source, name)
+            estimate = estimate_weight_bytes(source)
+        self._residents[name] = Resident(engine, time.monotonic(), estimate_bytes=estimate)
+        return engine
+
+    async def acquire(self, name: str, source: str | None = None) -> Engine:
+        """The engine for `name`, its model loaded (or loading) with room made for it. Raises
+        NoRoom when it does not fit and nothing can be unloaded."""
+        engine = self.engine_for(name, source)
+        self._residents[name].last_used = time.monotonic()
+        adapter = self.adapters.get(name)
+        if adapter is not None:  # its base first: the adapter is loaded onto its weights
+            base = await self.acquire(adapter.base)
+            await base.ensure_loaded(timeout=UNLOAD_WAIT_S * 4)
+        if not _holds_memory(engine):
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if not _holds_memory(engine):
+                    await self._make_room(engine)
+                    if not engine.started:
+                        engine.start()
+                    else:
+                        engine.reload()
+        return engine
+
+    def pin(self, name: str, pinned: bool = True) -> None:
+        if pinned:
+            self.pinned.add(name)
+        else:
+            self.pinned.discard(name)
+
+    def make_default(self, name: str) -> None:
+        self.default_name = name
+
+    def stop(self) -> None:
+        for engine in reversed(self.engines):  # adapters before their bases
+            engine.stop()
+
+    async def _make_room(self, engine: Engine) -> None:
+        need = self.footprint(engine)
+        while self.memory_used(besides=engine) + need > self.budget_bytes:
+            victim = self._least_recently_used(besides=engine)
+            if victim is None:
+                if not [e for e in self.resident() if e is not engine]:
+                    log.warning(
+                        "model %s needs %.1f GB, over the memory budget of %.1f GB: loading "
+                        "it alone",
+                        engine.model_name,
+                        need / 1e9,
+                        self.budget_bytes / 1e9,
+                    )
+                    return
+                busy = ", ".join(e.model_name for e in self.resident() if e is not engine)
+                raise NoRoom(
+                    f"model {engine.model_name} needs {need / 1e9:.2f} GB and does not fit the "
+                    f"memory budget ({self.budget_bytes / 1e9:.2f} GB) beside {busy}, which are "
+                    "busy or pinned; retry once their requests end"
+                )
+            log.info(
+                "unloading %s (the least recently used model) to make room for %s",
+                victim.model_name,
+                engine.model_name,
+            )
+            victim.unload()
+            deadline = time.monotonic() + UNLOAD_WAIT_S
+            while _holds_memory(victim) and time.monotonic() < deadline:
+                await asyncio.sleep(UNLOAD_POLL_S)
+
+    def _least_recently_used(self, besides: Engine) -> Engine | None:
+        """The idle, unpinned resident model used longest ago, not a base an adapter in
+        memory (or `besides`) stands on."""
+        standing_on = {
+            adapter.base
+            for name, adapter in self.adapters.items()
+            if name == besides.model_name or (e := self.get(name)) is not None and _holds_memory(e)
+        }
+        candidates = [
+            r
+            for name, r in self._residents.items()
+            if r.engine is not besides
+            and _holds_memory(r.engine)
+            and r.engine.state == "ready"
+            and name not in self.pinned
+            and name not in standing_on
+            and r.engine.idle_for_eviction
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda r: r.last_used).engine
+
+
+def _holds_memory(engine: Engine) -> bool:
+    """Its model is loaded or on its way (not unloaded, failed, stopped or not started)."""
+    if not engine.started:
+        return False
+    return engine.loaded is not None or engine.state in ("starting", "loading")
