@@ -29,6 +29,7 @@ from .settings import (
     Limits,
     Settings,
     default_prefix_cache_dir,
+    machine_memory_bytes,
     prefix_cache_dir,
 )
 
@@ -110,9 +111,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--model",
-        default=str(DEFAULT_MODEL),
-        help="an mlx-lm model folder or Hugging Face repo id; the default is mlxserve-demo-coder, "
-        "a small Python code model with fill-in-the-middle that ships with mlxserve",
+        action="append",
+        default=None,
+        help="an mlx-lm model folder or Hugging Face repo id (repeatable: every one is served "
+        "and loaded at start; the first answers requests that name no model); the default is "
+        "mlxserve-demo-coder, a small Python code model with fill-in-the-middle that ships "
+        "with mlxserve",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="the resident models' weights together (e.g. 24G, 800M, 60%%): a model that does "
+        "not fit unloads the least recently used idle ones first (default: half of this "
+        "machine's memory)",
+    )
+    serve.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="never unload this model (a --model, its name, or an --adapter's name) to make "
+        "room for another (repeatable); it is loaded at start",
+    )
+    serve.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        type=name_and_value,
+        metavar="NAME=PATH",
+        help="serve a LoRA adapter (mlx-lm's format, as mlx_lm.lora writes it) as the model "
+        "NAME, on the weights of its base (the model its adapter_config.json names, else the "
+        "first --model), shared in memory (repeatable)",
+    )
+    serve.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        type=name_and_value,
+        metavar="NAME=MODEL",
+        help="requests for model NAME (a name a client hard-codes: gpt-4o-mini, "
+        "codellama:7b) get MODEL (repeatable)",
     )
     serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
@@ -238,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-switch",
         action="store_true",
-        help="a request's `model` may name another known model, which is then loaded in place "
-        "of the current one (without it, only POST /admin/load switches)",
+        help="a request's `model` may name any known model (GET /v1/models), which is then "
+        "loaded beside the others within --memory-budget (without it, only POST /admin/load "
+        "loads models not served from the start)",
     )
     serve.add_argument(
         "--strict-model-names",
@@ -323,11 +364,18 @@ def exit_without_finalizing(code: int) -> NoReturn:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .engine.adapters import check_adapter_folder
     from .engine.model_host import ModelLoadError, check_model_source
 
-    model = args.model
+    models = list(dict.fromkeys(args.model or [str(DEFAULT_MODEL)]))
+    model = models[0]
     try:
-        check_model_source(model)
+        for source in models:
+            check_model_source(source)
+        for _, path in args.adapter:
+            check_adapter_folder(path)
+        if args.distributed and (len(models) > 1 or args.adapter):
+            raise ModelLoadError("--distributed serves one model: no second --model or --adapter")
     except ModelLoadError as error:
         print(f"mlxserve: error: {error}", file=sys.stderr)
         return 2
@@ -351,8 +399,14 @@ def serve(args: argparse.Namespace) -> int:
     memory["kv_bits"], memory["kv_group_size"] = args.kv_bits, args.kv_group_size
     if args.prefix_cache_disk_mb is not None:
         memory["prefix_cache_disk_bytes"] = args.prefix_cache_disk_mb << 20
+    if args.memory_budget is not None:
+        memory["memory_budget_bytes"] = args.memory_budget
     settings = Settings(
         model=model,
+        models=tuple(models[1:]),
+        pins=tuple(args.pin),
+        adapters=tuple(args.adapter),
+        aliases=tuple(args.alias),
         host=args.host,
         port=args.port,
         api_key=api_key,
@@ -373,6 +427,35 @@ def serve(args: argparse.Namespace) -> int:
         **memory,
     )
     return serve_forever(settings)
+
+
+def memory_size(text: str) -> int:
+    """--memory-budget: bytes, with a K/M/G/T suffix (powers of 1024), or a share of this
+    machine's memory (60%)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if value.endswith("%"):
+            share = float(value[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            return int(machine_memory_bytes() * share / 100)
+        scale = 1024 ** ("KMGT".index(value[-1]) + 1) if value[-1:] in tuple("KMGT") else 1
+        number = float(value[:-1] if scale > 1 else value)
+    except (ValueError, IndexError) as error:
+        raise argparse.ArgumentTypeError(
+            f"not a size (12G, 800M) or a share (60%): {text}"
+        ) from error
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"a memory budget must be above 0: {text}")
+    return int(number * scale)
+
+
+def name_and_value(text: str) -> tuple[str, str]:
+    """--adapter and --alias: NAME=VALUE, both non-empty."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
 
 
 def stream_gap(text: str) -> float | None:

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
@@ -17,7 +18,10 @@ from hypercorn.config import Config
 from .api.admission import DRAINING
 from .api.app import create_app
 from .engine import Engine
+from .engine.model_host import model_id_for
+from .engine.pool import Adapter, ModelPool
 from .platform.blas import slow_blas_reason
+from .registry import read_json
 from .settings import Settings
 
 log = logging.getLogger("mlxserve")
@@ -60,6 +64,67 @@ def warn_if_slow_blas() -> None:
         )
 
 
+def new_engine(settings: Settings, source: str, **options) -> Engine:
+    """An engine for `source` as the settings say (not started); `options`: Engine's others
+    (its name, thread, loader, cluster, on_fatal)."""
+    return Engine(
+        source,
+        prefix_cache_bytes=settings.prefix_cache_bytes,
+        fim_template=settings.fim_template,
+        idle_unload_s=settings.idle_unload_s,
+        rank_timeout_s=settings.rank_timeout_s,
+        max_stream_gap=settings.max_stream_gap,
+        prefix_cache_dir=settings.prefix_cache_dir,
+        prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
+        kv_bits=settings.kv_bits,
+        kv_group_size=settings.kv_group_size,
+        **options,
+    )
+
+
+def pool_for(settings: Settings, engine: Engine) -> ModelPool:
+    """Every model the settings serve, `engine` (the default model's) first; the others' engines
+    run on its thread."""
+    configured = {model_id_for(source): source for source in settings.models}
+    served = {model_id_for(settings.model): settings.model, **configured}
+    by_source = {source: name for name, source in served.items()}
+
+    def make_engine(source: str, name: str, **options) -> Engine:
+        return new_engine(settings, source, name=name, thread=engine.thread, **options)
+
+    adapters = {}
+    for name, path in settings.adapters:
+        named = read_json(Path(path).expanduser() / "adapter_config.json").get("model")
+        base = by_source.get(named, named if named in served else engine.model_name)
+        adapters[name] = Adapter(path, base)
+    pins = tuple(by_source.get(pin, model_id_for(pin)) for pin in settings.pins)
+    return ModelPool(
+        engine,
+        make_engine,
+        settings.memory_budget_bytes,
+        aliases=dict(settings.aliases),
+        adapters=adapters,
+        configured=configured,
+        pinned=pins,
+    )
+
+
+async def start_served_models(pool: ModelPool, settings: Settings) -> None:
+    """Load the models named at start besides the default (in the order given), and the
+    pinned adapters; one that does not fit is said so and left for a request to load."""
+    from .engine.pool import NoRoom
+
+    names = [model_id_for(s) for s in settings.models]
+    names += [name for name in pool.pinned if name in pool.adapters]
+    for name in names:
+        if name == pool.default_name:
+            continue
+        try:
+            await pool.acquire(name)
+        except NoRoom as error:
+            log.warning("not loaded at start: %s", error)
+
+
 async def run(
     settings: Settings,
     engine: Engine,
@@ -67,40 +132,49 @@ async def run(
     start_engine: bool = True,
     stopping: asyncio.Event | None = None,
 ) -> None:
-    """Serve until `shutdown` is set; the engine loads its model meanwhile (503 until ready).
+    """Serve until `shutdown` is set; the models load meanwhile (503 until ready).
 
     Setting `stopping` drains first: new generation requests get 503, those in flight get
     `settings.drain_timeout_s` to finish, then `shutdown` is set."""
-    app = create_app(settings, engine)
+    pool = pool_for(settings, engine)
+    app = create_app(settings, pool)
     if start_engine:
         engine.start()
+        await start_served_models(pool, settings)
     drain = None
     if stopping is not None:
-        drain = asyncio.create_task(drain_then_stop(app, engine, stopping, shutdown, settings))
+        drain = asyncio.create_task(drain_then_stop(app, pool, stopping, shutdown, settings))
     try:
         await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
     finally:
         if drain is not None:
             drain.cancel()
+        if start_engine:  # the default engine's owner stops it; the others are the pool's
+            for other in pool.engines[1:]:
+                await asyncio.to_thread(other.stop)
+
+
+def pending_sequences(pool: ModelPool) -> int:
+    return sum(e.pending_sequences for e in pool.engines)
 
 
 async def drain_then_stop(
-    app, engine: Engine, stopping: asyncio.Event, shutdown: asyncio.Event, settings: Settings
+    app, pool: ModelPool, stopping: asyncio.Event, shutdown: asyncio.Event, settings: Settings
 ) -> None:
     await stopping.wait()
     app.config[DRAINING] = True
     deadline = time.monotonic() + settings.drain_timeout_s
-    if engine.pending_sequences:
+    if pending_sequences(pool):
         log.info(
             "stopping: %d sequences in flight get up to %g s to finish",
-            engine.pending_sequences,
+            pending_sequences(pool),
             settings.drain_timeout_s,
         )
-    while engine.pending_sequences and time.monotonic() < deadline:
+    while pending_sequences(pool) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if engine.pending_sequences:
-        log.warning("stopping with %d sequences unfinished", engine.pending_sequences)
-        await asyncio.to_thread(engine.stop)  # they end with a 503 error, not a cut stream
+    if pending_sequences(pool):
+        log.warning("stopping with %d sequences unfinished", pending_sequences(pool))
+        await asyncio.to_thread(pool.stop)  # they end with a 503 error, not a cut stream
     shutdown.set()
 
 
@@ -159,20 +233,7 @@ def serve_forever(settings: Settings) -> int:
                 engine.stopping_soon()
             stopping.set()
 
-        engine = Engine(
-            settings.model,
-            on_fatal=on_fatal,
-            prefix_cache_bytes=settings.prefix_cache_bytes,
-            fim_template=settings.fim_template,
-            idle_unload_s=settings.idle_unload_s,
-            cluster=cluster,
-            rank_timeout_s=settings.rank_timeout_s,
-            max_stream_gap=settings.max_stream_gap,
-            prefix_cache_dir=settings.prefix_cache_dir,
-            prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
-            kv_bits=settings.kv_bits,
-            kv_group_size=settings.kv_group_size,
-        )
+        engine = new_engine(settings, settings.model, on_fatal=on_fatal, cluster=cluster)
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -47,6 +47,12 @@ def machine_memory_bytes() -> int:
         return 16 << 30
 
 
+def default_memory_budget_bytes() -> int:
+    """The resident models' weights: half of the machine's memory (the KV budget and the prefix
+    cache take a quarter and an eighth of the rest)."""
+    return machine_memory_bytes() // 2
+
+
 def default_kv_budget_bytes() -> int:
     """KV cache for the requests in flight: a quarter of the machine's memory."""
     return machine_memory_bytes() // 4
@@ -80,7 +86,12 @@ class ChatSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    model: str
+    model: str  # the default model: requests naming no model (or one not served) get it
+    models: tuple[str, ...] = ()  # more models served beside it, loaded at start
+    pins: tuple[str, ...] = ()  # models (names or sources) never unloaded to make room
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, adapter folder) served on the default
+    aliases: tuple[tuple[str, str], ...] = ()  # (name a client sends, model it gets)
+    memory_budget_bytes: int = field(default_factory=default_memory_budget_bytes)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     api_key: str | None = None

@@ -315,10 +315,15 @@ def rss_bytes(pid: int) -> int:
 
 
 def metric(base_url: str, name: str) -> float:
-    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(f"mlxserve_{name} "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    """A metric summed over its models' samples (engine metrics carry a model label)."""
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines()
+        if line.startswith((f"mlxserve_{name} ", f"mlxserve_{name}{{"))
+    ]
+    if not values:
+        raise KeyError(name)
+    return sum(values)
 
 
 async def soak(args: argparse.Namespace, base_url: str, port: int, pid: int | None) -> int:

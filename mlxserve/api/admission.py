@@ -26,9 +26,10 @@ def refuse_if_draining(config) -> None:
         )
 
 
-def admit(engine, loaded, sequences, settings: Settings) -> int:
+def admit(engine, loaded, sequences, settings: Settings, others_kv_bytes: int = 0) -> int:
     """Raise unless `sequences` (GenerationRequests) may be submitted now; else reserve their
-    place (`Engine.reserve`), counted until they are submitted."""
+    place (`Engine.reserve`), counted until they are submitted. `others_kv_bytes`: the KV the
+    other models' requests in flight hold (the budget is the server's, not a model's)."""
     tokens = kv_tokens(sequences)
     need = tokens * loaded.kv_bytes_per_token
     budget = settings.kv_budget_bytes
@@ -43,7 +44,9 @@ def admit(engine, loaded, sequences, settings: Settings) -> int:
     admitted = engine.admitted_sequences
     waiting = admitted + len(sequences) - MAX_BATCH
     in_flight_kv = (engine.admitted_kv_tokens + tokens) * loaded.kv_bytes_per_token
-    if waiting > settings.max_queued_sequences or (admitted and in_flight_kv > budget):
+    in_flight_kv += others_kv_bytes
+    busy = admitted or others_kv_bytes
+    if waiting > settings.max_queued_sequences or (busy and in_flight_kv > budget):
         raise ServiceUnavailable(
             f"The server is busy ({admitted} sequences in flight); retry shortly.",
             code="server_busy",

@@ -47,11 +47,12 @@ HTTP_ERROR_CODES = {
 }
 
 
-def create_app(settings: Settings, engine) -> Quart:
+def create_app(settings: Settings, pool) -> Quart:
+    """`pool`: the served models' engines (engine/pool.py)."""
     app = Quart("mlxserve")
     limits = settings.limits
     app.config.update(
-        ENGINE=engine,
+        POOL=pool,
         SETTINGS=settings,
         REGISTRY=registry_for(settings),
         MAX_CONTENT_LENGTH=limits.max_body_bytes,
@@ -174,11 +175,14 @@ async def read_rest_of_body(response):
 
 
 def registry_for(settings: Settings) -> Registry:
-    """The default model and the --model folder first, then --models-dir, HF cache, LM Studio."""
+    """The --model folders and the default model first, then --models-dir, HF cache, LM
+    Studio."""
     from ..engine.model_host import model_id_for
 
-    pinned = [(DEFAULT_MODEL, DEFAULT_MODEL.name, "default")]
-    served = Path(settings.model).expanduser()
-    if served.is_dir():
-        pinned.insert(0, (served.resolve(), model_id_for(settings.model), "command line"))
+    pinned = []
+    for source in (settings.model, *settings.models):
+        served = Path(source).expanduser()
+        if served.is_dir():
+            pinned.append((served.resolve(), model_id_for(source), "command line"))
+    pinned.append((DEFAULT_MODEL, DEFAULT_MODEL.name, "default"))
     return Registry(pinned, models_dirs=[Path(d) for d in settings.models_dirs])

@@ -1,5 +1,5 @@
-"""GET /health: 200 once the model is ready, 503 while it loads (llama.cpp's contract), with the
-load's progress."""
+"""GET /health: 200 once the default model is ready, 503 while it loads (llama.cpp's
+contract), with the load's progress."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ blueprint = Blueprint("health", __name__)
 
 @blueprint.get("/health")
 async def health():
-    engine = current_app.config["ENGINE"]
+    engine = current_app.config["POOL"].default
     if engine.state == "ready":
         return {"status": "ok", "model": engine.loaded.model_id}
     loading = engine.state in LOADING_STATES

@@ -1,8 +1,8 @@
 """GET /metrics in Prometheus' format (prometheus-client), behind the API key if there is one.
 
-Each app has its own registry: the engine's counters are read at scrape time, HTTP requests are
-counted by route and status, and every generation's time to first token and total time go into
-histograms.
+Each app has its own registry: each model's engine counters are read at scrape time (labelled by
+model), HTTP requests are counted by route and status, and every generation's time to first
+token and total time go into histograms.
 """
 
 from __future__ import annotations
@@ -92,24 +92,30 @@ ENGINE_GAUGES: tuple[tuple[str, str, Callable], ...] = (
 
 
 class EngineCollector:
-    """The engine's own counters, read when Prometheus scrapes (no copies to keep in step)."""
+    """Each model's engine counters, labelled by model, read when Prometheus scrapes (no
+    copies to keep in step)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, pool):
+        self.pool = pool
 
     def collect(self):
-        for name, help_text, read in ENGINE_COUNTERS:
-            yield CounterMetricFamily(f"mlxserve_{name}", help_text, value=read(self.engine))
-        for name, help_text, read in ENGINE_GAUGES:
-            yield GaugeMetricFamily(f"mlxserve_{name}", help_text, value=read(self.engine))
+        engines = self.pool.engines
+        for kind, family in ((ENGINE_COUNTERS, CounterMetricFamily), (ENGINE_GAUGES, None)):
+            for name, help_text, read in kind:
+                metric = (family or GaugeMetricFamily)(
+                    f"mlxserve_{name}", help_text, labels=["model"]
+                )
+                for engine in engines:
+                    metric.add_metric([engine.model_name], read(engine))
+                yield metric
 
 
 class Telemetry:
     """One app's metrics."""
 
-    def __init__(self, engine):
+    def __init__(self, pool):
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(EngineCollector(engine))
+        self.registry.register(EngineCollector(pool))
         self.requests = Counter(
             "mlxserve_http_requests",
             "HTTP requests answered, by route and status",
@@ -147,7 +153,7 @@ class Telemetry:
 
 def install(app: Quart) -> None:
     disable_created_metrics()  # `_created` timestamps per series: noise for a single server
-    telemetry = Telemetry(app.config["ENGINE"])
+    telemetry = Telemetry(app.config["POOL"])
     app.config[TELEMETRY] = telemetry
 
     @app.after_request

@@ -1,5 +1,5 @@
-"""GET /v1/models: the models this machine has (the registry), the loaded one marked; and what
-the `model` field of a request selects."""
+"""GET /v1/models: the models this machine has (the registry), the served ones first with their
+state; and which engine the `model` field of a request selects."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 from quart import Blueprint, current_app
 
 from ..chat.templates import chat_capabilities
-from ..engine import LOADING_STATES, EngineError
+from ..engine.pool import NO_ROOM_RETRY_AFTER_S, NoRoom
 from ..registry import ModelEntry, Registry
-from .errors import InvalidRequest, NotFound
+from .errors import InvalidRequest, NotFound, ServiceUnavailable
 from .log_once import FirstSight
 
 blueprint = Blueprint("models", __name__)
@@ -18,8 +18,18 @@ log = logging.getLogger("mlxserve.api")
 STARTED = "created"
 
 
+def pool():
+    """The served models' engines (engine/pool.py)."""
+    return current_app.config["POOL"]
+
+
 def served_model_id() -> str:
-    return current_app.config["ENGINE"].model_name
+    """The default model's name: requests that name no model (or one not served) get it."""
+    return pool().default_name
+
+
+def default_engine():
+    return pool().default
 
 
 def registry() -> Registry:
@@ -39,30 +49,52 @@ def known_model(name: str) -> ModelEntry:
     return entry
 
 
-def check_model_name(name: str | None) -> None:
-    """A request may name the served model (by id or as given on the command line), none, or
-    with --allow-switch any known model, which is then loaded in its place. Any other name is
-    answered by the loaded model, as llama.cpp and LM Studio do (clients send fixed names:
-    gpt-3.5-turbo, davinci-002), unless --strict-model-names asks for 404s."""
-    engine = current_app.config["ENGINE"]
-    if name in (None, "", served_model_id(), engine.model_source):
-        return
-    settings = current_app.config["SETTINGS"]
-    entry = known_model(name) if settings.strict_model_names else registry().find(name)
-    if entry is not None and settings.allow_switch:
-        try:
-            engine.switch(str(entry.path), entry.name)
-        except EngineError as error:
-            raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
-        return
-    if settings.strict_model_names:
-        raise InvalidRequest(
-            f"The model '{name}' is not the one loaded ('{served_model_id()}'); this server "
-            "switches models only when started with --allow-switch.",
-            param="model",
-            code="model_not_loaded",
-        )
-    _note_stand_in(name)
+async def engine_for(name: str | None):
+    """The engine a request's `model` routes to, its model loaded or on its way: a served
+    model (by name, source or alias), the default for none; with --allow-switch any known
+    model, loaded beside the others. Any other name is answered by the default model, as
+    llama.cpp and LM Studio do (clients send fixed names: gpt-3.5-turbo, davinci-002), unless
+    --strict-model-names asks for 404s. A model that does not fit beside busy or pinned ones:
+    503 with Retry-After."""
+    models = pool()
+    resolved, source = models.resolve(name), None
+    if resolved is None:
+        settings = current_app.config["SETTINGS"]
+        target = models.aliases.get(name, name)
+        entry = known_model(target) if settings.strict_model_names else registry().find(target)
+        if entry is not None and settings.allow_switch:
+            resolved, source = entry.name, str(entry.path)
+        elif settings.strict_model_names:
+            raise InvalidRequest(
+                f"The model '{name}' is not served here (served: "
+                f"{', '.join(served_names())}); this server loads other models on request only "
+                "when started with --allow-switch.",
+                param="model",
+                code="model_not_loaded",
+            )
+        else:
+            _note_stand_in(name)
+            resolved = models.default_name
+    return await acquire(resolved, source)
+
+
+async def acquire(name: str, source: str | None = None):
+    """`pool().acquire`, its NoRoom a 503 with Retry-After."""
+    try:
+        return await pool().acquire(name, source)
+    except NoRoom as error:
+        raise ServiceUnavailable(
+            str(error),
+            code="model_memory_full",
+            headers={"Retry-After": str(NO_ROOM_RETRY_AFTER_S)},
+        ) from error
+
+
+def served_names() -> list[str]:
+    models = pool()
+    return [e.model_name for e in models.engines] + [
+        n for n in [*models.configured, *models.adapters] if models.get(n) is None
+    ]
 
 
 _stand_ins = FirstSight()
@@ -78,19 +110,27 @@ def _note_stand_in(name: str) -> None:
         )
 
 
-def model_card(entry: ModelEntry | None = None) -> dict:
-    engine = current_app.config["ENGINE"]
-    name = entry.name if entry is not None else served_model_id()
-    serving = name == served_model_id()
+def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict:
+    """A /v1/models card: the registry's `entry` (or a served model by `name`), and for a
+    served model its state, memory, context and chat capabilities."""
+    models = pool()
+    name = entry.name if entry is not None else name or served_model_id()
+    engine = models.get(models.resolve(name) or "")
     card = {
         "id": name,
         "object": "model",
         "created": current_app.config[STARTED],
         "owned_by": "mlxserve",
-        "loaded": serving and engine.state not in LOADING_STATES,
+        "loaded": engine is not None and engine.loaded is not None,
     }
-    if serving:
+    adapter = models.adapters.get(name)
+    if adapter is not None:  # vLLM's card for a LoRA adapter
+        card.update(parent=adapter.base, root=adapter.path)
+    if engine is not None and engine.started:
         card["status"] = engine.state
+        card["default"] = name == models.default_name
+        card["pinned"] = models.is_pinned(name)
+        card["memory_bytes"] = models.footprint(engine) if engine.loaded is not None else 0
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length
             chat = current_app.config["SETTINGS"].chat
@@ -100,23 +140,36 @@ def model_card(entry: ModelEntry | None = None) -> dict:
     return card
 
 
-def _entries() -> list[ModelEntry | None]:
-    entries = registry().scan()
-    served = served_model_id()
-    if not any(e.name == served for e in entries):  # a repo id served from the hub, say
-        return [None, *entries]
-    return entries
+def _cards() -> list[dict]:
+    """The served models first (the default, then the others, adapters included), then the
+    rest of the registry, then the aliases."""
+    models = pool()
+    entries = {e.name: e for e in registry().scan()}
+    served = [models.default_name] + [
+        n
+        for n in [*(e.model_name for e in models.engines), *models.configured, *models.adapters]
+        if n != models.default_name
+    ]
+    served = list(dict.fromkeys(served))
+    cards = [model_card(entries.get(n), n) for n in served]
+    cards += [model_card(e) for n, e in entries.items() if n not in served]
+    for alias, target in models.aliases.items():
+        card = {"id": alias, "object": "model", "created": current_app.config[STARTED]}
+        cards.append({**card, "owned_by": "mlxserve", "alias_of": target})
+    return cards
 
 
 @blueprint.get("/v1/models")
 @blueprint.get("/models")
 async def list_models():
     """OpenAI's list; `/models` is llama.cpp's name for it, open without the API key as there."""
-    return {"object": "list", "data": [model_card(e) for e in _entries()]}
+    return {"object": "list", "data": _cards()}
 
 
 @blueprint.get("/v1/models/<path:name>")
 async def get_model(name: str):
-    if name in (served_model_id(), current_app.config["ENGINE"].model_source):
-        return model_card(registry().find(served_model_id()))
+    models = pool()
+    served = models.resolve(name)
+    if served is not None:
+        return model_card(registry().find(served), served)
     return model_card(known_model(name))

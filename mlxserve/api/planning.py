@@ -33,7 +33,7 @@ from .admission import admit, refuse_if_draining
 from .constraints import constraint_of
 from .errors import InvalidRequest, ServiceUnavailable
 from .metrics import timed
-from .models import check_model_name
+from .models import engine_for, pool
 from .protocol import CompletionRequest
 
 # A request waits this long for a model being (re)loaded, then gets 503: longer than a small
@@ -65,11 +65,10 @@ async def plan_request(body: CompletionRequest, infill: InfillParts | None = Non
 
 
 async def ready_model(model: str | None):
-    """Not draining, `model` names the served one (or a switch to it), and it is loaded:
+    """Not draining, and the model `model` routes to (`models.engine_for`) is loaded:
     (engine, loaded model). Chat calls this first: its prompt needs the model's template."""
     refuse_if_draining(current_app.config)
-    check_model_name(model)
-    engine = current_app.config["ENGINE"]
+    engine = await engine_for(model)
     await engine.ensure_loaded(timeout=LOAD_WAIT_S)
     try:
         loaded = engine.check_ready()
@@ -94,7 +93,8 @@ async def plan_on(
     timeout = settings.limits.grammar_timeout_s
     grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
     plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
-    plan.reservation = admit(engine, loaded, plan.sequences, settings)
+    others = sum(e.admitted_kv_bytes() for e in pool().engines if e is not engine)
+    plan.reservation = admit(engine, loaded, plan.sequences, settings, others)
     return plan
 
 

@@ -298,6 +298,11 @@ class Engine:
     def admitted_kv_tokens(self) -> int:
         return self.pending_kv_tokens + sum(t for _, _, t in self._reservations.values())
 
+    def admitted_kv_bytes(self) -> int:
+        """KV memory the requests admitted here take (0 without a model)."""
+        loaded = self.slot.loaded
+        return self.admitted_kv_tokens * loaded.kv_bytes_per_token if loaded is not None else 0
+
     async def submit(
         self, requests: Sequence[GenerationRequest], reservation: int | None = None
     ) -> AsyncIterator[GenerationEvent]:

@@ -89,6 +89,7 @@ class ModelPool:
         self._residents: dict[str, Resident] = {
             default.model_name: Resident(default, time.monotonic())
         }
+        self._first = default  # started and stopped by its owner (the server), not here
         self._lock: asyncio.Lock | None = None  # loads make room one at a time
 
     # ---- looking up -------------------------------------------------------------------------
@@ -105,14 +106,17 @@ class ModelPool:
         resident = self._residents.get(name)
         return resident.engine if resident is not None else None
 
-    def resolve(self, name: str | None) -> str | None:
+    def resolve(self, name: str | None, by_source: bool = True) -> str | None:
         """The name of the model a request's `name` routes to: the default for none, an alias's
-        target, a model by its name or source; None for a model this pool does not know."""
+        target, a model by its name or (`by_source`) its source; None for a model this pool
+        does not know."""
         if not name:
             return self.default_name
         name = self.aliases.get(name, name)
         if name in self._residents or name in self.adapters or name in self.configured:
             return name
+        if not by_source:
+            return None
         for resident_name, resident in self._residents.items():
             if name == resident.engine.model_source:
                 return resident_name
@@ -167,8 +171,15 @@ class ModelPool:
     async def acquire(self, name: str, source: str | None = None) -> Engine:
         """The engine for `name`, its model loaded (or loading) with room made for it. Raises
         NoRoom when it does not fit and nothing can be unloaded."""
+        resident = self._residents.get(name)
+        if resident is not None and resident.engine.state == "error" and resident.engine.started:
+            if resident.engine is self._first:
+                return resident.engine  # its failure is the server's: requests say so
+            del self._residents[name]  # its load failed: a new request tries afresh
         engine = self.engine_for(name, source)
         self._residents[name].last_used = time.monotonic()
+        if engine is self._first and not engine.started:
+            return engine  # its owner starts it (requests meanwhile get 503 loading)
         adapter = self.adapters.get(name)
         if adapter is not None:  # its base first: the adapter is loaded onto its weights
             base = await self.acquire(adapter.base)
@@ -177,12 +188,12 @@ class ModelPool:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
-                if not _holds_memory(engine):
+                if not engine.started:
                     await self._make_room(engine)
-                    if not engine.started:
-                        engine.start()
-                    else:
-                        engine.reload()
+                    engine.start()
+                elif engine.state == "unloaded":
+                    await self._make_room(engine)
+                    engine.reload()
         return engine
 
     def pin(self, name: str, pinned: bool = True) -> None:

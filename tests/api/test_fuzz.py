@@ -46,6 +46,7 @@ ROUTES = {
     "GET /admin/status",
     "POST /admin/load",
     "POST /admin/unload",
+    "POST /admin/pin",
     "POST /v1/chat/completions",
     "POST /chat/completions",
     "POST /v1/responses",

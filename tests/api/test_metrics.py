@@ -14,7 +14,7 @@ pytestmark = pytest.mark.http_only
 
 def metric(http, name: str) -> float:
     text = http.get("/metrics").text
-    match = re.search(rf"^mlxserve_{name} (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^mlxserve_{name}(?:{{model=\"[^\"]*\"}})? (\S+)$", text, re.MULTILINE)
     assert match, f"mlxserve_{name} missing from /metrics"
     return float(match.group(1))
 

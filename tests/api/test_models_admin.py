@@ -1,5 +1,5 @@
-"""Model management: the registry in /v1/models, switching (requests in flight finish on the old
-model), unloading on idle and reloading on the next request, the allow-list of names."""
+"""Model management: the registry in /v1/models, loading another model (requests in flight go
+on), unloading on idle and reloading on the next request, the allow-list of names."""
 
 from __future__ import annotations
 
@@ -60,9 +60,21 @@ def test_unknown_names_and_paths_never_load(live_server, tiny_model, tiny_models
         assert http.get("/admin/status").json()["model"] == "tiny"
 
 
-def test_a_switch_lets_the_request_in_flight_finish_on_the_old_model(
+def wait_until_default(http, name, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = http.get("/admin/status").json()
+        if status["model"] == name and status["state"] == "ready":
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"{name} never the default: {status}")
+
+
+def test_admin_load_loads_beside_and_becomes_the_default_once_ready(
     live_server, tiny_model, tiny_models_dir
 ):
+    """The request in flight finishes on the old model, untouched; the new one becomes the
+    default once loaded, and both stay in memory (the budget holds both)."""
     live = live_server(tiny_model, own=True, models_dirs=(str(tiny_models_dir),))
     with httpx.Client(base_url=live.url, timeout=120) as http:
         old_text = greedy(http, max_tokens=200)["choices"][0]["text"]
@@ -88,28 +100,37 @@ def test_a_switch_lets_the_request_in_flight_finish_on_the_old_model(
             time.sleep(0.01)
         switched = http.post("/admin/load", json={"model": "tiny2"})
         assert switched.status_code == 202
-        # New requests meanwhile: refused while the old model finishes and the new loads.
-        status = http.get("/admin/status").json()
-        assert status["state"] in ("ready", "loading", "unloaded")
+        assert switched.json()["model"] == "tiny"  # the default until tiny2 is ready
         streaming.join(120)
         assert "".join(c["choices"][0]["text"] for c in chunks) == old_text
         assert chunks[-1]["model"] == "tiny"
-        wait_for(http, "ready")
+        status = wait_until_default(http, "tiny2")
         after = greedy(http, max_tokens=200)
         assert after["model"] == "tiny2" and after["choices"][0]["text"] != old_text
+        assert greedy(http, max_tokens=200, model="tiny")["choices"][0]["text"] == old_text
         models = {m["id"]: m["loaded"] for m in http.get("/v1/models").json()["data"]}
-        assert models["tiny2"] is True and models["tiny"] is False
+        assert models["tiny2"] is True and models["tiny"] is True
+        resident = {m["model"]: m for m in status["models"]}
+        assert resident["tiny2"]["default"] and not resident["tiny"]["default"]
+        assert resident["tiny"]["memory_bytes"] > 0 and resident["tiny2"]["memory_bytes"] > 0
 
 
-def test_a_failed_switch_keeps_serving_the_previous_model(live_server, tiny_model, tiny_models_dir):
+def test_a_failed_load_keeps_the_default_and_says_why(live_server, tiny_model, tiny_models_dir):
     live = live_server(tiny_model, own=True, models_dirs=(str(tiny_models_dir),))
     with httpx.Client(base_url=live.url, timeout=60) as http:
         if "broken" not in [m["id"] for m in http.get("/v1/models").json()["data"]]:
             pytest.skip("the registry did not list the broken folder")
         assert http.post("/admin/load", json={"model": "broken"}).status_code == 202
-        greedy(http)  # waits for the switch to end, then runs on the previous model
-        status = wait_for(http, "ready")
-        assert status["model"] == "tiny" and "broken" in status["load_error"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = http.get("/admin/status").json()
+            broken = {m["model"]: m for m in status["models"]}.get("broken")
+            if broken is not None and broken["state"] == "error":
+                break
+            time.sleep(0.05)
+        assert broken["state"] == "error" and "broken" in broken["error"]
+        assert status["model"] == "tiny" and status["state"] == "ready"
+        assert greedy(http)["model"] == "tiny"
 
 
 def test_a_request_may_switch_only_with_allow_switch(live_server, tiny_model, tiny_models_dir):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import resource
 import signal
 import struct
@@ -71,8 +72,11 @@ def test_a_restarted_server_starts_a_repeated_long_prompt_from_disk(
     with serve(live_servers, tiny_model, tmp_path) as second:
         after, cold = ask(second, body(), body(cache_prompt=False))
         metrics = httpx.get(second.url + "/metrics").text
-    assert "mlxserve_prefix_cache_disk_loads_total 1.0" in metrics
-    assert f"mlxserve_prefix_cache_disk_entries {-(-PROMPT_TOKENS // BLOCK)}.0" in metrics
+    loads = r'^mlxserve_prefix_cache_disk_loads_total{model="[^"]+"} 1.0$'
+    assert re.search(loads, metrics, re.MULTILINE)
+    segments = -(-PROMPT_TOKENS // BLOCK)
+    entries = rf'^mlxserve_prefix_cache_disk_entries{{model="[^"]+"}} {segments}.0$'
+    assert re.search(entries, metrics, re.MULTILINE)
     assert cached(after) >= 0.9 * after["usage"]["prompt_tokens"]
     assert cached(cold) == 0
     assert texts(after) == texts(cold) == texts(before)

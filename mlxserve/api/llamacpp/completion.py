@@ -17,7 +17,6 @@ from quart_schema import document_request
 from ...engine import EngineError, GenerationEvent
 from ...fim import InfillParts
 from ..errors import InvalidRequest
-from ..models import served_model_id
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_request, submit
 from ..responses import (
@@ -51,7 +50,7 @@ async def respond(body: NativeCompletionRequest, parts: InfillParts | None = Non
         if error.code in CONTEXT_ERRORS:  # llama.cpp's type, which its web UI looks for
             error.type = "exceed_context_size_error"
         raise
-    model = served_model_id()  # read here: a stream runs outside the app context
+    model = engine.model_name  # read here: a stream runs outside the app context
     if body.stream:
         return stream(submit(engine, plan), loaded, model, plan), 200, SSE_HEADERS
     results = await collect(submit(engine, plan), plan)

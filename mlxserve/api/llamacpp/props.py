@@ -5,7 +5,7 @@ unless started with `--props`."""
 
 from __future__ import annotations
 
-from quart import Blueprint, current_app
+from quart import Blueprint, current_app, request
 
 from ...chat.templates import template_text
 from ...engine import MAX_BATCH
@@ -19,7 +19,7 @@ blueprint = Blueprint("llamacpp_props", __name__)
 
 @blueprint.get("/props")
 async def get_props():
-    engine, loaded = await ready_model(None)
+    engine, loaded = await ready_model(request.args.get("model"))  # llama.cpp's router mode
     params = generation_settings(NativeCompletionRequest.model_validate({"prompt": ""}), loaded)
     n_ctx = params.pop("n_ctx")
     return {

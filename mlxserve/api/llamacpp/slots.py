@@ -23,7 +23,7 @@ blueprint = Blueprint("llamacpp_slots", __name__)
 @blueprint.get("/slots")
 @document_querystring(SlotsQuery)
 async def get_slots():
-    engine, loaded = await ready_model(None)
+    engine, loaded = await ready_model(request.args.get("model"))  # llama.cpp's router mode
     if fail_on_no_slot() and engine.pending_sequences >= MAX_BATCH:
         raise ServiceUnavailable("no slot available", code="no_slot_available")
     live = {seq.slot: (group_id, seq) for group_id, seq in engine.live.snapshot()}

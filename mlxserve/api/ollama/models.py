@@ -1,5 +1,5 @@
 """Ollama's model routes: the probes (`/`, `/api/version`), the list (`/api/tags`), one model's
-details (`/api/show`), the loaded one (`/api/ps`), and clear refusals for the registry's
+details (`/api/show`), the loaded ones (`/api/ps`), and clear refusals for the registry's
 management routes, since models here come from folders on this Mac, not from a registry."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ...chat.templates import template_text
 from ...fim import TEMPLATES, FimTemplate
 from ...registry import ModelEntry, describe, read_json
 from ..errors import InvalidRequest, NotSupported
-from ..models import registry, served_model_id
+from ..models import pool, registry
 from ..parsing import read_json_object, validate
 from .model_details import details, digest, modified_at, parameter_count
 from .protocol import MAX_KEEP_ALIVE_S, ShowRequest
@@ -79,21 +79,23 @@ async def show():
 
 @blueprint.get("/api/ps")
 async def running():
-    engine = current_app.config["ENGINE"]
-    loaded = engine.loaded
-    if loaded is None:
-        return {"models": []}
-    entry = served_entry()
-    card = listing(entry)
-    card.pop("modified_at")
-    memory = engine.memory_bytes()
-    card.update(
-        size=memory,
-        size_vram=memory,  # unified memory: all of it is the GPU's
-        expires_at=expires_at(engine),
-        context_length=loaded.context_length,
-    )
-    return {"models": [card]}
+    """Every model in memory, the default first: its weights' memory, when it expires."""
+    cards = []
+    for engine in pool().resident():
+        loaded = engine.loaded
+        if loaded is None:  # on its way: Ollama lists a model once it is loaded
+            continue
+        card = listing(served_entry(engine))
+        card.pop("modified_at")
+        memory = pool().footprint(engine)
+        card.update(
+            size=memory,
+            size_vram=memory,  # unified memory: all of it is the GPU's
+            expires_at=expires_at(engine),
+            context_length=loaded.context_length,
+        )
+        cards.append(card)
+    return {"models": cards}
 
 
 @blueprint.route("/api/pull", methods=["POST"])
@@ -118,46 +120,72 @@ async def embed():
 
 
 def entries() -> list[ModelEntry]:
-    """The registry's models, the served one first (also when it came from elsewhere)."""
+    """The registry's models, the served ones first (also those that came from elsewhere)."""
     found = registry().scan()
-    served = served_entry()
-    return [served, *(e for e in found if e.name != served.name)]
+    served = [served_entry(e) for e in pool().engines]
+    names = {e.name for e in served}
+    return [*served, *(e for e in found if e.name not in names)]
 
 
-def served_entry() -> ModelEntry:
-    engine = current_app.config["ENGINE"]
-    entry = registry().find(served_model_id())
-    if entry is None:
-        loaded = engine.loaded
-        path = loaded.path if loaded is not None else engine.model_source
-        entry = describe(Path(path), served_model_id(), "command line")
-    return entry
+def served_entry(engine) -> ModelEntry:
+    """A served model's entry: the registry's, else one read from its folder (an adapter's
+    is its base's, under the adapter's name)."""
+    name = engine.model_name
+    entry = registry().find(name)
+    if entry is not None:
+        return entry
+    adapter = pool().adapters.get(name)
+    if adapter is not None:
+        base = pool().get(adapter.base)
+        path = base.model_source if base is not None else adapter.path
+    else:
+        path = engine.loaded.path if engine.loaded is not None else engine.model_source
+    return describe(Path(path), name, "command line") or _bare_entry(name, Path(path))
+
+
+def _bare_entry(name: str, path: Path) -> ModelEntry:
+    return ModelEntry(name, path, "command line", 0, None, None, None)
+
+
+def served_engine(name: str):
+    """The engine a served model's Ollama name (`name` or `name:latest`, or an alias) has;
+    None for a model not served here."""
+    models = pool()
+    bare = untagged(name)
+    resolved = models.resolve(bare) or models.resolve(name)
+    if resolved is None:
+        return None
+    return models.get(resolved) or models.engine_for(resolved)
 
 
 def ollama_entry(name: str) -> ModelEntry:
     """The model an Ollama client names (`name` or `name:latest`); Ollama's 404 otherwise."""
+    engine = served_engine(name)
+    if engine is not None:
+        return served_entry(engine)
     bare = untagged(name)
-    if bare in (served_model_id(), current_app.config["ENGINE"].model_source):
-        return served_entry()
     entry = registry().find(bare) or registry().find(name)
     if entry is None:
         raise model_not_found(name)
     return entry
 
 
-def requested_entry(name: str) -> ModelEntry:
-    """The model a generation names: the served one, or with --allow-switch another known one
-    (loaded in its place). Unknown names are Ollama's 404; the OpenAI routes' stand-in for any
+def requested_model(name: str) -> str:
+    """The model a generation names: a served one, or with --allow-switch another known one
+    (loaded beside them). Unknown names are Ollama's 404; the OpenAI routes' stand-in for any
     name does not apply, since these clients pick names from /api/tags."""
+    engine = served_engine(name)
+    if engine is not None:
+        return engine.model_name
     entry = ollama_entry(name)
-    if entry.name != served_model_id() and not current_app.config["SETTINGS"].allow_switch:
+    if not current_app.config["SETTINGS"].allow_switch:
+        served = ", ".join(f'"{tagged(e.model_name)}"' for e in pool().engines)
         raise InvalidRequest(
-            f'model "{name}" is not the one this server runs ("{tagged(served_model_id())}"): '
-            "start mlxserve with --allow-switch to switch models on request, or switch with "
-            "POST /admin/load.",
+            f'model "{name}" is not served here ({served}): start mlxserve with '
+            "--allow-switch to load models on request, or load it with POST /admin/load.",
             param="model",
         )
-    return entry
+    return entry.name
 
 
 def listing(entry: ModelEntry) -> dict[str, Any]:
@@ -173,9 +201,9 @@ def listing(entry: ModelEntry) -> dict[str, Any]:
 
 
 def loaded_as(entry: ModelEntry):
-    """The loaded model when `entry` is the one served and loaded, else None."""
-    loaded = current_app.config["ENGINE"].loaded
-    return loaded if loaded is not None and entry.name == served_model_id() else None
+    """The loaded model when `entry` is served and loaded, else None."""
+    engine = pool().get(pool().resolve(entry.name) or "")
+    return engine.loaded if engine is not None else None
 
 
 def serving_context(entry: ModelEntry) -> int | None:

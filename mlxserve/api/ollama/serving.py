@@ -8,12 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from quart import current_app
-
 from ...engine import EngineError
 from ..errors import InvalidRequest
+from ..models import pool
 from ..planning import ready_model, submit
-from .models import loaded_as, requested_entry
+from .models import requested_model
 from .protocol import FOREVER, GenerationFields
 from .replies import NDJSON_HEADERS, Clock, Reply, stream, whole
 from .shape import rfc3339
@@ -32,9 +31,9 @@ def keeper(engine, requested: float | None) -> Callable[[], None]:
 
 async def ready(body: GenerationFields, clock: Clock):
     """(engine, loaded model) for the model the request names; the wait counts as loading."""
-    entry = requested_entry(body.model)
+    name = requested_model(body.model)
     before = time.perf_counter_ns()
-    engine, loaded = await ready_model(entry.name)
+    engine, loaded = await ready_model(name)
     clock.load_ns = time.perf_counter_ns() - before
     return engine, loaded
 
@@ -63,18 +62,18 @@ async def answer(engine, plan, body: GenerationFields, reply_fields: dict[str, A
 async def load_or_unload(body: GenerationFields, empty: dict[str, Any]) -> dict[str, Any]:
     """A request with nothing to generate: load the model (and keep it for keep_alive), or
     with keep_alive 0 unload it. `empty` is the route's empty piece of text."""
-    entry = requested_entry(body.model)
-    engine = current_app.config["ENGINE"]
+    name = requested_model(body.model)
     if body.keep_alive == 0:
         reason = "unload"
-        if loaded_as(entry) is not None:
+        engine = pool().get(name)
+        if engine is not None and engine.loaded is not None:
             try:
                 engine.unload()
             except EngineError as error:
                 raise InvalidRequest(str(error), param="keep_alive") from error
     else:
         reason = "load"
-        await ready_model(entry.name)
+        engine, _ = await ready_model(name)
         keeper(engine, body.keep_alive)()
     return {
         "model": body.model,

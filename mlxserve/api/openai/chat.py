@@ -16,7 +16,6 @@ from quart_schema import document_request
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...engine import EngineError, GenerationEvent
 from ...settings import ChatSettings
-from ..models import served_model_id
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import (
@@ -60,7 +59,7 @@ async def create_chat_completion():
     meta = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": served_model_id(),
+        "model": engine.model_name,
         "system_fingerprint": FINGERPRINT,
     }
     if body.stream:

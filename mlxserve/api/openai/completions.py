@@ -11,7 +11,6 @@ from quart import Blueprint
 from quart_schema import document_request
 
 from ...engine import EngineError, GenerationEvent
-from ..models import served_model_id
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_request, submit
 from ..protocol import CompletionRequest
@@ -42,7 +41,7 @@ async def create_completion():
     meta = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": served_model_id(),
+        "model": engine.model_name,
         "system_fingerprint": FINGERPRINT,
     }
     if body.stream:

@@ -19,7 +19,6 @@ from quart_schema import document_request
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
-from ..models import served_model_id
 from ..parsing import read_json_object, validate
 from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
@@ -61,7 +60,7 @@ async def create_response():
         "background": False,
         "error": None,
         "incomplete_details": None,
-        "model": served_model_id(),
+        "model": engine.model_name,
         "output": [],
         "previous_response_id": None,
         "service_tier": "default",
