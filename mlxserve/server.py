@@ -138,9 +138,10 @@ async def run(
     `settings.drain_timeout_s` to finish, then `shutdown` is set."""
     pool = pool_for(settings, engine)
     app = create_app(settings, pool)
+    starting = None
     if start_engine:
-        engine.start()
-        await start_served_models(pool, settings)
+        engine.start()  # the others load after it, while the server already answers
+        starting = asyncio.create_task(start_served_models(pool, settings))
     drain = None
     if stopping is not None:
         drain = asyncio.create_task(drain_then_stop(app, pool, stopping, shutdown, settings))
@@ -149,6 +150,8 @@ async def run(
     finally:
         if drain is not None:
             drain.cancel()
+        if starting is not None:
+            starting.cancel()
         if start_engine:  # the default engine's owner stops it; the others are the pool's
             for other in pool.engines[1:]:
                 await asyncio.to_thread(other.stop)

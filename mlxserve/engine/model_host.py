@@ -112,7 +112,7 @@ class LoadProgress:
         self.weight_bytes = sum(f.stat().st_size for f in files)
         names = ", ".join(f.name for f in files[:2]) + (", ..." if len(files) > 2 else "")
         plural = "" if len(files) == 1 else "s"
-        return f"{len(files)} file{plural}: {names}, {_size(self.weight_bytes)}"
+        return f"{len(files)} file{plural}: {names}, {size_text(self.weight_bytes)}"
 
     def as_dict(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -125,7 +125,7 @@ class LoadProgress:
         }
 
 
-def _size(count: int) -> str:
+def size_text(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 

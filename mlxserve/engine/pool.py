@@ -19,11 +19,13 @@ from pathlib import Path
 from ..platform import current_policy
 from ..registry import read_json
 from .engine import Engine
+from .model_host import size_text
 
 log = logging.getLogger("mlxserve.engine")
 UNLOAD_POLL_S = 0.02  # how often a load waiting for room looks whether an eviction is done
 UNLOAD_WAIT_S = 30.0  # ... and how long it waits for one
 NO_ROOM_RETRY_AFTER_S = 5  # a busy model frees its memory once its requests end
+NO_ROOM_GRACE_S = 1.0  # ... and one whose last request is ending is waited for this long
 
 
 class NoRoom(Exception):
@@ -87,7 +89,11 @@ class ModelPool:
         self.pinned = set(pinned)
         self._make_engine = make_engine
         self._residents: dict[str, Resident] = {
-            default.model_name: Resident(default, time.monotonic())
+            default.model_name: Resident(
+                default,
+                time.monotonic(),
+                estimate_bytes=estimate_weight_bytes(default.model_source),
+            )
         }
         self._first = default  # started and stopped by its owner (the server), not here
         self._lock: asyncio.Lock | None = None  # loads make room one at a time
@@ -133,11 +139,14 @@ class ModelPool:
         return sum(self.footprint(e) for e in self.resident() if e is not besides)
 
     def footprint(self, engine: Engine) -> int:
-        """Its weights' memory: measured once loaded, estimated from its files before."""
+        """Its weights' memory: measured once loaded, estimated from its files before (or
+        remembered from its last load)."""
         loaded = engine.loaded
-        if loaded is not None:
-            return loaded.weight_bytes
         resident = self._residents.get(engine.model_name)
+        if loaded is not None:
+            if resident is not None:  # what it will take when it loads again
+                resident.estimate_bytes = loaded.weight_bytes
+            return loaded.weight_bytes
         return resident.estimate_bytes if resident is not None else 0
 
     # ---- changing ---------------------------------------------------------------------------
@@ -213,20 +222,23 @@ class ModelPool:
         need = self.footprint(engine)
         while self.memory_used(besides=engine) + need > self.budget_bytes:
             victim = self._least_recently_used(besides=engine)
+            grace = time.monotonic() + NO_ROOM_GRACE_S
+            while victim is None and time.monotonic() < grace:  # a request just ending
+                await asyncio.sleep(UNLOAD_POLL_S)
+                victim = self._least_recently_used(besides=engine)
             if victim is None:
                 if not [e for e in self.resident() if e is not engine]:
                     log.warning(
-                        "model %s needs %.1f GB, over the memory budget of %.1f GB: loading "
-                        "it alone",
+                        "model %s needs %s, over the memory budget of %s: loading it alone",
                         engine.model_name,
-                        need / 1e9,
-                        self.budget_bytes / 1e9,
+                        size_text(need),
+                        size_text(self.budget_bytes),
                     )
                     return
                 busy = ", ".join(e.model_name for e in self.resident() if e is not engine)
                 raise NoRoom(
-                    f"model {engine.model_name} needs {need / 1e9:.2f} GB and does not fit the "
-                    f"memory budget ({self.budget_bytes / 1e9:.2f} GB) beside {busy}, which are "
+                    f"model {engine.model_name} needs {size_text(need)} and does not fit the "
+                    f"memory budget ({size_text(self.budget_bytes)}) beside {busy}, which are "
                     "busy or pinned; retry once their requests end"
                 )
             log.info(

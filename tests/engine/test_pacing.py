@@ -209,3 +209,20 @@ def test_without_a_gap_bound_prompts_prefill_in_the_largest_chunks():
     for _ in range(8):
         chunk = pacer.observe(0.050 + 0.0005 * chunk, chunk, prompts=1, decoded=True)
     assert chunk == MAX_CHUNK
+
+
+def test_beside_another_models_streams_a_prompt_takes_its_share_of_their_wait():
+    """No stream of its own, but another model's streams wait 0.1 s for their own step each
+    round: the chunk's time is bounded by the same cost, in that wait (engine/turns.py)."""
+    pacer = PrefillPacer(calibrated=128)
+    assert pacer.observe(0.4, prompt_tokens=1024, prompts=1, decoded=False) == MAX_CHUNK
+    # 1024 tokens took 0.4 s with nothing decoding here: 0.39 ms a token
+    chunk = pacer.observe(0.4, prompt_tokens=1024, prompts=1, decoded=False, others_s=0.1)
+    expected = int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.4 / 1024))
+    assert chunk == min(expected, MAX_GROWTH * 1024) // GRANULE * GRANULE
+    assert pacer.layers_per_pass is None  # a pass of its own: nothing to carry it
+    # with its own stream too, the round's wait is both models' steps
+    for _ in range(5):
+        pacer.observe(0.05, prompt_tokens=0, prompts=0, decoded=True, others_s=0.1)
+    both = pacer.observe(0.05 + 0.4 * 64 / 1024, 64, 1, True, others_s=0.1)
+    assert both >= 64 and both <= CHUNK_COST_IN_DECODE_STEPS * 0.15 / (0.4 / 1024) + GRANULE

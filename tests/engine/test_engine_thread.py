@@ -1,0 +1,58 @@
+"""Several engines on one EngineThread (engine/turns.py): each model's sequences come out
+exactly as they do alone, while both batches run; one engine stops without the other."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from mlxserve.engine import Engine
+
+from .test_engine import collect, request, token_ids
+
+
+def test_two_models_on_one_thread_each_answer_as_alone(tiny_model, tiny_models_dir):
+    first = Engine(str(tiny_model)).start()
+    second = Engine(str(tiny_models_dir / "tiny2"), thread=first.thread).start()
+    try:
+        assert first.wait_ready(60) and second.wait_ready(60), (first.error, second.error)
+        assert first.thread.engines == [first, second]
+        long = request(max_tokens=120)
+
+        async def alone(engine):
+            return token_ids((await collect(engine, [long]))[0])
+
+        async def together():
+            return await asyncio.gather(collect(first, [long]), collect(second, [long]))
+
+        solo = (asyncio.run(alone(first)), asyncio.run(alone(second)))
+        assert solo[0] != solo[1]  # two models, two answers
+        peak_before = first.stats.peak_batch, second.stats.peak_batch
+        overlap, done = [], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                overlap.append(first.stats.active_sequences and second.stats.active_sequences)
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            both = asyncio.run(together())
+        finally:
+            done.set()
+            watcher.join()
+        assert (token_ids(both[0][0]), token_ids(both[1][0])) == solo
+        assert any(overlap), "the two models' sequences never ran at the same time"
+        # each engine batched its own row only: the models did not share a batch
+        assert (first.stats.peak_batch, second.stats.peak_batch) == peak_before == (1, 1)
+    finally:
+        second.stop()
+        assert second.state == "stopped"
+    try:
+        assert first.thread.engines == [first]
+        assert token_ids(asyncio.run(collect(first, [request()]))[0])  # the thread goes on
+    finally:
+        first.stop()
+    assert first.thread.engines == []
