@@ -1,0 +1,256 @@
+"""Two models at once: an editor's infill on a code model beside a chat stream on another.
+
+One server serves both (`--model CODE --model CHAT`). An infill request goes to the code model
+every 300 ms (llama.vim's /infill body, typing a line one character a request, so each request
+shares its prompt with the one before, as an editor's do), streamed so its time to first token
+can be read. Each repeat runs two phases, side by side in time:
+
+- alone: the infill train with nothing else running;
+- beside: the same train while a chat stream runs on the other model.
+
+It reports the infill's time to first token (p50, p95) in each phase and their ratio (the
+target: p95 beside <= 2x alone), and the chat stream's gaps between tokens while the infill
+train ran, against the same stream's gaps with no infill (median, p95, max).
+
+    python scripts/bench_models.py [--repeats 3] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import (
+    SHARED_MODEL,
+    ServerFailed,
+    bench_parser,
+    demo_model,
+    print_table,
+    served,
+    sse_chunk,
+    start_server,
+)
+from demo_data import split_files
+
+INTERVAL_S = 0.3  # an editor's request a keystroke, about as fast as people type
+CHAT_PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters."
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def typed_lines(prefix_lines: int, suffix_lines: int) -> list[tuple[str, str, str]]:
+    """(prefix, line typed so far, suffix) for a held-out standard-library file's lines, one
+    character more each: what an editor sends as a user types."""
+    text = next(f.text for f in split_files()[1] if f.text.count("\n") > 200)
+    lines = text.split("\n")
+    states = []
+    for index in range(prefix_lines, len(lines) - suffix_lines):
+        line = lines[index]
+        if len(line.strip()) < 20:
+            continue
+        prefix = "\n".join(lines[index - prefix_lines : index]) + "\n"
+        suffix = "\n".join(lines[index + 1 : index + 1 + suffix_lines])
+        for cut in range(len(line) - len(line.lstrip()) + 1, len(line)):
+            states.append((prefix, line[:cut], suffix))
+    return states
+
+
+def infill_body(prefix: str, typed: str, suffix: str, n_predict: int) -> dict:
+    """llama.vim's FIM request (see replay_llama_vim.py), streamed, without the ring buffer."""
+    return {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": [],
+        "prompt": typed,
+        "n_predict": n_predict,
+        "n_indent": len(typed) - len(typed.lstrip()),
+        "top_k": 40,
+        "top_p": 0.90,
+        "stream": True,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 1000,
+    }
+
+
+def infill_ttft(client: httpx.Client, url: str, body: dict) -> float:
+    """Seconds from sending to the first streamed chunk; read to the end."""
+    sent = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/infill", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise ServerFailed(f"/infill: HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            chunk = sse_chunk(line)
+            if chunk is None:
+                continue
+            if "error" in chunk:
+                raise ServerFailed(f"/infill stream error: {chunk['error']}")
+            if first is None:
+                first = time.perf_counter()
+    if first is None:
+        raise ServerFailed("/infill streamed nothing")
+    return first - sent
+
+
+def infill_train(url: str, code_model: str, states, start: int, seconds: float, n_predict: int):
+    """An infill request every INTERVAL_S (or as soon as the one before ends) for `seconds`:
+    the times to first token, and the index of the next typing state."""
+    ttfts = []
+    with httpx.Client(timeout=120) as client:
+        began = time.perf_counter()
+        index = start
+        while time.perf_counter() - began < seconds:
+            due = began + (index - start) * INTERVAL_S
+            time.sleep(max(0.0, due - time.perf_counter()))
+            prefix, typed, suffix = states[index % len(states)]
+            body = infill_body(prefix, typed, suffix, n_predict) | {"model": code_model}
+            ttfts.append(infill_ttft(client, url, body))
+            index += 1
+    return ttfts, index
+
+
+class ChatStream:
+    """A chat stream on `model` read on a thread of its own: the time of each text chunk."""
+
+    def __init__(self, url: str, model: str):
+        self.stamps: list[float] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(url, model), daemon=True)
+        self._thread.start()
+
+    def _read(self, url: str, model: str) -> None:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": CHAT_PROMPT}],
+            "max_tokens": 20_000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        try:
+            with httpx.Client(timeout=600) as client:
+                with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                    for line in response.iter_lines():
+                        chunk = sse_chunk(line)
+                        if chunk is None:
+                            continue
+                        if "error" in chunk:
+                            raise ServerFailed(f"chat stream error: {chunk['error']}")
+                        delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+                        if delta.get("content"):
+                            self.stamps.append(time.perf_counter())
+                        if self.stop.is_set():
+                            return
+        except BaseException as error:
+            self.error = error
+
+    def gaps_between(self, start: float, end: float) -> list[float]:
+        stamps = [s for s in self.stamps if start <= s <= end]
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    def wait_for_tokens(self, count: int, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.stamps) < count:
+            if self.error is not None:
+                raise self.error
+            if time.monotonic() > deadline:
+                raise ServerFailed("the chat stream did not start")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop.set()
+        self._thread.join(60)
+
+
+def one_repeat(url: str, code: str, chat: str, states, start: int, args) -> tuple[dict, int]:
+    """Alone, then beside a chat stream (which first runs alone as long, for its own gaps)."""
+    alone, start = infill_train(url, code, states, start, args.seconds, args.n_predict)
+    stream = ChatStream(url, chat)
+    try:
+        stream.wait_for_tokens(8)
+        quiet_from = time.perf_counter()
+        time.sleep(args.seconds)
+        quiet_to = train_from = time.perf_counter()
+        beside, start = infill_train(url, code, states, start, args.seconds, args.n_predict)
+        train_to = time.perf_counter()
+        if stream.error is not None:
+            raise stream.error
+    finally:
+        stream.close()
+    return {
+        "alone": alone,
+        "beside": beside,
+        "chat_alone_gaps": stream.gaps_between(quiet_from, quiet_to),
+        "chat_beside_gaps": stream.gaps_between(train_from, train_to),
+    }, start
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} / {quantile(values, 0.95) * 1000:.0f}"
+
+
+def main() -> int:
+    parser = bench_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--code-model", default=None, help="infill's model (default: the demo)")
+    parser.add_argument("--chat-model", default=None, help="chat's model (default: SmolLM2)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="each phase's length")
+    parser.add_argument("--n-predict", type=int, default=16, help="tokens an infill asks for")
+    parser.add_argument("--prefix-lines", type=int, default=32)
+    parser.add_argument("--suffix-lines", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    args = parser.parse_args()
+    code = args.code_model or demo_model()
+    chat = args.chat_model or str(SHARED_MODEL)
+    if not Path(chat).is_dir():
+        print(f"no chat model at {chat}: pass --chat-model", file=sys.stderr)
+        return 2
+    names = [Path(code).name, Path(chat).name]
+    states = typed_lines(args.prefix_lines, args.suffix_lines)
+    extra = ["--model", chat, "--memory-budget", "90%"]
+    runs, start = [], 0
+    with served(lambda port, log: start_server(code, port, log, extra=extra), "models") as server:
+        infill_train(server.url, names[0], states, 0, 3.0, args.n_predict)  # warm both paths
+        start = 100
+        for repeat in range(args.repeats):
+            run, start = one_repeat(server.url, names[0], names[1], states, start, args)
+            runs.append(run)
+            ratio = quantile(run["beside"], 0.95) / quantile(run["alone"], 0.95)
+            print(
+                f"repeat {repeat + 1}: infill TTFT p50/p95 ms alone {ms(run['alone'])}, beside "
+                f"{ms(run['beside'])} (p95 ratio {ratio:.2f}); chat gaps p50/p95 ms alone "
+                f"{ms(run['chat_alone_gaps'])}, beside {ms(run['chat_beside_gaps'])}, max "
+                f"{max(run['chat_beside_gaps']) * 1000:.0f}",
+                flush=True,
+            )
+    ratios = [quantile(r["beside"], 0.95) / quantile(r["alone"], 0.95) for r in runs]
+    rows = [
+        ("code model (infill)", names[0]),
+        ("chat model (stream)", names[1]),
+        ("infill every", f"{INTERVAL_S * 1000:.0f} ms, {args.n_predict} tokens, streamed"),
+        ("infill TTFT p95 ratio beside/alone", ", ".join(f"{r:.2f}" for r in ratios)),
+        ("target", "<= 2.00 in every run"),
+    ]
+    print_table(rows)
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": runs})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
