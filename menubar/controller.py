@@ -1,6 +1,6 @@
-"""The menubar app's logic, with no UI toolkit in it: start, watch, switch and stop an
-`mlxserve serve` process over HTTP. The UIs (rumps on macOS, Tk elsewhere) only render the
-`Snapshot` this controller publishes and call its methods.
+"""The menubar app's logic, with no UI toolkit in it: start, watch and stop an `mlxserve serve`
+process over HTTP, and load, unload and pin the models it serves. The UIs (rumps on macOS, Tk
+elsewhere) only render the `Snapshot` this controller publishes and call its methods.
 """
 
 from __future__ import annotations
@@ -22,13 +22,26 @@ import platformdirs
 
 State = Literal["stopped", "starting", "loading", "ready", "error"]
 LOG_TAIL_LINES = 20
+POLL_TIMEOUT_S = 5.0
+# A load waits on the server for room (an idle model's unload) and for an adapter's base.
+ADMIN_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
 class ModelChoice:
+    """One model the menu lists: a served one with its engine's facts (/admin/status), or one
+    on disk the server could load (/v1/models)."""
+
     name: str
     loaded: bool
     size_bytes: int | None = None
+    state: str | None = None  # starting, loading, ready, unloaded, error, stopped; None: not served
+    default: bool = False
+    pinned: bool = False
+    memory_bytes: int = 0
+    queue: int = 0
+    base_model: str | None = None  # a LoRA adapter's base
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,8 @@ class Snapshot:
     error: str | None = None
     log_tail: str = ""
     attached: bool = False  # a server this app did not start (found on the port)
+    memory_budget_bytes: int = 0  # what the served models' weights may take together
+    models_memory_bytes: int = 0  # ... and what they take
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,7 @@ class ServerController:
         self._lock = threading.Lock()
         self._polling: threading.Thread | None = None
         self._stop_polling = threading.Event()
+        self._action_error: str | None = None  # the last model action's failure, until the next
 
     # ---- what the UI calls ------------------------------------------------------------------
 
@@ -109,6 +125,7 @@ class ServerController:
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         log.close()
+        self._action_error = None
         self._publish(Snapshot(state="starting", url=self.url))
 
     def attach(self, port: int | None = None) -> None:
@@ -116,6 +133,7 @@ class ServerController:
         if port is not None:
             self.port = port
         self.process = None
+        self._action_error = None
         self._publish(Snapshot(state="starting", url=self.url, attached=True))
         self.refresh()
 
@@ -133,16 +151,22 @@ class ServerController:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._action_error = None
         self._publish(Snapshot(state="stopped", url=self.url))
 
-    def switch(self, model: str) -> None:
-        """Load another known model (POST /admin/load); progress shows in the snapshots."""
-        response = self._http("POST", "/admin/load", json={"model": model})
-        if response.status_code >= 400:
-            message = response.json().get("error", {}).get("message", response.text)
-            self._publish(replace(self.snapshot, error=message))
-            return
-        self.refresh()
+    def load(self, model: str) -> bool:
+        """Load a known model beside the served ones (POST /admin/load); it becomes the default
+        once ready, and one already loaded becomes the default at once. Progress shows in the
+        snapshots; False (the message in the snapshot's error) when the server refuses."""
+        return self._admin("/admin/load", {"model": model})
+
+    def unload(self, model: str) -> bool:
+        """Free a served model's memory once its requests end (POST /admin/unload)."""
+        return self._admin("/admin/unload", {"model": model})
+
+    def pin(self, model: str, pinned: bool = True) -> bool:
+        """Keep a model in memory whatever else is loaded, or not (POST /admin/pin)."""
+        return self._admin("/admin/pin", {"model": model, "pinned": pinned})
 
     def refresh(self) -> Snapshot:
         """Poll the server once and publish what it says."""
@@ -207,13 +231,29 @@ class ServerController:
             base,
             state=state,
             model=status.get("model"),
-            models=tuple(
-                ModelChoice(m["id"], bool(m.get("loaded")), m.get("size_bytes")) for m in models
-            ),
+            models=model_choices(status, models),
             tokens_per_second=float(status.get("tokens_per_second") or 0.0),
             queue=int(status.get("pending_sequences") or 0),
-            error=status.get("load_error") or status.get("error"),
+            error=self._action_error or status.get("load_error") or status.get("error"),
+            memory_budget_bytes=int(status.get("memory_budget_bytes") or 0),
+            models_memory_bytes=int(status.get("models_memory_bytes") or 0),
         )
+
+    def _admin(self, path: str, body: dict) -> bool:
+        """POST an admin request; a failure is not raised but kept as the snapshot's error until
+        the next action (the UIs call this from a menu click)."""
+        try:
+            response = self._http("POST", path, json=body, timeout=ADMIN_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            message = f"no answer from {self.url}: {error}"
+        else:
+            message = _error_message(response) if response.status_code >= 400 else None
+        self._action_error = message
+        if message is not None:
+            self._publish(replace(self.snapshot, error=message))
+            return False
+        self.refresh()
+        return True
 
     def _publish(self, snapshot: Snapshot) -> None:
         with self._lock:
@@ -223,9 +263,11 @@ class ServerController:
             for listener in self._listeners:
                 listener(snapshot)
 
-    def _http(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _http(
+        self, method: str, path: str, timeout: float = POLL_TIMEOUT_S, **kwargs
+    ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return httpx.request(method, self.url + path, headers=headers, timeout=5.0, **kwargs)
+        return httpx.request(method, self.url + path, headers=headers, timeout=timeout, **kwargs)
 
     def _is_mlxserve(self) -> bool:
         try:
@@ -233,6 +275,61 @@ class ServerController:
         except (httpx.HTTPError, ValueError):
             return False
         return isinstance(body, dict) and ("model" in body or body.get("status") == "loading")
+
+
+def model_choices(status: dict, cards: list[dict]) -> tuple[ModelChoice, ...]:
+    """Every model the server knows, in /v1/models' order (the default, the other served ones,
+    then the rest on disk; aliases left out), each served one with its /admin/status facts."""
+    served = {m["model"]: m for m in status.get("models") or [] if m.get("model")}
+    choices = {}
+    for card in cards:
+        name = card.get("id")
+        if not name or "alias_of" in card or name in choices:
+            continue
+        choices[name] = _choice(name, card, served.get(name), status.get("model"))
+    for name, facts in served.items():
+        if name not in choices:
+            choices[name] = _choice(name, {}, facts, status.get("model"))
+    return tuple(choices.values())
+
+
+def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> ModelChoice:
+    size = card.get("size_bytes")
+    if facts is None:  # not served (or a server that reports no per-model status): the card
+        return ModelChoice(
+            name,
+            bool(card.get("loaded")),
+            size,
+            state=card.get("status"),
+            default=bool(card.get("default", name == default and "status" in card)),
+            pinned=bool(card.get("pinned")),
+            memory_bytes=int(card.get("memory_bytes") or 0),
+        )
+    memory = int(facts.get("memory_bytes") or 0)
+    state = facts.get("state")
+    return ModelChoice(
+        name,
+        memory > 0 and state not in ("unloaded", "stopped", "error"),
+        size,
+        state=state,
+        default=bool(facts.get("default")),
+        pinned=bool(facts.get("pinned")),
+        memory_bytes=memory,
+        queue=int(facts.get("pending_sequences") or 0),
+        base_model=facts.get("base_model"),
+        error=facts.get("load_error") or facts.get("error"),
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of the server's {"error": {"message"}} body, else its text."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return response.text.strip() or f"HTTP {response.status_code}"
 
 
 def _port_taken(host: str, port: int) -> bool:
