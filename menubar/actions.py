@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 from . import login
@@ -24,13 +25,22 @@ class Shell(Protocol):
     def quit(self) -> None: ...
 
 
-def perform(action: str, controller: ServerController, shell: Shell) -> None:
+def perform(action: str, controller: ServerController, shell: Shell) -> threading.Thread | None:
+    """Do what the item `action` says. A model's action (load, unload, pin, unpin) runs on a
+    thread of its own, returned: a load can wait on the server for a minute (room being made,
+    an adapter's base loading) and the UI must not; its outcome shows in the snapshots."""
+    verb, _, model = action.partition(":")
+    if model and verb in ("load", "unload", "pin", "unpin"):
+        worker = threading.Thread(
+            target=model_action, args=(verb, model, controller), name=f"mlxserve-menubar-{verb}"
+        )
+        worker.daemon = True
+        worker.start()
+        return worker
     if action == "start":
         start(controller, shell)
     elif action == "stop":
         controller.stop()
-    elif action.startswith("switch:"):
-        controller.switch(action.removeprefix("switch:"))
     elif action == "copy_url":
         shell.copy(controller.url + "/v1")
     elif action == "open_logs":
@@ -41,6 +51,17 @@ def perform(action: str, controller: ServerController, shell: Shell) -> None:
         quit_app(controller, shell)
     else:
         raise ValueError(f"unknown menu action {action!r}")
+    return None
+
+
+def model_action(verb: str, model: str, controller: ServerController) -> bool:
+    """load, unload, pin or unpin `model`; False when the server refused (said in the
+    snapshot's error)."""
+    if verb == "load":
+        return controller.load(model)
+    if verb == "unload":
+        return controller.unload(model)
+    return controller.pin(model, verb == "pin")
 
 
 def start(controller: ServerController, shell: Shell) -> None:

@@ -301,7 +301,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
             bool(card.get("loaded")),
             size,
             state=card.get("status"),
-            default=bool(card.get("default", name == default and "status" in card)),
+            default=bool(card.get("default", name == default)),
             pinned=bool(card.get("pinned")),
             memory_bytes=int(card.get("memory_bytes") or 0),
         )
@@ -309,7 +309,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
     state = facts.get("state")
     return ModelChoice(
         name,
-        memory > 0 and state not in ("unloaded", "stopped", "error"),
+        memory > 0,
         size,
         state=state,
         default=bool(facts.get("default")),

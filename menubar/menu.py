@@ -5,17 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .controller import Snapshot
+from .controller import ModelChoice, Snapshot
 
 SYMBOLS = {"stopped": "○", "starting": "◌", "loading": "◌", "ready": "●", "error": "⚠"}
+# A served model's mark before its name; a model not in memory has none.
+MODEL_SYMBOLS = {"ready": "●", "starting": "◌", "loading": "◌", "error": "⚠"}
 
 
 @dataclass(frozen=True)
 class Item:
     title: str
-    action: str | None = None  # "start", "stop", "switch:NAME", "copy_url", ... (see actions)
+    # "start", "stop", "load:NAME", "unload:NAME", "pin:NAME", "unpin:NAME", "copy_url", ...
+    # (see actions)
+    action: str | None = None
     enabled: bool = True
     checked: bool = False
+    checkable: bool = False  # a toggle: rendered with room for a check mark even when unchecked
     children: tuple[Item, ...] = field(default_factory=tuple)
 
 
@@ -23,7 +28,7 @@ SEPARATOR = Item("-")
 
 
 def title(snapshot: Snapshot) -> str:
-    """The menu bar's text: a state symbol and, while running, the model."""
+    """The menu bar's text: a state symbol and, while running, the default model."""
     symbol = SYMBOLS[snapshot.state]
     if snapshot.state in ("ready", "loading") and snapshot.model:
         return f"{symbol} {snapshot.model}"
@@ -41,14 +46,14 @@ def build(snapshot: Snapshot, launch_at_login: bool) -> list[Item]:
         SEPARATOR,
         Item(
             "Models",
-            children=tuple(
-                Item(
-                    m.name, f"switch:{m.name}", enabled=snapshot.state == "ready", checked=m.loaded
-                )
-                for m in snapshot.models
-            )
+            children=tuple(model_menu(m, snapshot) for m in snapshot.models)
             or (Item("(start the server to list models)", enabled=False),),
         ),
+    ]
+    if snapshot.memory_budget_bytes and snapshot.state != "stopped":
+        used, budget = snapshot.models_memory_bytes, snapshot.memory_budget_bytes
+        items.append(Item(f"Models: {size_text(used)} of {size_text(budget)}", enabled=False))
+    items += [
         SEPARATOR,
         Item(snapshot.url, enabled=False),
         Item("Copy endpoint URL", "copy_url"),
@@ -57,11 +62,65 @@ def build(snapshot: Snapshot, launch_at_login: bool) -> list[Item]:
             enabled=False,
         ),
         Item("Open logs", "open_logs"),
-        Item("Launch at login", "toggle_login", checked=launch_at_login),
+        Item("Launch at login", "toggle_login", checked=launch_at_login, checkable=True),
         SEPARATOR,
         Item("Quit", "quit"),
     ]
     return items
+
+
+def model_title(model: ModelChoice) -> str:
+    """Its state's mark (none when not in memory), its name, its roles: "● name (default)"."""
+    mark = MODEL_SYMBOLS.get(model.state or "")
+    roles = [role for role, on in (("default", model.default), ("pinned", model.pinned)) if on]
+    text = f"{mark} {model.name}" if mark else model.name
+    return f"{text} ({', '.join(roles)})" if roles else text
+
+
+def model_menu(model: ModelChoice, snapshot: Snapshot) -> Item:
+    """One model's submenu: load it (or make it the default), unload it, pin it, and what it
+    takes."""
+    # The server answers admin requests while its default model loads or after it failed.
+    can_act = snapshot.state in ("loading", "ready", "error")
+    name = model.name
+    on_its_way = model.loaded or model.state in ("starting", "loading")
+    if model.default and on_its_way:
+        load = Item("Make default", enabled=False, checked=True, checkable=True)
+    else:
+        load = Item("Make default" if on_its_way else "Load", f"load:{name}", enabled=can_act)
+    pin = Item(
+        "Unpin" if model.pinned else "Pin",
+        f"{'unpin' if model.pinned else 'pin'}:{name}",
+        # An unpin always; a pin once the server serves it (so that the check shows).
+        enabled=can_act and (model.pinned or model.state is not None),
+        checked=model.pinned,
+        checkable=True,
+    )
+    children = [load, Item("Unload", f"unload:{name}", enabled=can_act and model.loaded), pin]
+    facts = []
+    if model.loaded and model.memory_bytes:
+        facts.append(f"{size_text(model.memory_bytes)} in memory")
+    elif model.state in ("starting", "loading"):
+        facts.append("Loading")
+    elif model.size_bytes:
+        facts.append(f"{size_text(model.size_bytes)} on disk")
+    if model.queue:
+        facts.append(f"{model.queue} in queue")
+    if model.base_model:
+        facts.append(f"Adapter on {model.base_model}")
+    if model.state == "error" and model.error:
+        facts.append(f"Error: {model.error}")
+    if facts:
+        children += [SEPARATOR, *(Item(fact, enabled=False) for fact in facts)]
+    return Item(model_title(model), children=tuple(children))
+
+
+def size_text(count: int) -> str:
+    """Bytes as people read them (powers of 1000, as the server's messages)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count / 1e3:.1f} KB"
 
 
 def _status_line(snapshot: Snapshot) -> str:
@@ -80,3 +139,19 @@ def find(items: list[Item], title_: str) -> Item | None:
         if found is not None:
             return found
     return None
+
+
+def find_model(items: list[Item], name: str) -> Item | None:
+    """The submenu of the model `name` in the Models menu, whatever marks its title has."""
+    models = find(items, "Models")
+    for item in models.children if models is not None else ():
+        if item.children and _name_in_title(item.title) == name:
+            return item
+    return None
+
+
+def _name_in_title(text: str) -> str:
+    mark, _, rest = text.partition(" ")
+    if mark not in MODEL_SYMBOLS.values():
+        rest = text
+    return rest.split(" (", 1)[0]

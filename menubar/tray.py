@@ -78,12 +78,7 @@ class TkTray:
                 submenu = tk.Menu(target, tearoff=False)
                 self._fill(submenu, item.children)
                 target.add_cascade(label=item.title, menu=submenu)
-            elif (
-                item.checked
-                or item.action in ("toggle_login",)
-                or item.action
-                and ":" in item.action
-            ):
+            elif item.checked or item.checkable:
                 variable = tk.BooleanVar(value=item.checked)
                 self._variables.append(variable)
                 target.add_checkbutton(
@@ -124,8 +119,10 @@ class TkTray:
             for i in range(0 if end is None else end + 1)
         ]
 
-    def submenu(self, label: str):
-        return self.root.nametowidget(self.menu.entrycget(self.labels().index(label), "menu"))
+    def submenu(self, label: str, parent=None):
+        """The cascade `label` of `parent` (the top menu by default)."""
+        parent = parent or self.menu
+        return self.root.nametowidget(parent.entrycget(self.labels(parent).index(label), "menu"))
 
     def run(self) -> None:
         self.root.mainloop()

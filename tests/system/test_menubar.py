@@ -21,8 +21,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from menubar import login, menu
-from menubar.controller import ServerController, wait_until
+from menubar import actions, login, menu
+from menubar.controller import ServerController, Snapshot, wait_until
 
 from ..helpers import skip_for_missing
 from ..live_server import free_port
@@ -45,12 +45,25 @@ tk_is_the_window = pytest.mark.skipif(
 )
 
 
-def controller_for(models: Path, tmp_path: Path) -> ServerController:
+def controller_for(models: Path, tmp_path: Path, *serve_args: str) -> ServerController:
+    """A controller for `mlxserve serve --model tiny` (and `serve_args`) on the tiny models."""
     return ServerController(
         port=free_port(),
-        serve_args=["--model", str(models / "tiny"), "--models-dir", str(models)],
+        serve_args=["--model", str(models / "tiny"), "--models-dir", str(models), *serve_args],
         log_path=tmp_path / "server.log",
     )
+
+
+def refresh_until(controller: ServerController, until, timeout: float = 60.0) -> Snapshot:
+    deadline = time.monotonic() + timeout
+    while not until(snapshot := controller.refresh()):
+        assert time.monotonic() < deadline, (snapshot, controller.log_tail())
+        time.sleep(0.1)
+    return snapshot
+
+
+def choice(snapshot: Snapshot, name: str):
+    return next(m for m in snapshot.models if m.name == name)
 
 
 def port_free(port: int) -> bool:
@@ -58,7 +71,7 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_start_switch_with_a_request_in_flight_then_stop(tiny_models_dir, tmp_path):
+def test_start_load_another_with_a_request_in_flight_then_stop(tiny_models_dir, tmp_path):
     controller = controller_for(tiny_models_dir, tmp_path)
     seen: list[str] = []
     controller.on_change(lambda snapshot: seen.append(snapshot.state))
@@ -80,23 +93,95 @@ def test_start_switch_with_a_request_in_flight_then_stop(tiny_models_dir, tmp_pa
         while controller.refresh().queue == 0 and request.is_alive():
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        controller.switch("tiny2")
+        assert controller.load("tiny2")
         request.join(120)
         assert answers[0]["model"] == "tiny"  # finished on the model it started on
         assert answers[0]["usage"]["completion_tokens"] == 300
-        switched = wait_until(controller, {"ready"}, timeout=60)
-        deadline = time.monotonic() + 60
-        while switched.model != "tiny2" and time.monotonic() < deadline:
-            time.sleep(0.1)
-            switched = controller.refresh()
-        assert switched.model == "tiny2"
-        assert [m.name for m in switched.models if m.loaded] == ["tiny2"]
+        loaded = refresh_until(controller, lambda s: s.state == "ready" and s.model == "tiny2")
+        assert menu.title(loaded) == "● tiny2"
+        assert {m.name for m in loaded.models if m.loaded} == {"tiny", "tiny2"}  # side by side
+        assert [m.name for m in loaded.models if m.default] == ["tiny2"]
         assert {"starting", "ready"} <= set(seen)
     finally:
         process = controller.process
         controller.stop()
     assert process.poll() is not None and port_free(controller.port)
     assert controller.snapshot.state == "stopped"
+
+
+def test_the_models_menu_pins_unloads_and_loads_two_served_models(tiny_models_dir, tmp_path):
+    budget = 1024**3
+    controller = controller_for(
+        tiny_models_dir,
+        tmp_path,
+        "--model",
+        str(tiny_models_dir / "tiny2"),
+        "--memory-budget",
+        "1G",
+    )
+
+    def click(snapshot: Snapshot, model: str, title: str) -> None:
+        """What a click on `title` in `model`'s submenu does, on the actions' own thread."""
+        item = {i.title: i for i in menu.find_model(menu.build(snapshot, False), model).children}
+        assert item[title].enabled, (model, title, snapshot)
+        worker = actions.perform(item[title].action, controller, shell=None)
+        worker.join(120)
+        assert not worker.is_alive()
+
+    controller.start()
+    try:
+        assert wait_until(controller, {"ready", "error"}).state == "ready", controller.log_tail()
+        both = refresh_until(controller, lambda s: all(m.loaded for m in s.models[:2]))
+        tiny, tiny2 = both.models[:2]
+        assert (tiny.name, tiny.default, tiny2.name, tiny2.default) == (
+            "tiny",
+            True,
+            "tiny2",
+            False,
+        )
+        assert tiny.memory_bytes > 0 and tiny2.memory_bytes > 0
+        assert both.memory_budget_bytes == budget
+        assert both.models_memory_bytes == tiny.memory_bytes + tiny2.memory_bytes
+        used = menu.size_text(both.models_memory_bytes)
+        assert menu.find(menu.build(both, False), f"Models: {used} of 1.1 GB")
+        assert not [m for m in both.models if m.name == "mlxserve-demo-coder" and m.loaded]
+
+        click(both, "tiny", "Pin")
+        pinned = controller.snapshot
+        assert choice(pinned, "tiny").pinned and not choice(pinned, "tiny2").pinned
+        assert (
+            menu.find_model(menu.build(pinned, False), "tiny").title == "● tiny (default, pinned)"
+        )
+        assert httpx.get(controller.url + "/admin/status").json()["models"][0]["pinned"] is True
+
+        click(pinned, "tiny2", "Unload")
+        unloaded = refresh_until(controller, lambda s: not choice(s, "tiny2").loaded)
+        assert choice(unloaded, "tiny2").memory_bytes == 0
+        assert unloaded.models_memory_bytes == choice(unloaded, "tiny").memory_bytes
+        assert unloaded.model == "tiny" and menu.title(unloaded) == "● tiny"
+        tiny2_menu = menu.find_model(menu.build(unloaded, False), "tiny2")
+        assert tiny2_menu.title == "tiny2"  # served, not in memory: no mark
+        assert not menu.find(list(tiny2_menu.children), "Unload").enabled
+
+        click(unloaded, "tiny2", "Load")
+        default = refresh_until(controller, lambda s: s.model == "tiny2" and s.state == "ready")
+        assert choice(default, "tiny2").loaded and choice(default, "tiny2").default
+        assert choice(default, "tiny").loaded and choice(default, "tiny").pinned
+        assert not choice(default, "tiny").default
+        assert menu.title(default) == "● tiny2"
+        assert menu.find_model(menu.build(default, False), "tiny2").title == "● tiny2 (default)"
+
+        click(default, "tiny", "Unpin")
+        assert not choice(controller.snapshot, "tiny").pinned
+
+        assert controller.load("no-such-model") is False  # said in the menu, not raised
+        refused = controller.refresh()
+        assert "no-such-model" in refused.error and "does not exist" in refused.error
+        assert refused.state == "ready"
+        assert menu.find(menu.build(refused, False), f"Error: {refused.error}")
+    finally:
+        controller.stop()
+    assert controller.snapshot.error is None
 
 
 def test_a_crashed_server_is_an_error_with_the_log_tail(tiny_models_dir, tmp_path):
@@ -183,7 +268,7 @@ def pump(tray, until, timeout=60.0):
     raise AssertionError(f"timed out; menu: {tray.labels()}")
 
 
-def test_the_tk_menu_starts_lists_switches_and_stops(tiny_models_dir, tmp_path, display):
+def test_the_tk_menu_starts_lists_loads_and_stops(tiny_models_dir, tmp_path, display):
     from PIL import ImageGrab
 
     from menubar.tray import TkTray
@@ -195,19 +280,32 @@ def test_the_tk_menu_starts_lists_switches_and_stops(tiny_models_dir, tmp_path, 
         assert tray.button.cget("text") == "○ mlxserve"
         tray.menu.invoke(tray.labels().index("Start server"))
         pump(tray, lambda: controller.snapshot.state == "ready")
-        pump(tray, lambda: "tiny2" in tray.labels(tray.submenu("Models")))
+        # The window renders the snapshots on Tk's thread: the latest may not be drawn yet.
+        pump(tray, lambda: "● tiny (default)" in tray.labels(tray.submenu("Models")))
         models_menu = tray.submenu("Models")
-        assert {"tiny", "tiny2", "mlxserve-demo-coder"} <= set(tray.labels(models_menu))
+        assert {"● tiny (default)", "tiny2", "mlxserve-demo-coder"} <= set(tray.labels(models_menu))
+        assert tray.labels(tray.submenu("● tiny (default)", models_menu))[:3] == [
+            "Make default",
+            "Unload",
+            "Pin",
+        ]
+        assert any(label.startswith("Models: ") for label in tray.labels())
         assert tray.button.cget("text") == "● tiny"
-        tray.menu.post(10, 40)  # open it, and its Models submenu, for the screenshot
+        # Open it, its Models submenu and the default model's, for the screenshot.
+        tray.menu.post(10, 40)
         tray.menu.tk.call(tray.menu, "postcascade", tray.labels().index("Models"))
+        tray.root.update()
+        models_menu.tk.call(
+            models_menu, "postcascade", tray.labels(models_menu).index("● tiny (default)")
+        )
         tray.root.update()
         time.sleep(0.2)
         tray.root.update()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         ImageGrab.grab(xdisplay=display).save(SCREENSHOTS / "menubar-linux.png")
         tray.menu.unpost()
-        models_menu.invoke(tray.labels(models_menu).index("tiny2"))
+        tiny2_menu = tray.submenu("tiny2", models_menu)
+        tiny2_menu.invoke(tray.labels(tiny2_menu).index("Load"))
         pump(tray, lambda: controller.snapshot.model == "tiny2")
         pump(tray, lambda: tray.button.cget("text") == "● tiny2")
         process = controller.process
