@@ -8,6 +8,7 @@ import logging
 from quart import Blueprint, current_app
 
 from ..chat.templates import chat_capabilities
+from ..engine import EngineError
 from ..engine.pool import NO_ROOM_RETRY_AFTER_S, NoRoom
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound, ServiceUnavailable
@@ -82,6 +83,8 @@ async def acquire(name: str, source: str | None = None):
     """`pool().acquire`, its NoRoom a 503 with Retry-After."""
     try:
         return await pool().acquire(name, source)
+    except EngineError as error:
+        raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
     except NoRoom as error:
         raise ServiceUnavailable(
             str(error),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..platform import current_policy
 from ..registry import read_json
-from .engine import Engine
+from .engine import Engine, EngineError
 from .model_host import size_text
 
 log = logging.getLogger("mlxserve.engine")
@@ -157,6 +157,11 @@ class ModelPool:
         resident = self._residents.get(name)
         if resident is not None:
             return resident.engine
+        if self._first.lockstep is not None:  # every rank would have to load it in step
+            raise EngineError(
+                "a distributed server serves one model: restart it to serve another",
+                self._first.state,
+            )
         adapter = self.adapters.get(name)
         if adapter is not None:
             base = self.engine_for(adapter.base)

@@ -207,6 +207,11 @@ def test_two_ranks_answer_as_one_process(cluster, server):
             assert time.monotonic() < deadline, "the dropped stream was not cancelled"
             time.sleep(0.1)
         assert answers(url, False)[0] == answers(server.url, False)[0]
+        # one model over the ranks: a second one would load on rank 0 alone
+        refused = client.post("/admin/load", json={"model": "mlxserve-demo-coder"})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "switch_not_possible"
+        assert answers(url, False)[0] == answers(server.url, False)[0]
 
 
 def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
