@@ -121,7 +121,9 @@ class PrefillPacer:
             self._decode_steps.append(step_s)
             self.decode_step_s = statistics.median(self._decode_steps)
         elif prompt_tokens:
-            usual = self.decode_step_s if decoded and self.decode_step_s is not None else 0.0
+            # beside decoding, the decode pass; alone, a pass of its own costs about as much
+            # for a token as a decode step: either way a prompt token costs what it adds
+            usual = self.decode_step_s if self.decode_step_s is not None else 0.0
             self._token_costs.append(max(step_s - usual, 1e-6) / prompt_tokens)
             self.token_cost_s = statistics.median(self._token_costs)
         self.layers_per_pass = None
@@ -132,11 +134,15 @@ class PrefillPacer:
             self.chunk = clamp_chunk(self.calibrated * self.cost / CHUNK_COST_IN_DECODE_STEPS)
         else:
             budget = self.cost * (own_s + others_s)
+            if not decoded:  # only other models' streams wait: a pass of its own, which costs
+                budget -= self.decode_step_s or 0.0  # a decode step's time before its tokens
             fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
+            if not decoded:  # a pass that carries a few tokens costs nearly a full one for them
+                fits = max(fits, SPREAD_CHUNK)
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
             chunk = clamp_chunk(fits)
-            if not decoded:  # only other models' streams wait: a pass of its own
+            if not decoded:
                 self.chunk = chunk
                 return chunk
             if fits < SPREAD_CHUNK and self.layers:

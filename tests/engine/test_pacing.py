@@ -226,3 +226,17 @@ def test_beside_another_models_streams_a_prompt_takes_its_share_of_their_wait():
         pacer.observe(0.05, prompt_tokens=0, prompts=0, decoded=True, others_s=0.1)
     both = pacer.observe(0.05 + 0.4 * 64 / 1024, 64, 1, True, others_s=0.1)
     assert both >= 64 and both <= CHUNK_COST_IN_DECODE_STEPS * 0.15 / (0.4 / 1024) + GRANULE
+
+
+def test_beside_another_models_streams_a_few_token_pass_does_not_shrink_the_chunk_for_good():
+    """A prompt's pass of its own costs about a decode step before its tokens: a one-token
+    pass (a prompt's last) must not read as one very dear token, or every later chunk is one
+    token, each a whole pass (an infill prompt took 35 s that way beside a chat stream)."""
+    pacer = PrefillPacer(calibrated=128)
+    for _ in range(5):
+        pacer.observe(0.04, prompt_tokens=0, prompts=0, decoded=True)  # its own stream, before
+    chunk = pacer.observe(0.04, prompt_tokens=1, prompts=1, decoded=False, others_s=0.05)
+    for _ in range(COST_WINDOW + 3):
+        chunk = pacer.observe(0.04 + chunk * 0.0004, chunk, 1, False, others_s=0.05)
+    budget = CHUNK_COST_IN_DECODE_STEPS * 0.05 - 0.04
+    assert chunk >= max(SPREAD_CHUNK, int(budget / 0.0004)) // GRANULE * GRANULE
