@@ -2,17 +2,18 @@
 
 One server serves both (`--model CODE --model CHAT`). An infill request goes to the code model
 every 300 ms (llama.vim's /infill body, typing a line one character a request, so each request
-shares its prompt with the one before, as an editor's do), streamed so its time to first token
-can be read. Each repeat runs two phases, side by side in time:
+shares its prompt with the one before, as an editor's do; a new line's first is a prompt the
+prefix cache has not seen), streamed so its time to first token can be read. Each repeat runs
+two trains of as many lines and characters, side by side in time:
 
 - alone: the infill train with nothing else running;
-- beside: the same train while a chat stream runs on the other model.
+- beside: the next lines' train while a chat stream runs on the other model.
 
 It reports the infill's time to first token (p50, p95) in each phase and their ratio (the
 target: p95 beside <= 2x alone), and the chat stream's gaps between tokens while the infill
 train ran, against the same stream's gaps with no infill (median, p95, max).
 
-    python scripts/bench_models.py [--repeats 3] [--seconds 20]
+    python scripts/bench_models.py [--repeats 3] [--lines 3] [--chars 16]
 """
 
 from __future__ import annotations
@@ -48,21 +49,24 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def typed_lines(prefix_lines: int, suffix_lines: int) -> list[tuple[str, str, str]]:
-    """(prefix, line typed so far, suffix) for a held-out standard-library file's lines, one
-    character more each: what an editor sends as a user types."""
+def typed_lines(prefix_lines: int, suffix_lines: int, chars: int) -> list[list]:
+    """Per line of a held-out standard-library file, what an editor sends as a user types its
+    first `chars` characters: (prefix, line typed so far, suffix), one character more each.
+    The first of a line is a prompt the prefix cache has not seen; the rest extend it."""
     text = next(f.text for f in split_files()[1] if f.text.count("\n") > 200)
     lines = text.split("\n")
-    states = []
+    typed = []
     for index in range(prefix_lines, len(lines) - suffix_lines):
         line = lines[index]
-        if len(line.strip()) < 20:
+        indent = len(line) - len(line.lstrip())
+        if len(line) - indent < chars:
             continue
         prefix = "\n".join(lines[index - prefix_lines : index]) + "\n"
         suffix = "\n".join(lines[index + 1 : index + 1 + suffix_lines])
-        for cut in range(len(line) - len(line.lstrip()) + 1, len(line)):
-            states.append((prefix, line[:cut], suffix))
-    return states
+        typed.append(
+            [(prefix, line[:cut], suffix) for cut in range(indent + 1, indent + chars + 1)]
+        )
+    return typed
 
 
 def infill_body(prefix: str, typed: str, suffix: str, n_predict: int) -> dict:
@@ -105,21 +109,17 @@ def infill_ttft(client: httpx.Client, url: str, body: dict) -> float:
     return first - sent
 
 
-def infill_train(url: str, code_model: str, states, start: int, seconds: float, n_predict: int):
-    """An infill request every INTERVAL_S (or as soon as the one before ends) for `seconds`:
-    the times to first token, and the index of the next typing state."""
+def infill_train(url: str, code_model: str, lines: list[list], n_predict: int) -> list[float]:
+    """The typing of `lines`, a request every INTERVAL_S (or as soon as the one before ends):
+    each request's time to first token."""
     ttfts = []
     with httpx.Client(timeout=120) as client:
         began = time.perf_counter()
-        index = start
-        while time.perf_counter() - began < seconds:
-            due = began + (index - start) * INTERVAL_S
-            time.sleep(max(0.0, due - time.perf_counter()))
-            prefix, typed, suffix = states[index % len(states)]
+        for index, (prefix, typed, suffix) in enumerate(s for line in lines for s in line):
+            time.sleep(max(0.0, began + index * INTERVAL_S - time.perf_counter()))
             body = infill_body(prefix, typed, suffix, n_predict) | {"model": code_model}
             ttfts.append(infill_ttft(client, url, body))
-            index += 1
-    return ttfts, index
+    return ttfts
 
 
 class ChatStream:
@@ -175,16 +175,17 @@ class ChatStream:
         self._thread.join(60)
 
 
-def one_repeat(url: str, code: str, chat: str, states, start: int, args) -> tuple[dict, int]:
-    """Alone, then beside a chat stream (which first runs alone as long, for its own gaps)."""
-    alone, start = infill_train(url, code, states, start, args.seconds, args.n_predict)
+def one_repeat(url: str, code: str, chat: str, alone_lines, beside_lines, args) -> dict:
+    """The infill train alone, then the chat stream alone for a while, then both: the same
+    number of lines typed in each train, so as many prompts miss the prefix cache."""
+    alone = infill_train(url, code, alone_lines, args.n_predict)
     stream = ChatStream(url, chat)
     try:
         stream.wait_for_tokens(8)
         quiet_from = time.perf_counter()
-        time.sleep(args.seconds)
+        time.sleep(args.chat_alone_s)
         quiet_to = train_from = time.perf_counter()
-        beside, start = infill_train(url, code, states, start, args.seconds, args.n_predict)
+        beside = infill_train(url, code, beside_lines, args.n_predict)
         train_to = time.perf_counter()
         if stream.error is not None:
             raise stream.error
@@ -195,7 +196,7 @@ def one_repeat(url: str, code: str, chat: str, states, start: int, args) -> tupl
         "beside": beside,
         "chat_alone_gaps": stream.gaps_between(quiet_from, quiet_to),
         "chat_beside_gaps": stream.gaps_between(train_from, train_to),
-    }, start
+    }
 
 
 def ms(values: list[float]) -> str:
@@ -207,7 +208,9 @@ def main() -> int:
     parser.add_argument("--code-model", default=None, help="infill's model (default: the demo)")
     parser.add_argument("--chat-model", default=None, help="chat's model (default: SmolLM2)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=20.0, help="each phase's length")
+    parser.add_argument("--lines", type=int, default=3, help="lines typed in each train")
+    parser.add_argument("--chars", type=int, default=16, help="characters typed of each line")
+    parser.add_argument("--chat-alone-s", type=float, default=10.0, help="the chat's own gaps")
     parser.add_argument("--n-predict", type=int, default=16, help="tokens an infill asks for")
     parser.add_argument("--prefix-lines", type=int, default=32)
     parser.add_argument("--suffix-lines", type=int, default=8)
@@ -219,14 +222,15 @@ def main() -> int:
         print(f"no chat model at {chat}: pass --chat-model", file=sys.stderr)
         return 2
     names = [Path(code).name, Path(chat).name]
-    states = typed_lines(args.prefix_lines, args.suffix_lines)
+    typed = iter(typed_lines(args.prefix_lines, args.suffix_lines, args.chars))
     extra = ["--model", chat, "--memory-budget", "90%"]
-    runs, start = [], 0
+    runs = []
     with served(lambda port, log: start_server(code, port, log, extra=extra), "models") as server:
-        infill_train(server.url, names[0], states, 0, 3.0, args.n_predict)  # warm both paths
-        start = 100
+        infill_train(server.url, names[0], [next(typed)], args.n_predict)  # warm both paths
         for repeat in range(args.repeats):
-            run, start = one_repeat(server.url, names[0], names[1], states, start, args)
+            alone_lines = [next(typed) for _ in range(args.lines)]
+            beside_lines = [next(typed) for _ in range(args.lines)]
+            run = one_repeat(server.url, names[0], names[1], alone_lines, beside_lines, args)
             runs.append(run)
             ratio = quantile(run["beside"], 0.95) / quantile(run["alone"], 0.95)
             print(
@@ -241,6 +245,7 @@ def main() -> int:
         ("code model (infill)", names[0]),
         ("chat model (stream)", names[1]),
         ("infill every", f"{INTERVAL_S * 1000:.0f} ms, {args.n_predict} tokens, streamed"),
+        ("each train", f"{args.lines} lines x {args.chars} characters typed"),
         ("infill TTFT p95 ratio beside/alone", ", ".join(f"{r:.2f}" for r in ratios)),
         ("target", "<= 2.00 in every run"),
     ]

@@ -439,7 +439,9 @@ class Engine:
         self._stopped.set()
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
-        self._pacer = PrefillPacer(calibrated=loaded.prefill_chunk, cost=self.chunk_cost)
+        self._pacer = PrefillPacer(
+            calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
+        )
         self.prefixes.open_disk(loaded)
         self.generator = self._new_generator()
 

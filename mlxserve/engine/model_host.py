@@ -44,6 +44,7 @@ class LoadedModel:
     bos_token_id: int | None
     kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
+    decode_step_s: float | None = None  # one sequence's decode step, timed at load
     fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
     how_it_runs: str = ""  # what the platform does to it, its KV's kind included
@@ -280,6 +281,7 @@ def load_model(
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
+    prefill_chunk, decode_step_s = measure_prefill_chunk(model)
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
         path=str(path_or_repo),
@@ -290,7 +292,8 @@ def load_model(
         eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
         bos_token_id=tokenizer.bos_token_id,
         kv_bytes_per_token=kv_bytes_per_token(model),
-        prefill_chunk=measure_prefill_chunk(model),
+        prefill_chunk=prefill_chunk,
+        decode_step_s=decode_step_s,
         fim=fim,
         weights_folder=None if sharded else folder,
         how_it_runs=how_it_runs,
@@ -298,9 +301,10 @@ def load_model(
     )
 
 
-def measure_prefill_chunk(model: nn.Module) -> int:
+def measure_prefill_chunk(model: nn.Module) -> tuple[int, float]:
     """Prompt tokens per prefill chunk, sized on this machine from a decode step's time: the
-    pacer's starting point (`pacing.py` adjusts it step by step from then on).
+    pacer's starting point (`pacing.py` adjusts it step by step from then on); and that decode
+    step's seconds (one sequence, 64 tokens deep).
 
     Measured rather than fixed: on a CPU one prompt token costs a sizeable share of a decode
     step, on a GPU a tiny one, so a fixed chunk either stalls streams or slows prefill.
@@ -323,7 +327,7 @@ def measure_prefill_chunk(model: nn.Module) -> int:
     if prefill < REPEAT_TIMING_UNDER_S:  # a second try, against noise, where it is cheap
         prefill = min(prefill, timed(128, make_prompt_cache(model)))
     prefill /= 128
-    return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9))
+    return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9)), decode
 
 
 def weight_bytes(model: nn.Module, besides: nn.Module | None = None) -> int:

@@ -91,6 +91,9 @@ def clamp_chunk(tokens: float) -> int:
 @dataclass
 class PrefillPacer:
     calibrated: int  # the chunk measured at load (`model_host.measure_prefill_chunk`)
+    # A forward pass's cost before its tokens: about a decode step (one timed at load, until
+    # this engine's own decode steps are measured)
+    pass_s: float | None = None
     cost: float = CHUNK_COST_IN_DECODE_STEPS  # a chunk's time beside decoding, in decode steps
     chunk: int = MAX_CHUNK  # the next step's prefill chunk, per prompt being prefilled
     decode_step_s: float | None = None  # the usual decode-only step (median of the latest)
@@ -115,32 +118,31 @@ class PrefillPacer:
     ) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
         decoded. `others_s`: how long other models' streams already wait for their own steps
-        each round (turns.py); this model's chunks add to that wait too. Returns the chunk for
-        the next step."""
+        each round (turns.py). Their usual gap is a round of every busy model's decode step,
+        this one's included (its prompts decode next): a chunk may add the bound's share of
+        that round, as beside its own streams. Returns the chunk for the next step."""
         if decoded and not prompt_tokens:
             self._decode_steps.append(step_s)
             self.decode_step_s = statistics.median(self._decode_steps)
         elif prompt_tokens:
             # beside decoding, the decode pass; alone, a pass of its own costs about as much
             # for a token as a decode step: either way a prompt token costs what it adds
-            usual = self.decode_step_s if self.decode_step_s is not None else 0.0
+            usual = (self.decode_step_s if decoded else self._pass_s()) or 0.0
             self._token_costs.append(max(step_s - usual, 1e-6) / prompt_tokens)
             self.token_cost_s = statistics.median(self._token_costs)
         self.layers_per_pass = None
-        own_s = self.decode_step_s if decoded else 0.0
+        own_s = self.decode_step_s if decoded else self._pass_s()
         if not decoded and not others_s:
             self.chunk = MAX_CHUNK  # no stream waits on this step
-        elif own_s is None or self.token_cost_s is None:
+        elif (decoded and own_s is None) or self.token_cost_s is None:
             self.chunk = clamp_chunk(self.calibrated * self.cost / CHUNK_COST_IN_DECODE_STEPS)
         else:
             budget = self.cost * (own_s + others_s)
-            if not decoded:  # only other models' streams wait: a pass of its own, which costs
-                budget -= self.decode_step_s or 0.0  # a decode step's time before its tokens
             fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
-            if not decoded:  # a pass that carries a few tokens costs nearly a full one for them
-                fits = max(fits, SPREAD_CHUNK)
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))
+            if not decoded:  # a pass that carries a few tokens costs nearly a full one for them
+                fits = max(fits, SPREAD_CHUNK)
             chunk = clamp_chunk(fits)
             if not decoded:
                 self.chunk = chunk
@@ -149,6 +151,10 @@ class PrefillPacer:
                 chunk, self.layers_per_pass = self._spread(fits)
             self.chunk = min(chunk, self.beside_decode_max)
         return self.chunk
+
+    def _pass_s(self) -> float:
+        """A pass of its own for one sequence: timed at load, else a decode step."""
+        return self.pass_s or self.decode_step_s or 0.0
 
     def _spread(self, fits: float) -> tuple[int, int | None]:
         """The chunk that carries the most tokens' worth a step within `fits`: a multiple of
