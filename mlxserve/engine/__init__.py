@@ -1,4 +1,5 @@
-"""The engine: one thread that owns every MLX call and decodes all sequences in one batch."""
+"""The engines: one per served model, each decoding its sequences in one batch, all stepped in
+turn by the one thread that owns every MLX call."""
 
 from .engine import Engine, EngineError
 from .mlx_lm_compat import MAX_BATCH

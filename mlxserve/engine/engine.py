@@ -1,10 +1,11 @@
-"""The engine thread: owns the model and every MLX call, batches all live sequences.
+"""One model's engine: its inbox, its batch of live sequences, and its step.
 
-HTTP handlers call `submit`, which hands a group of GenerationRequests to the thread through a
-thread-safe inbox and yields GenerationEvents that the thread posts back onto the caller's event
-loop. Leaving the iterator early (a client that disconnects) cancels the group at the next step.
-The engine keeps the thread, the inbox, the groups and the step; the model's life is
-`ModelSlot`'s, a sequence's state `SequenceState`'s, lock-step across ranks `LockStep`'s.
+HTTP handlers call `submit`, which hands a group of GenerationRequests to the engine through a
+thread-safe inbox and yields GenerationEvents that the engine thread posts back onto the
+caller's event loop. Leaving the iterator early (a client that disconnects) cancels the group
+at the next step. Every engine's steps run on one `EngineThread` (turns.py), in turn with the
+other models' engines; the model's life is `ModelSlot`'s, a sequence's state
+`SequenceState`'s, lock-step across ranks `LockStep`'s.
 """
 
 from __future__ import annotations
