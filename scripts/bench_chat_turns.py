@@ -33,7 +33,7 @@ from bench_common import (
     default_model,
     print_table,
     reexec_for_cpu,
-    sse_chunk,
+    sse_chunks,
     warm_and_cold,
 )
 
@@ -80,15 +80,7 @@ def stream_turn(client: httpx.Client, url: str, messages: list[dict], answer_tok
     }
     sent, first, answer, usage = time.perf_counter(), None, "", None
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            raise ServerFailed(f"{url}: HTTP {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            chunk = sse_chunk(line)
-            if chunk is None:
-                continue
-            if "error" in chunk:
-                raise ServerFailed(f"{url}: stream error: {chunk['error']}")
+        for chunk in sse_chunks(response, url):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") or ""

@@ -331,6 +331,21 @@ def sse_chunk(line: str) -> dict[str, Any] | None:
     return json.loads(line[len("data: ") :])
 
 
+def sse_chunks(response: httpx.Response, where: str) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of a streamed response. Raises ServerFailed on an HTTP error status or
+    an error inside the stream, naming `where`."""
+    if response.status_code != 200:
+        response.read()
+        raise ServerFailed(f"{where}: HTTP {response.status_code}: {response.text}")
+    for line in response.iter_lines():
+        chunk = sse_chunk(line)
+        if chunk is None:
+            continue
+        if "error" in chunk:
+            raise ServerFailed(f"{where}: stream error: {chunk['error']}")
+        yield chunk
+
+
 def has_text(chunk: dict[str, Any]) -> bool:
     return any(choice.get("text") for choice in chunk.get("choices") or [])
 

@@ -35,7 +35,7 @@ from bench_common import (
     demo_model,
     print_table,
     served,
-    sse_chunk,
+    sse_chunks,
     start_server,
 )
 from demo_data import split_files
@@ -93,15 +93,7 @@ def infill_ttft(client: httpx.Client, url: str, body: dict) -> float:
     sent = time.perf_counter()
     first = None
     with client.stream("POST", f"{url}/infill", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            raise ServerFailed(f"/infill: HTTP {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            chunk = sse_chunk(line)
-            if chunk is None:
-                continue
-            if "error" in chunk:
-                raise ServerFailed(f"/infill stream error: {chunk['error']}")
+        for _ in sse_chunks(response, "/infill"):
             if first is None:
                 first = time.perf_counter()
     if first is None:
@@ -143,12 +135,7 @@ class ChatStream:
         try:
             with httpx.Client(timeout=600) as client:
                 with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                    for line in response.iter_lines():
-                        chunk = sse_chunk(line)
-                        if chunk is None:
-                            continue
-                        if "error" in chunk:
-                            raise ServerFailed(f"chat stream error: {chunk['error']}")
+                    for chunk in sse_chunks(response, "the chat stream"):
                         delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
                         if delta.get("content"):
                             self.stamps.append(time.perf_counter())
