@@ -190,6 +190,11 @@ class Engine:
             and self.slot.pending is None
         )
 
+    def pin(self, pinned: bool = True) -> None:
+        """Keep the model loaded whatever --idle-unload says (or no longer)."""
+        self.slot.pinned = pinned
+        self._inbox.put(ModelChanged())  # the engine thread's wait for work is timed anew
+
     def reload(self) -> None:
         """Load its model again (unloaded idle, or to make room)."""
         self.switch(self.slot.source, self.slot.name)

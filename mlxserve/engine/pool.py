@@ -96,6 +96,7 @@ class ModelPool:
             )
         }
         self._first = default  # started and stopped by its owner (the server), not here
+        default.pin(default.model_name in self.pinned)
         self._lock: asyncio.Lock | None = None  # loads make room one at a time
 
     # ---- looking up -------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class ModelPool:
             engine = self._make_engine(source, name)
             estimate = estimate_weight_bytes(source)
         self._residents[name] = Resident(engine, time.monotonic(), estimate_bytes=estimate)
+        engine.pin(name in self.pinned)
         return engine
 
     async def acquire(self, name: str, source: str | None = None) -> Engine:
@@ -211,10 +213,14 @@ class ModelPool:
         return engine
 
     def pin(self, name: str, pinned: bool = True) -> None:
+        """Pin `name` (never unloaded to make room, nor for being idle) or unpin it."""
         if pinned:
             self.pinned.add(name)
         else:
             self.pinned.discard(name)
+        engine = self.get(name)
+        if engine is not None:
+            engine.pin(pinned)
 
     def make_default(self, name: str) -> None:
         self.default_name = name

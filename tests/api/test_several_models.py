@@ -248,3 +248,20 @@ def test_keep_alive_and_idle_unload_are_per_model(live_server, tiny_model, tiny_
         assert wait_until(lambda: not in_memory(http), 15)  # tiny's own idle unload
         assert greedy(http, "tiny2")["model"] == "tiny2"  # loaded again on request
         assert in_memory(http) == {"tiny2"}
+
+
+def test_a_pinned_model_is_not_unloaded_for_being_idle(live_server, tiny_model, tiny_models_dir):
+    live = live_server(
+        tiny_model,
+        own=True,
+        models=(str(tiny_models_dir / "tiny2"),),
+        pins=(str(tiny_model),),
+        idle_unload_s=1.0,
+    )
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        assert wait_until(lambda: "tiny2" in in_memory(http), 30)
+        assert wait_until(lambda: in_memory(http) == {"tiny"}, 30)  # tiny2 went when idle
+        time.sleep(2.0)
+        assert in_memory(http) == {"tiny"}
+        assert http.post("/admin/pin", json={"model": "tiny", "pinned": False}).status_code == 200
+        assert wait_until(lambda: not in_memory(http), 10)
