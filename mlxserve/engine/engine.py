@@ -190,6 +190,10 @@ class Engine:
             and self.slot.pending is None
         )
 
+    def keep_loaded(self) -> None:
+        """Take back an unload not applied yet (a request came for the model meanwhile)."""
+        self.slot.revoke_unload()
+
     def pin(self, pinned: bool = True) -> None:
         """Keep the model loaded whatever --idle-unload says (or no longer)."""
         self.slot.pinned = pinned
@@ -211,8 +215,9 @@ class Engine:
 
     def check_ready(self) -> LoadedModel:
         slot = self.slot
-        if slot.state == "ready" and slot.loaded is not None and slot.pending is None:
-            return slot.loaded
+        if slot.state == "ready" and slot.loaded is not None:
+            if slot.pending is None or slot.unloading:  # an unload waits for this request
+                return slot.loaded
         if slot.state in LOADING_STATES or slot.pending is not None:
             raise EngineError(f"model {slot.source} is loading", "loading")
         raise EngineError(f"engine is {slot.state}: {slot.error or 'no model loaded'}", slot.state)
@@ -253,6 +258,8 @@ class Engine:
         take 4.5 s) while a first load takes a minute on some machines. An engine not started,
         failed or stopped is not waited for."""
         slot = self.slot
+        if slot.unloading and slot.state == "ready":
+            return  # still loaded: this request runs first, the unload once it ends
         unloaded = slot.loads > 0 and slot.loaded is None and slot.pending is None
         if unloaded and not _not_reloadable(slot):
             self.switch(slot.source)  # unloaded, or being unloaded: loaded again next

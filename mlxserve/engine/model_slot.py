@@ -196,6 +196,17 @@ class ModelSlot:
         self.idle_unload_s = seconds
         self.last_work = time.monotonic()
 
+    @property
+    def unloading(self) -> bool:
+        """An unload is asked for and not applied yet: the model is still there."""
+        return isinstance(self.pending, UnloadModel) and self.loaded is not None
+
+    def revoke_unload(self) -> None:
+        """Drop an unload not applied yet (the engine thread may have taken it already)."""
+        if isinstance(self.pending, UnloadModel):
+            self.pending = None
+            self.ready.set()
+
     def ask(self, change: ModelChange) -> None:
         """Note a change for the engine thread, which applies it once the work in flight ends."""
         self.ready.clear()

@@ -260,6 +260,9 @@ class ModelPool:
             victim.unload()
             deadline = time.monotonic() + UNLOAD_WAIT_S
             while _holds_memory(victim) and time.monotonic() < deadline:
+                if victim.admitted_sequences:  # a request for it came first: it stays
+                    victim.keep_loaded()
+                    break
                 await asyncio.sleep(UNLOAD_POLL_S)
 
     def _least_recently_used(self, besides: Engine) -> Engine | None:
