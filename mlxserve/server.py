@@ -98,6 +98,20 @@ def pool_for(settings: Settings, engine: Engine) -> ModelPool:
         base = by_source.get(named, named if named in served else engine.model_name)
         adapters[name] = Adapter(path, base)
     pins = tuple(by_source.get(pin, model_id_for(pin)) for pin in settings.pins)
+    names = {*served, *adapters}
+    for pin in pins:
+        if pin not in names:
+            log.warning("--pin %s: no such model is served (--model or --adapter)", pin)
+    for alias, target in settings.aliases:
+        if target not in names and target not in by_source:
+            log.warning(
+                "--alias %s=%s: %s is not served here (--model or --adapter): requests for %s "
+                "load it only with --allow-switch, else the default model answers them",
+                alias,
+                target,
+                target,
+                alias,
+            )
     return ModelPool(
         engine,
         make_engine,

@@ -67,3 +67,21 @@ def test_a_second_model_that_is_not_there_stops_serve(tiny_model, capsys):
     missing = str(tiny_model.parent / "missing")
     assert cli.main(["serve", "--model", str(tiny_model), "--model", missing]) == 2
     assert f"model folder not found: {missing}" in capsys.readouterr().err
+
+
+def test_a_pin_or_an_alias_naming_nothing_served_is_said_at_start(tiny_model, caplog):
+    from mlxserve.server import new_engine, pool_for
+    from mlxserve.settings import Settings
+
+    settings = Settings(
+        model=str(tiny_model),
+        pins=("tyny", str(tiny_model)),
+        aliases=(("gpt-4o-mini", "tiny"), ("codellama:7b", "missing")),
+    )
+    with caplog.at_level("WARNING", logger="mlxserve"):
+        pool = pool_for(settings, new_engine(settings, settings.model))
+    warned = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("--pin tyny: no such model") for m in warned)
+    assert any(m.startswith("--alias codellama:7b=missing") for m in warned)
+    assert not any("gpt-4o-mini" in m for m in warned)
+    assert pool.resolve("gpt-4o-mini") == "tiny" and pool.is_pinned("tiny")
