@@ -263,5 +263,7 @@ def test_a_pinned_model_is_not_unloaded_for_being_idle(live_server, tiny_model, 
         assert wait_until(lambda: in_memory(http) == {"tiny"}, 30)  # tiny2 went when idle
         time.sleep(2.0)
         assert in_memory(http) == {"tiny"}
+        (listed,) = http.get("/api/ps").json()["models"]
+        assert listed["expires_at"].startswith("2318")  # Ollama's "never"
         assert http.post("/admin/pin", json={"model": "tiny", "pinned": False}).status_code == 200
         assert wait_until(lambda: not in_memory(http), 10)

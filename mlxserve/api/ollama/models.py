@@ -252,7 +252,7 @@ def capabilities(entry: ModelEntry) -> list[str]:
 
 
 def expires_at(engine) -> str:
-    idle = engine.idle_unload_s
+    idle = None if engine.slot.pinned else engine.idle_unload_s
     left = engine.slot.last_work + idle - time.monotonic() if idle is not None else math.inf
     if left > MAX_KEEP_ALIVE_S:
         return NEVER
