@@ -135,6 +135,8 @@ class Engine:
             name=name,
             loader=loader,
         )
+        if not distributed:  # ranks load in step: no one steps between their slices
+            self.slot.between = lambda: self.thread.step_others(self)
         self.generator: ServerBatchGenerator | None = None
         self._pacer: PrefillPacer | None = None
         self._on_fatal = on_fatal
@@ -439,6 +441,15 @@ class Engine:
             log.exception("engine step failed")
             self._fail_all(f"generation failed: {error}")
         return True
+
+    def step_now(self) -> None:
+        """One step of the running sequences, while another model loads (its new requests
+        wait for the load)."""
+        try:
+            self.step()
+        except Exception as error:  # a broken step must not take the server down
+            log.exception("engine step failed")
+            self._fail_all(f"generation failed: {error}")
 
     def finish(self) -> None:
         """Asked to stop: whoever still waits is told so, and the model is let go."""

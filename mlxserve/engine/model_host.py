@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # not twice: it was most of a minute-long load.
 REPEAT_TIMING_UNDER_S = 2.0
 HUB_TIMEOUT_S = 10.0  # the start-up check that the Hugging Face hub answers
+# A load reads (and converts) this many bytes of weights between two turns of the other models'
+# streams: their gap while a model loads is a slice's read, not the whole load.
+LOAD_SLICE_BYTES = 64 << 20
 LOCAL_FOLDER_HINT = "or serve a model folder on this machine: --model /path/to/folder"
 log = logging.getLogger("mlxserve.engine")
 
@@ -227,13 +231,14 @@ def load_model(
     policy: PlatformPolicy | None = None,
     progress: LoadProgress | None = None,
     kv_quantization: tuple[int, int] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
     detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py).
     `policy`: how this platform runs the model (None: `current_policy()`). `progress`: where
     the load says what it is doing (phase by phase, in the log too). `kv_quantization`: (bits,
-    group size) of the KV caches, None for the model's own dtype."""
-    import mlx.core as mx
+    group size) of the KV caches, None for the model's own dtype. `between`: called between
+    slices of the load (weights read, converted, timed), where other models' streams step."""
     import mlx_lm
 
     from_hub = not _looks_like_path(path_or_repo)
@@ -257,7 +262,7 @@ def load_model(
             folder = folder or _cached_hub_folder(path_or_repo)
             weights = progress.count_weights(folder) if folder is not None else ""
             progress.enter("reading weights", weights)
-            mx.eval(model.parameters())
+            eval_in_slices(model, between)
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         if from_hub and folder is None:
             failed = f"downloading it from {_hub_endpoint()} failed ({_first_line(error)})"
@@ -272,7 +277,8 @@ def load_model(
         raise ModelLoadError(f"{source} for {path_or_repo}: {error}") from error
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
-    policy.prepare_model(model, sharded=sharded)
+    policy.prepare_model(model, sharded=sharded, evaluate=lambda m: eval_in_slices(m, between))
+    eval_in_slices(model, between)  # what the conversion left lazy
     how_it_runs = policy.description
     if kv_quantization is not None:
         try:
@@ -281,7 +287,7 @@ def load_model(
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
-    prefill_chunk, decode_step_s = measure_prefill_chunk(model)
+    prefill_chunk, decode_step_s = measure_prefill_chunk(model, between)
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
         path=str(path_or_repo),
@@ -301,7 +307,31 @@ def load_model(
     )
 
 
-def measure_prefill_chunk(model: nn.Module) -> tuple[int, float]:
+def eval_in_slices(model: nn.Module, between: Callable[[], None] | None = None) -> None:
+    """Evaluate the model's arrays, LOAD_SLICE_BYTES at a time with `between()` after each
+    slice (None: all at once)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if between is None:
+        mx.eval(model.parameters())
+        return
+    group, size = [], 0
+    for _, array in tree_flatten(model.parameters()):
+        group.append(array)
+        size += array.nbytes
+        if size >= LOAD_SLICE_BYTES:
+            mx.eval(group)
+            between()
+            group, size = [], 0
+    if group:
+        mx.eval(group)
+        between()
+
+
+def measure_prefill_chunk(
+    model: nn.Module, between: Callable[[], None] | None = None
+) -> tuple[int, float]:
     """Prompt tokens per prefill chunk, sized on this machine from a decode step's time: the
     pacer's starting point (`pacing.py` adjusts it step by step from then on); and that decode
     step's seconds (one sequence, 64 tokens deep).
@@ -320,12 +350,17 @@ def measure_prefill_chunk(model: nn.Module) -> tuple[int, float]:
         mx.eval(logits, [c.state for c in cache])
         return time.perf_counter() - start
 
+    def then(seconds: float) -> float:
+        if between is not None:  # other models' streams step between the timed passes
+            between()
+        return seconds
+
     cache = make_prompt_cache(model)
-    timed(64, cache)  # warm up; the decode steps below attend to 64 cached tokens
-    decode = min(timed(1, cache) for _ in range(3))
-    prefill = timed(128, make_prompt_cache(model))
+    then(timed(64, cache))  # warm up; the decode steps below attend to 64 cached tokens
+    decode = min(then(timed(1, cache)) for _ in range(3))
+    prefill = then(timed(128, make_prompt_cache(model)))
     if prefill < REPEAT_TIMING_UNDER_S:  # a second try, against noise, where it is cheap
-        prefill = min(prefill, timed(128, make_prompt_cache(model)))
+        prefill = min(prefill, then(timed(128, make_prompt_cache(model))))
     prefill /= 128
     return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9)), decode
 

@@ -76,6 +76,8 @@ class ModelSlot:
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
         self._loader = loader or load_model
+        # Called between slices of a load: the other models' streams step (turns.py)
+        self.between: Callable[[], None] | None = None
 
     # ---- the engine thread ------------------------------------------------------------------
 
@@ -94,6 +96,7 @@ class ModelSlot:
                 self.policy,
                 progress=progress,
                 kv_quantization=self.kv_quantization,
+                between=self.between,
             )
         except Exception as error:
             self.progress = None

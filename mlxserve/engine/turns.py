@@ -65,6 +65,20 @@ class EngineThread:
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def step_others(self, loading: Engine) -> None:
+        """While `loading` loads a model (between its slices): a step for every other engine
+        with sequences running, so their streams go on through the load."""
+        engines = [
+            e
+            for e in self.engines
+            if e is not loading and e.begun and e.has_live_sequences and e.generator is not None
+        ]
+        for engine in engines:
+            engine.others_streaming_s = sum(
+                other.streaming_step_s() for other in engines if other is not engine
+            )
+            engine.step_now()
+
     def _remove(self, engine: Engine) -> bool:
         """Forget a stopped engine; whether the thread has no engine left (and ends)."""
         with self._lock:

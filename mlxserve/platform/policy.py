@@ -38,8 +38,9 @@ class PlatformPolicy:
         """Whether `prepare_model` does anything (a phase of its own in the load's progress)."""
         return self.cpu_tricks
 
-    def prepare_model(self, model, sharded: bool = False) -> None:
-        """The model as this platform runs it best. Sharded quantized layers stay quantized."""
+    def prepare_model(self, model, sharded: bool = False, evaluate=None) -> None:
+        """The model as this platform runs it best. Sharded quantized layers stay quantized.
+        `evaluate(model)`: how converted weights are computed (None: all at once)."""
         if not self.cpu_tricks:
             return
         from ..settings import machine_memory_bytes
@@ -47,7 +48,7 @@ class PlatformPolicy:
         from .weights import DEQUANTIZE_MEMORY_SHARE, dequantize, upcast
 
         if not sharded:
-            dequantize(model, machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE)
+            dequantize(model, machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE, evaluate)
         upcast(model)
         if not sharded:
             use_vectorised_attention(model)

@@ -21,8 +21,9 @@ log = logging.getLogger("mlxserve.platform")
 DEQUANTIZE_MEMORY_SHARE = 8
 
 
-def dequantize(model: nn.Module, budget_bytes: int) -> bool:
-    """Widen a quantized `model` to float32 if that fits `budget_bytes`; whether it did."""
+def dequantize(model: nn.Module, budget_bytes: int, evaluate=None) -> bool:
+    """Widen a quantized `model` to float32 if that fits `budget_bytes`; whether it did.
+    `evaluate(model)` computes the widened weights (None: all at once)."""
     from mlx_lm.utils import dequantize_model
 
     quantized = [m for _, m in model.named_modules() if hasattr(m, "bits") and "scales" in m]
@@ -41,7 +42,10 @@ def dequantize(model: nn.Module, budget_bytes: int) -> bool:
         return False
     dequantize_model(model)
     model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
+    if evaluate is None:
+        mx.eval(model.parameters())
+    else:
+        evaluate(model)
     log.info(
         "CPU backend: quantized weights widened to float32 (%.2f GB) for batching",
         float_bytes / 1e9,

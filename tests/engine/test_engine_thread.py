@@ -56,3 +56,46 @@ def test_two_models_on_one_thread_each_answer_as_alone(tiny_model, tiny_models_d
     finally:
         first.stop()
     assert first.thread.engines == []
+
+
+def test_a_running_stream_goes_on_while_another_model_loads(
+    tiny_model, tiny_models_dir, monkeypatch
+):
+    """A load on the shared thread reads its weights a slice at a time and times its passes
+    one by one; the other models' running sequences step between them."""
+    from mlxserve.engine import model_host
+
+    monkeypatch.setattr(model_host, "LOAD_SLICE_BYTES", 32 << 10)  # the tiny model in slices
+    first = Engine(str(tiny_model)).start()
+    second = None
+    try:
+        assert first.wait_ready(60), first.error
+        stamps: list[float] = []
+
+        async def stream() -> None:
+            async for event in first.submit([request(max_tokens=1500)]):
+                if event.token_ids:
+                    stamps.append(time.monotonic())
+
+        streaming = threading.Thread(target=lambda: asyncio.run(stream()))
+        streaming.start()
+        assert wait_for(lambda: len(stamps) >= 10)
+        began = time.monotonic()
+        second = Engine(str(tiny_models_dir / "tiny2"), thread=first.thread).start()
+        assert second.wait_ready(60), second.error
+        loaded = time.monotonic()
+        streaming.join(120)
+        during = [t for t in stamps if began < t < loaded]
+        assert len(stamps) == 1500 and stamps[-1] > loaded, "the stream ended before the load"
+        assert len(during) >= 10, (len(during), loaded - began)
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+
+
+def wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
