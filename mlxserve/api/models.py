@@ -134,6 +134,8 @@ def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict
         card["default"] = name == models.default_name
         card["pinned"] = models.is_pinned(name)
         card["memory_bytes"] = models.footprint(engine) if engine.loaded is not None else 0
+        card["queue"] = engine.stats.waiting_groups
+        card["pending_sequences"] = engine.pending_sequences
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length
             chat = current_app.config["SETTINGS"].chat

@@ -72,6 +72,7 @@ class ModelSlot:
         self.pending: ModelChange | None = None  # asked for, applied once no work is in flight
         self.last_work = time.monotonic()
         self.pinned = False  # kept loaded: no idle unload (the pool never unloads it for room)
+        self.needed: Callable[[], bool] = lambda: False  # in use elsewhere: no idle unload
         self.ready = threading.Event()
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
@@ -174,7 +175,7 @@ class ModelSlot:
 
     def idle_wait(self, busy: bool) -> float | None:
         """How long the engine may wait for work: until the idle unload is due, or for ever."""
-        if self.idle_unload_s is None or self.loaded is None or busy or self.pinned:
+        if self.idle_unload_s is None or self.loaded is None or busy or self._kept():
             return None
         due = max(0.0, self.last_work + self.idle_unload_s - time.monotonic())
         return min(due, MAX_WAIT_S)  # a wait past the OS's timer range would raise
@@ -182,10 +183,13 @@ class ModelSlot:
     def idle_for_too_long(self) -> bool:
         return (
             self.idle_unload_s is not None
-            and not self.pinned
+            and not self._kept()
             and self.loaded is not None
             and time.monotonic() - self.last_work >= self.idle_unload_s
         )
+
+    def _kept(self) -> bool:
+        return self.pinned or self.needed()
 
     # ---- any thread -------------------------------------------------------------------------
 

@@ -174,6 +174,8 @@ class ModelPool:
 
             engine = self._make_engine(adapter.path, name, loader=loader)
             estimate = sum(f.stat().st_size for f in Path(adapter.path).glob("*.safetensors"))
+            # its base's arrays are its own too: the base is not unloaded for idleness meanwhile
+            base.slot.needed = lambda base_name=adapter.base: self._adapter_loaded_on(base_name)
         else:
             source = source or self.configured.get(name)
             if source is None:
@@ -211,6 +213,13 @@ class ModelPool:
                     await self._make_room(engine)
                     engine.reload()
         return engine
+
+    def _adapter_loaded_on(self, base: str) -> bool:
+        return any(
+            (engine := self.get(name)) is not None and _holds_memory(engine)
+            for name, adapter in self.adapters.items()
+            if adapter.base == base
+        )
 
     def pin(self, name: str, pinned: bool = True) -> None:
         """Pin `name` (never unloaded to make room, nor for being idle) or unpin it."""

@@ -110,6 +110,7 @@ def test_two_models_stream_at_once_each_as_it_does_alone(live_server, tiny_model
         cards = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         assert cards["tiny"]["loaded"] and cards["tiny2"]["loaded"]
         assert cards["tiny"]["default"] and not cards["tiny2"]["default"]
+        assert cards["tiny2"]["memory_bytes"] > 0 and cards["tiny2"]["pending_sequences"] == 0
 
 
 def test_the_least_recently_used_idle_model_makes_room_and_a_pinned_one_stays(
@@ -266,4 +267,22 @@ def test_a_pinned_model_is_not_unloaded_for_being_idle(live_server, tiny_model, 
         (listed,) = http.get("/api/ps").json()["models"]
         assert listed["expires_at"].startswith("2318")  # Ollama's "never"
         assert http.post("/admin/pin", json={"model": "tiny", "pinned": False}).status_code == 200
+        assert wait_until(lambda: not in_memory(http), 10)
+
+
+def test_a_base_stays_loaded_while_its_adapter_is(live_server, tiny_model, tiny_lora):
+    """The adapter's weights are its base's arrays: the base is not unloaded for being idle
+    while the adapter is loaded (here pinned), and goes once the adapter does."""
+    live = live_server(
+        tiny_model,
+        own=True,
+        adapters=(("tiny-lora", str(tiny_lora)),),
+        pins=("tiny-lora",),
+        idle_unload_s=1.0,
+    )
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        assert wait_until(lambda: in_memory(http) == {"tiny", "tiny-lora"}, 30)
+        time.sleep(2.5)
+        assert in_memory(http) == {"tiny", "tiny-lora"}
+        assert http.post("/admin/pin", json={"model": "tiny-lora", "pinned": False}).status_code
         assert wait_until(lambda: not in_memory(http), 10)
