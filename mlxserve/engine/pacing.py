@@ -25,6 +25,10 @@ from ..settings import DEFAULT_MAX_STREAM_GAP
 # The share of the bound's room above one decode step that a chunk is planned to take: the
 # stray slow steps of a busy machine take the rest (scripts/bench_gap_curve.py measures it).
 GAP_MARGIN = 0.6
+# Beside other models' streams only (turns.py), the share of the bound's room a chunk takes: their
+# usual gap is a round of several models' steps, whose stray slow steps vary less against it
+# (scripts/bench_models.py measures both sides).
+OTHERS_MARGIN = 0.8
 # Deep in a long prompt on a CPU the bound allows a token or two a step; on a GPU far more.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
 GRANULE = 8  # chunks of GRANULE tokens or more are a multiple of it
@@ -137,7 +141,8 @@ class PrefillPacer:
         elif (decoded and own_s is None) or self.token_cost_s is None:
             self.chunk = clamp_chunk(self.calibrated * self.cost / CHUNK_COST_IN_DECODE_STEPS)
         else:
-            budget = self.cost * (own_s + others_s)
+            cost = self.cost if decoded else self.cost / GAP_MARGIN * OTHERS_MARGIN
+            budget = cost * (own_s + others_s)
             fits = budget / (self.token_cost_s * max(prompts, 1))  # tokens a step, per prompt
             if prompt_tokens:
                 fits = min(fits, max(GRANULE, MAX_GROWTH * prompt_tokens / max(prompts, 1)))

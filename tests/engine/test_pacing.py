@@ -14,6 +14,7 @@ from mlxserve.engine.pacing import (
     MAX_CHUNK,
     MAX_GROWTH,
     MIN_CHUNK,
+    OTHERS_MARGIN,
     SPREAD_CHUNK,
     PrefillPacer,
     chunk_cost,
@@ -218,7 +219,8 @@ def test_beside_another_models_streams_a_prompt_takes_its_share_of_their_wait():
     assert pacer.observe(0.4, prompt_tokens=1024, prompts=1, decoded=False) == MAX_CHUNK
     # 1024 tokens took 0.4 s with nothing decoding here: 0.39 ms a token
     chunk = pacer.observe(0.4, prompt_tokens=1024, prompts=1, decoded=False, others_s=0.1)
-    expected = int(CHUNK_COST_IN_DECODE_STEPS * 0.1 / (0.4 / 1024))
+    beside_others = CHUNK_COST_IN_DECODE_STEPS / GAP_MARGIN * OTHERS_MARGIN
+    expected = int(beside_others * 0.1 / (0.4 / 1024))
     assert chunk == min(expected, MAX_GROWTH * 1024) // GRANULE * GRANULE
     assert pacer.layers_per_pass is None  # a pass of its own: nothing to carry it
     # with its own stream too, the round's wait is both models' steps
@@ -242,5 +244,5 @@ def test_beside_another_models_streams_a_few_token_pass_does_not_shrink_the_chun
     for _ in range(10):
         chunk = pacer.observe(0.04 + chunk * 0.0004, chunk, 1, False, others_s=0.05)
     # the round the others' streams usually wait: their step and this model's decode step
-    budget = CHUNK_COST_IN_DECODE_STEPS * (0.05 + 0.04)
+    budget = CHUNK_COST_IN_DECODE_STEPS / GAP_MARGIN * OTHERS_MARGIN * (0.05 + 0.04)
     assert chunk == int(budget / 0.0004) // GRANULE * GRANULE
