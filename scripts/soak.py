@@ -27,6 +27,9 @@ batch's decode pass (forward) or a pass carrying its prompt (prefill), or the gr
 JSON-schema template; engine/faults.py): each must end in a 500 or an error in its stream
 ("faults reported"), and every other answer must still equal its solo run.
 
+With --second-model, the server serves that model too and every template but infill is sent to
+it as well (naming it): two models' batches on one thread, each answer against its own model's.
+
     python scripts/soak.py [--minutes 30] [--concurrency 16] [--disconnect-rate 0.1]
                            [--fault-rate 0.01] [--model PATH | --url http://127.0.0.1:8080]
 """
@@ -86,7 +89,9 @@ class Template:
         return {**self.body, "stream": self.stream}
 
 
-def templates(rng: random.Random) -> list[Template]:
+def templates(rng: random.Random, second_model: str | None = None) -> list[Template]:
+    """Every template once; with `second_model`, each again naming it (but infill, which the
+    second model may not have), so two models' batches run side by side."""
     out = []
     for i, prompt in enumerate(PROMPTS):
         base = {"prompt": prompt, "max_tokens": rng.choice([8, 16, 32, 48])}
@@ -116,6 +121,12 @@ def templates(rng: random.Random) -> list[Template]:
             False,
         )
     )
+    if second_model is not None:
+        out += [
+            Template(t.route, {**t.body, "model": second_model}, t.stream)
+            for t in out
+            if t.route != "/infill"
+        ]
     return out
 
 
@@ -328,7 +339,8 @@ def metric(base_url: str, name: str) -> float:
 
 async def soak(args: argparse.Namespace, base_url: str, port: int, pid: int | None) -> int:
     rng = random.Random(args.seed)
-    pool = templates(rng)
+    second = Path(args.second_model).name if args.second_model else None
+    pool = templates(rng, second)
     expected: dict[int, list[str]] = {}
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         for index, template in enumerate(pool):
@@ -466,13 +478,19 @@ def main() -> int:
     )
     parser.add_argument("--model", default=None, help="model folder (default: the demo model)")
     parser.add_argument("--url", default=None, help="soak a running server instead")
+    parser.add_argument(
+        "--second-model",
+        default=None,
+        help="serve this model too and send every request to it as well (requests name it)",
+    )
     args = parser.parse_args()
     if args.url:
         port = int(args.url.rsplit(":", 1)[1].strip("/"))
         return asyncio.run(soak(args, args.url.rstrip("/"), port, None))
     try:
         env = {**os.environ, ENVIRONMENT: "1"} if args.fault_rate else None
-        start = partial(start_server, args.model or demo_model(), env=env)
+        extra = ["--model", args.second_model] if args.second_model else []
+        start = partial(start_server, args.model or demo_model(), env=env, extra=extra)
         with served(start, "soak") as server:
             try:
                 return asyncio.run(soak(args, server.url, server.port, server.process.pid))
