@@ -167,10 +167,11 @@ class ModelPool:
         if adapter is not None:
             base = self.engine_for(adapter.base)
 
-            def loader(path, *args, **kwargs):
+            def loader(path, *args, base_name=adapter.base, **kwargs):
                 from .adapters import load_adapter
 
-                return load_adapter(base.loaded, path, name)
+                base_now = self.get(base_name)  # the base's engine when the adapter loads
+                return load_adapter(base_now.loaded if base_now else None, path, name)
 
             engine = self._make_engine(adapter.path, name, loader=loader)
             estimate = sum(f.stat().st_size for f in Path(adapter.path).glob("*.safetensors"))
@@ -199,6 +200,7 @@ class ModelPool:
         if engine is self._first and not engine.started:
             return engine  # its owner starts it (requests meanwhile get 503 loading)
         adapter = self.adapters.get(name)
+        base = None
         if adapter is not None:  # its base first: the adapter is loaded onto its weights
             base = await self.acquire(adapter.base)
             await base.ensure_loaded(timeout=UNLOAD_WAIT_S * 4)
@@ -206,12 +208,14 @@ class ModelPool:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
-                if not engine.started:
+                if not _holds_memory(engine):
                     await self._make_room(engine)
-                    engine.start()
-                elif engine.state == "unloaded":
-                    await self._make_room(engine)
-                    engine.reload()
+                    if base is not None:  # not idle: from now its adapter holds it
+                        base.slot.last_work = time.monotonic()
+                    if not engine.started:
+                        engine.start()
+                    elif engine.state == "unloaded":
+                        engine.reload()
         return engine
 
     def _adapter_loaded_on(self, base: str) -> bool:
