@@ -287,7 +287,7 @@ def load_model(
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
     progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
-    prefill_chunk, decode_step_s = measure_prefill_chunk(model, between)
+    prefill_chunk, decode_step_s = measure_prefill_chunk(model, between, repeat=not sharded)
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
         path=str(path_or_repo),
@@ -330,11 +330,13 @@ def eval_in_slices(model: nn.Module, between: Callable[[], None] | None = None) 
 
 
 def measure_prefill_chunk(
-    model: nn.Module, between: Callable[[], None] | None = None
+    model: nn.Module, between: Callable[[], None] | None = None, repeat: bool = True
 ) -> tuple[int, float]:
     """Prompt tokens per prefill chunk, sized on this machine from a decode step's time: the
     pacer's starting point (`pacing.py` adjusts it step by step from then on); and that decode
-    step's seconds (one sequence, 64 tokens deep).
+    step's seconds (one sequence, 64 tokens deep). `repeat`: time a cheap prompt chunk twice
+    (not on a rank of a split model: each rank would decide on its own timing, and their
+    passes' collectives would pair up wrongly).
 
     Measured rather than fixed: on a CPU one prompt token costs a sizeable share of a decode
     step, on a GPU a tiny one, so a fixed chunk either stalls streams or slows prefill.
@@ -359,7 +361,7 @@ def measure_prefill_chunk(
     then(timed(64, cache))  # warm up; the decode steps below attend to 64 cached tokens
     decode = min(then(timed(1, cache)) for _ in range(3))
     prefill = then(timed(128, make_prompt_cache(model)))
-    if prefill < REPEAT_TIMING_UNDER_S:  # a second try, against noise, where it is cheap
+    if repeat and prefill < REPEAT_TIMING_UNDER_S:  # a second try, against noise, where cheap
         prefill = min(prefill, then(timed(128, make_prompt_cache(model))))
     prefill /= 128
     return clamp_chunk(CHUNK_COST_IN_DECODE_STEPS * decode / max(prefill, 1e-9)), decode
