@@ -170,7 +170,7 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         mask = GrammarMask(
             loaded.grammars.matcher(grammar),
             prompt_length,
-            loaded.vocab_size,
+            loaded.grammars.vocab_size,
             list(loaded.eos_token_ids),
         )
     processors = make_processors(

@@ -46,10 +46,13 @@ class GrammarCompiler:
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
         import llguidance.hf
 
+        # A tokenizer may hold more tokens than the model has logits (added tokens past the
+        # embedding): llguidance needs every token, and a mask is cut to the logits it meets.
+        vocab_size = max(vocab_size, len(hf_tokenizer))
         self.tokenizer = llguidance.hf.from_tokenizer(
             hf_tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids)
         )
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size  # the masks' length
         self._texts: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._prototypes: OrderedDict[str, LLMatcher] = OrderedDict()
         self._lock = threading.Lock()

@@ -153,6 +153,9 @@ BODIES = [
 ]
 
 
+FAILED = "FAILED: "  # in place of a body's texts when it got no answer
+
+
 def answers(url: str, stream: bool) -> list[list[str]]:
     """The 4 bodies at once; each answer's choices' texts."""
     results: list[list[str]] = [[] for _ in BODIES]
@@ -162,7 +165,7 @@ def answers(url: str, stream: bool) -> list[list[str]]:
         with httpx.Client(base_url=url, timeout=120) as client:
             response = client.post("/v1/completions", json=body)
             if response.status_code != 200 or '"error"' in response.text:
-                results[i] = [f"HTTP {response.status_code}: {response.text[-500:]}"]
+                results[i] = [f"{FAILED}HTTP {response.status_code}: {response.text[-500:]}"]
                 return
             if not stream:
                 results[i] = [c["text"] for c in response.json()["choices"]]
@@ -178,7 +181,7 @@ def answers(url: str, stream: bool) -> list[list[str]]:
         try:
             one(i)
         except Exception as e:  # noqa: BLE001
-            results[i] = [f"{type(e).__name__}: {e}"]
+            results[i] = [f"{FAILED}{type(e).__name__}: {e}"]
 
     threads = [threading.Thread(target=guarded, args=(i,)) for i in range(len(BODIES))]
     for t in threads:
@@ -188,12 +191,19 @@ def answers(url: str, stream: bool) -> list[list[str]]:
     return results
 
 
+def assert_answered(results: list[list[str]]) -> None:
+    """Every body answered with text: no HTTP error, no exception (`answers` writes those in
+    place of the texts, and two servers failing alike would compare equal)."""
+    failed = [t for texts in results for t in texts if t.startswith(FAILED)]
+    assert all(all(texts) for texts in results) and not failed, failed
+
+
 def test_two_ranks_answer_as_one_process(cluster, server):
     """Greedy, seeded, n, a JSON schema, echo with logprobs; then a stream the client drops."""
     url, _, _ = cluster
     for stream in (False, True):
         single = answers(server.url, stream)
-        assert all(all(texts) for texts in single)
+        assert_answered(single)
         assert answers(url, stream) == single
     body = {"prompt": "a", "max_tokens": 1000, "stream": True, "ignore_eos": True}
     with httpx.Client(base_url=url, timeout=60) as client:
@@ -222,7 +232,7 @@ def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
         with live_servers.own(three_heads["qwen2"]) as single:
             for stream in (False, True):
                 alone = answers(single.url, stream)
-                assert all(all(texts) for texts in alone)
+                assert_answered(alone)
                 assert answers(url, stream) == alone
 
 
