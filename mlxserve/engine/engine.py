@@ -428,23 +428,20 @@ class Engine:
         self._adopt()
         if not self.has_live_sequences:
             return True
+        if self.lockstep is None:
+            self.step_now()
+            return True
         try:
-            if self.lockstep is None:
+            with self.lockstep.waiting():
                 self.step()
-            else:
-                with self.lockstep.waiting():
-                    self.step()
-        except Exception as error:  # a broken step must not take the server down
-            if self.lockstep is not None:
-                self._lose_cluster(error)
-                return False
-            log.exception("engine step failed")
-            self._fail_all(f"generation failed: {error}")
+        except Exception as error:  # a rank is gone
+            self._lose_cluster(error)
+            return False
         return True
 
     def step_now(self) -> None:
-        """One step of the running sequences, while another model loads (its new requests
-        wait for the load)."""
+        """One step of the running sequences (also while another model loads, when its new
+        requests wait for the load)."""
         try:
             self.step()
         except Exception as error:  # a broken step must not take the server down

@@ -74,9 +74,7 @@ class EngineThread:
             if e is not loading and e.begun and e.has_live_sequences and e.generator is not None
         ]
         for engine in engines:
-            engine.others_streaming_s = sum(
-                other.streaming_step_s() for other in engines if other is not engine
-            )
+            _pace_beside(engine, engines)
             engine.step_now()
 
     def _remove(self, engine: Engine) -> bool:
@@ -101,9 +99,7 @@ class EngineThread:
                         return
             engines = [e for e in self.engines if e.begun]
             for engine in engines:
-                engine.others_streaming_s = sum(
-                    other.streaming_step_s() for other in engines if other is not engine
-                )
+                _pace_beside(engine, engines)
                 if not engine.turn():
                     engine.finish()
                     if self._remove(engine):
@@ -114,3 +110,8 @@ class EngineThread:
                     engine.before_sleep()
                 waits = [w for e in engines if (w := e.idle_wait()) is not None]
                 self.wake.wait(min(waits) if waits else None)
+
+
+def _pace_beside(engine: Engine, engines: list[Engine]) -> None:
+    """Tell `engine`'s pacer how long the other engines' streams wait for their own steps."""
+    engine.others_streaming_s = sum(e.streaming_step_s() for e in engines if e is not engine)
