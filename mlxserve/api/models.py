@@ -68,7 +68,7 @@ async def engine_for(name: str | None):
         elif settings.strict_model_names:
             raise InvalidRequest(
                 f"The model '{name}' is not served here (served: "
-                f"{', '.join(served_names())}); this server loads other models on request only "
+                f"{', '.join(pool().names())}); this server loads other models on request only "
                 "when started with --allow-switch.",
                 param="model",
                 code="model_not_loaded",
@@ -91,13 +91,6 @@ async def acquire(name: str, source: str | None = None):
             code="model_memory_full",
             headers={"Retry-After": str(NO_ROOM_RETRY_AFTER_S)},
         ) from error
-
-
-def served_names() -> list[str]:
-    models = pool()
-    return [e.model_name for e in models.engines] + [
-        n for n in [*models.configured, *models.adapters] if models.get(n) is None
-    ]
 
 
 _stand_ins = FirstSight()
@@ -150,12 +143,7 @@ def _cards() -> list[dict]:
     rest of the registry, then the aliases."""
     models = pool()
     entries = {e.name: e for e in registry().scan()}
-    served = [models.default_name] + [
-        n
-        for n in [*(e.model_name for e in models.engines), *models.configured, *models.adapters]
-        if n != models.default_name
-    ]
-    served = list(dict.fromkeys(served))
+    served = models.names()
     cards = [model_card(entries.get(n), n) for n in served]
     cards += [model_card(e) for n, e in entries.items() if n not in served]
     for alias, target in models.aliases.items():

@@ -109,6 +109,12 @@ class ModelPool:
     def engines(self) -> list[Engine]:
         return [r.engine for r in self._residents.values()]
 
+    def names(self) -> list[str]:
+        """Every served model's name: the default, then those with an engine, then the
+        configured models and adapters not started yet."""
+        engines = [e.model_name for e in self.engines]
+        return list(dict.fromkeys([self.default_name, *engines, *self.configured, *self.adapters]))
+
     def get(self, name: str) -> Engine | None:
         resident = self._residents.get(name)
         return resident.engine if resident is not None else None
