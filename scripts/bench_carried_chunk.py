@@ -6,8 +6,12 @@ The model as the server prepares it (the platform's weights and attention); one 
 depth `--decode-depth`, the prompt at depth `--prompt-depth`; each time the median of `--repeats`
 passes, all in this process. This script only prints; it asserts nothing.
 
+`--layers N`: the chunk goes through its first N layers only, as a spread chunk's pass does
+(the per-token figure is then per token's worth, N / all layers of a token).
+
     python scripts/bench_carried_chunk.py [--model PATH] [--decode-depth 300]
                                           [--prompt-depth 1000] [--repeats 15]
+                                          [--chunks 1 4 8 ...] [--layers N]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-depth", type=int, default=300)
     parser.add_argument("--prompt-depth", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--chunks", type=int, nargs="+", default=list(CHUNKS))
+    parser.add_argument("--layers", type=int, default=None, help="layers the chunk goes through")
     return parser.parse_args(argv)
 
 
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             rewind(decode, args.decode_depth)
             rewind(prompt, args.prompt_depth)
             part = PromptPart(mx.array([[7 + i for i in range(k)]]), prompt) if k else None
-            logits = mixed_forward(model, [(mx.array([[5]]), decode)], part, None, attention)
+            logits = mixed_forward(model, [(mx.array([[5]]), decode)], part, args.layers, attention)
             mx.eval(logits, [c.state for c in prompt])
 
         return run
@@ -91,18 +97,21 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    layers = len(model.model.layers)
     bare = timed(decode_pass())
     rows = [
         ("model", f"{model_path} ({policy.description})"),
         ("decode pass, one row at depth", f"{args.decode_depth}: {bare:.1f} ms"),
     ]
-    for k in CHUNKS:
+    share = (args.layers or layers) / layers
+    for k in args.chunks:
         carried, alone = timed(decode_pass(k)), timed(prompt_pass(k))
         rows.append(
             (
-                f"carrying {k} prompt tokens at depth {args.prompt_depth}",
-                f"{carried:.1f} ms (+{carried - bare:.1f}, {(carried - bare) / k:.2f} ms a token); "
-                f"in a pass of its own {alone:.1f} ms",
+                f"carrying {k} prompt tokens at depth {args.prompt_depth}"
+                + (f" through {args.layers} layers" if args.layers else ""),
+                f"{carried:.1f} ms (+{carried - bare:.1f}, {(carried - bare) / k / share:.2f} ms a "
+                f"token's worth); in a pass of its own {alone:.1f} ms ({alone / k:.2f} a token)",
             )
         )
     print_table(rows)

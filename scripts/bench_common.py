@@ -160,7 +160,9 @@ def mlxserve_command(
     """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags; `distributed`: as 2
     local ranks under mlx.launch (ring backend over loopback)."""
     command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    if "--log-level" not in extra:  # quiet unless the caller asks for a step log
+        command += ["--log-level", "warning"]
     if "--prefix-cache-dir" not in extra:  # as by default, but not in the user's cache folder
         command += ["--prefix-cache-dir", bench_prefix_cache_dir()]
     if not distributed:

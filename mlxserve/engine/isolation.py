@@ -80,6 +80,10 @@ class GuardedSampler:
     def group_key(self):
         return None if self.guard.alone else getattr(self.sample, "group_key", None)
 
+    @property
+    def needs_logprobs(self) -> bool:
+        return getattr(self.sample, "needs_logprobs", True)
+
     def __call__(self, logprobs: mx.array) -> mx.array:
         guard = self.guard
         if guard.error is None:

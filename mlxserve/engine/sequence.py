@@ -188,6 +188,7 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         loaded.vocab_size,
         request.seed,
         keep_final=request.post_sampling_probs and request.logprobs is not None,
+        reports_logprobs=request.logprobs is not None,
     )
     guard = RowGuard(request.fault)
     guarded = [

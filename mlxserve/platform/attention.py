@@ -148,14 +148,22 @@ def _numpy_softmax(scores: mx.array) -> tuple[mx.array, mx.array]:
     return mx.array(shifted), mx.array(1.0 / shifted.sum(axis=-1, keepdims=True))
 
 
-# Below this many keys MLX's own kernel is as fast (and a compiled reduction over one key
-# crashes MLX 0.32 when traced shapeless).
-MIN_KEYS = 256
+# Below this many scores (batch x heads x queries x keys) MLX's own kernel is as fast: the
+# compiled loop's fixed cost is then most of its time. A batch of decode rows passes it long
+# before each row's keys would (scripts/bench_attention.py).
+MIN_SCORES = 1 << 11
+# A compiled reduction over one key crashes MLX 0.32 when traced shapeless.
+MIN_KEYS = 2
 
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's `models.base.scaled_dot_product_attention`, with `attention` on the CPU."""
-    if hasattr(cache, "bits") or sinks is not None or keys.shape[2] < MIN_KEYS:
+    if (
+        hasattr(cache, "bits")
+        or sinks is not None
+        or keys.shape[2] < MIN_KEYS
+        or queries.size // queries.shape[-1] * keys.shape[2] < MIN_SCORES
+    ):
         return _mlx_lm_attention(queries, keys, values, cache, scale, mask, sinks)
     return attention(queries, keys, values, scale, mask)
 

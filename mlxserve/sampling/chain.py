@@ -49,10 +49,18 @@ class SequenceSampler:
     """
 
     def __init__(
-        self, params: SamplingParams, vocab_size: int, seed: int, keep_final: bool = False
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        seed: int,
+        keep_final: bool = False,
+        reports_logprobs: bool = False,
     ):
         self.params = params
         self.keep_final = keep_final
+        # A greedy row that reports no logprobs takes the argmax of its logits as they are: a
+        # step whose rows are all such skips normalising them (decode_step.py).
+        self.needs_logprobs = reports_logprobs or keep_final or not params.greedy
         self.finals: collections.deque[mx.array] = collections.deque()
         self.key = mx.random.key(seed % 2**64)
         sampling = not params.greedy

@@ -85,7 +85,9 @@ def test_long_query_runs_go_through_in_blocks(monkeypatch):
 
 
 def test_a_patched_model_gives_the_same_logits(tiny_model, monkeypatch):
-    """A prompt long enough for the new path (MIN_KEYS keys), then one decode step on its cache."""
+    """A prompt long enough for the new path (MIN_KEYS keys), then one decode step on its cache,
+    both through it whatever their size."""
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES", 0)
     model, _ = mlx_lm.load(str(tiny_model))
     module = sys.modules[type(model).__module__]
     prompt = mx.array([[(7 * i) % 500 + 3 for i in range(cpu_attention.MIN_KEYS + 44)]])
@@ -104,3 +106,17 @@ def test_a_patched_model_gives_the_same_logits(tiny_model, monkeypatch):
     after = logits()
     for b, a in zip(before, after):
         assert mx.abs(a - b).max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("batch", "keys", "vectorised"),
+    [(1, 150, False), (16, 150, True), (16, 1, False), (1, 600, True)],
+)
+def test_the_path_follows_the_number_of_scores(monkeypatch, batch, keys, vectorised):
+    """A batch of decode rows takes the vectorised path at depths where one row alone keeps
+    MLX's kernel; one key never does."""
+    taken = []
+    monkeypatch.setattr(cpu_attention, "attention", lambda *a: taken.append(a) or a[0])
+    q, k, v = random_qkv(batch, heads=9, kv_heads=3, length=1, total=keys)
+    cpu_attention.scaled_dot_product_attention(q, k, v, None, 0.125, None)
+    assert bool(taken) is vectorised

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import mlx.core as mx
@@ -130,6 +131,31 @@ def test_logprobs_and_echo_scores(engine):
     assert prompt_tokens[0].logprob is None and all(t.logprob < 0 for t in prompt_tokens[1:])
     generated = [t for e in events for t in e.tokens]
     assert len(generated) == 3 and all(len(t.top) >= 1 for t in generated)
+
+
+def test_logprobs_beside_greedy_rows_that_report_none(engine):
+    """A step whose rows are all greedy and report no logprobs skips normalising the logits; a
+    row that reports them gets the same log probabilities beside such rows as alone."""
+
+    def reported(events):
+        return [
+            (t.token_id, t.logprob, [a.logprob for a in t.alternatives])
+            for e in events
+            for t in e.tokens
+        ]
+
+    alone = reported(run(engine, [request(max_tokens=4, logprobs=3)])[0])
+    together = run(
+        engine,
+        [request(prompt=PROMPT[:5]), request(max_tokens=4, logprobs=3), request(max_tokens=6)],
+    )
+    beside = reported(together[1])
+    assert [t for t, _, _ in beside] == [t for t, _, _ in alone]
+    for (_, logprob, top), (_, alone_logprob, alone_top) in zip(beside, alone):
+        assert logprob == pytest.approx(alone_logprob, abs=1e-3)
+        assert top == pytest.approx(alone_top, abs=1e-3)
+        assert logprob <= 0 and sum(math.exp(x) for x in top) <= 1 + 1e-4
+    assert not together[0][-1].tokens  # the other rows report none
 
 
 def test_a_switch_to_a_missing_model_rolls_back(tiny_model, tmp_path):

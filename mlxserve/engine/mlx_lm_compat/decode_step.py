@@ -2,7 +2,8 @@
 mlx-lm calls each row's sampler on its own row unless every row has the same sampler object,
 and each of ours is its sequence's own (its seed, its guard).
 
-Rows that ban the same token ids (EOS under ignore_eos) are banned in one op too. Everything else
+Rows that ban the same token ids (EOS under ignore_eos) are banned in one op too, and a step
+whose rows are all greedy and report no logprobs skips normalising the logits. Everything else
 is as mlx-lm does it: the forward pass, each row's other logits processors on its row, the next
 tokens evaluated asynchronously while the current ones are read.
 """
@@ -38,8 +39,11 @@ def _step(self):
                 rows.append(row)
             logits = mx.concatenate(rows, axis=0)
 
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
+    if any(getattr(s, "needs_logprobs", True) for s in samplers):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    else:  # every row takes its argmax and reports no logprobs: no exp over the vocabulary
+        logprobs = logits
     self._next_tokens = draw(samplers, logprobs)
     self._next_logprobs = list(logprobs)
     mx.async_eval(self._next_tokens, self._next_logprobs, token_context)
