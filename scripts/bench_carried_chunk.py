@@ -7,11 +7,12 @@ depth `--decode-depth`, the prompt at depth `--prompt-depth`; each time the medi
 passes, all in this process. This script only prints; it asserts nothing.
 
 `--layers N`: the chunk goes through its first N layers only, as a spread chunk's pass does
-(the per-token figure is then per token's worth, N / all layers of a token).
+(the per-token figure is then per token's worth, N / all layers of a token). `--spread`: also
+how far the slowest of the same decode passes strays from their median on this machine.
 
     python scripts/bench_carried_chunk.py [--model PATH] [--decode-depth 300]
                                           [--prompt-depth 1000] [--repeats 15]
-                                          [--chunks 1 4 8 ...] [--layers N]
+                                          [--chunks 1 4 8 ...] [--layers N] [--spread]
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--chunks", type=int, nargs="+", default=list(CHUNKS))
     parser.add_argument("--layers", type=int, default=None, help="layers the chunk goes through")
+    parser.add_argument(
+        "--spread", action="store_true", help="also the decode passes' slowest against median"
+    )
     return parser.parse_args(argv)
 
 
@@ -71,14 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         for cache in caches:
             cache._idx, cache.offset = depth, mx.array([depth])
 
-    def timed(run: Callable[[], None]) -> float:
+    spreads = []  # (what, the passes' times in ms, sorted)
+
+    def timed(run: Callable[[], None], what: str = "") -> float:
         run()
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
             run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1000
+            times.append((time.perf_counter() - start) * 1000)
+        if what:
+            spreads.append((what, sorted(times)))
+        return statistics.median(times)
 
     def decode_pass(k: int = 0) -> Callable[[], None]:
         def run() -> None:
@@ -98,14 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         return run
 
     layers = len(model.model.layers)
-    bare = timed(decode_pass())
+    bare = timed(decode_pass(), "the decode pass")
     rows = [
         ("model", f"{model_path} ({policy.description})"),
         ("decode pass, one row at depth", f"{args.decode_depth}: {bare:.1f} ms"),
     ]
     share = (args.layers or layers) / layers
     for k in args.chunks:
-        carried, alone = timed(decode_pass(k)), timed(prompt_pass(k))
+        carried = timed(decode_pass(k), f"the decode pass carrying {k}")
+        alone = timed(prompt_pass(k))
         rows.append(
             (
                 f"carrying {k} prompt tokens at depth {args.prompt_depth}"
@@ -114,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"token's worth); in a pass of its own {alone:.1f} ms ({alone / k:.2f} a token)",
             )
         )
+    if args.spread:
+        for what, times in spreads:
+            q99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+            median = statistics.median(times)
+            rows.append(
+                (
+                    f"{what}: median, 99th percentile, slowest of {len(times)}",
+                    f"{median:.1f}, {q99:.1f}, {times[-1]:.1f} ms ({times[-1] / median:.2f}x)",
+                )
+            )
     print_table(rows)
     return 0
 
