@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
-from bench_common import bench_parser, print_table, reexec_for_cpu
+from bench_common import bench_parser, call_times_ms, print_table, reexec_for_cpu
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 # (rows, queries a row, keys): decode batches at growing depths, and prompt chunks
@@ -50,13 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlxserve.platform import attention as cpu_attention
 
     def timed(run: Callable[[], None]) -> float:
-        run()
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1000
+        return statistics.median(call_times_ms(run, args.repeats))
 
     rows = [("switch to the vectorised kernel from", f"{cpu_attention.MIN_SCORES} scores")]
     for batch, length, keys in SHAPES:

@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
-from bench_common import bench_parser, default_model, print_table, reexec_for_cpu
+from bench_common import bench_parser, call_times_ms, default_model, print_table, reexec_for_cpu
 
 CHUNKS = (1, 4, 8, 16, 24, 32, 64)
 FILL_PASS = 64  # tokens a pass while the caches are filled
@@ -78,14 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     spreads = []  # (what, the passes' times in ms, sorted)
 
     def timed(run: Callable[[], None], what: str = "") -> float:
-        run()
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - start) * 1000)
+        times = call_times_ms(run, args.repeats)
         if what:
-            spreads.append((what, sorted(times)))
+            spreads.append((what, times))
         return statistics.median(times)
 
     def decode_pass(k: int = 0) -> Callable[[], None]:

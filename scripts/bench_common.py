@@ -432,6 +432,17 @@ def http_decode_rate(
 # -- tables -----------------------------------------------------------------------------------
 
 
+def call_times_ms(run: Callable[[], None], repeats: int) -> list[float]:
+    """`run()`'s wall times in ms, sorted: `repeats` calls after an unmeasured one (warm-up)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1000)
+    return sorted(times)
+
+
 def print_table(rows: list[tuple[str, str]]) -> None:
     """Two aligned columns: label and value."""
     width = max(len(label) for label, _ in rows)
