@@ -60,7 +60,7 @@ class SequenceSampler:
         self.keep_final = keep_final
         # A greedy row that reports no logprobs takes the argmax of its logits as they are: a
         # step whose rows are all such skips normalising them (decode_step.py).
-        self.needs_logprobs = reports_logprobs or keep_final or not params.greedy
+        self.needs_logprobs = reports_logprobs or not params.greedy
         self.finals: collections.deque[mx.array] = collections.deque()
         self.key = mx.random.key(seed % 2**64)
         sampling = not params.greedy
