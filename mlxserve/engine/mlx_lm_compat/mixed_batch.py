@@ -17,7 +17,11 @@ extracts caches.
 
 A prompt's last token rides in the pass that carries its final chunk, and the decode batch
 starts it from that pass's logits: mlx-lm would run it in a forward pass of its own in the step
-the prompt joins, after the decode pass: two passes where one does.
+the prompt joins, after the decode pass: two passes where one does. Prompts side by side take
+chunks of different lengths (a burst of requests arrives spread out): the chunk is right-padded
+as mlx-lm pads its own, so it still rides in the one pass, each prompt's last token with it.
+A final chunk with no decode batch to ride in (an idle server) runs at once, its last tokens
+with it, rather than in mlx-lm's pass followed by a pass for the last tokens.
 
 Deep in a long prompt not one token fits a step (a token's attention reads the whole KV), but
 several tokens share those reads. So the pacer may spread a chunk over several passes, some of
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import mlx.core as mx
@@ -65,12 +69,21 @@ def supports(model) -> bool:
 class PromptPart:
     """A prompt chunk on its way through the model, some of its layers each forward pass."""
 
-    inputs: mx.array  # (P, C): C tokens of each of P prompts
+    inputs: mx.array  # (P, C): each of P prompts' tokens, right-padded to C
     caches: list  # one per layer
-    wants_logits: bool = False  # each row's last-position logits, once through every layer
+    lengths: list[int] | None = None  # each row's tokens before its padding (None: C each)
+    join_rows: list[int] = field(default_factory=list)  # rows whose last token's logits we want
     hidden: mx.array | None = None  # (1, P * C, width) after the first `done` layers
     done: int = 0
-    logits: mx.array | None = None  # (P, 1, V), once through every layer if `wants_logits`
+    logits: mx.array | None = None  # (J, 1, V) for the J `join_rows`, once through every layer
+
+    @property
+    def wants_logits(self) -> bool:
+        return bool(self.join_rows)
+
+    @property
+    def padded(self) -> bool:
+        return self.lengths is not None and min(self.lengths) < self.inputs.shape[1]
 
 
 def mixed_forward(
@@ -124,7 +137,9 @@ def mixed_forward(
     prompt.hidden, prompt.done = prompt_h, stop
     if stop < total or not prompt.wants_logits:
         return _logits(model, h) if rows else None
-    last = prompt_h[:, mx.arange(batch) * length + length - 1]  # logits for the last rows only
+    lengths = prompt.lengths or [length] * batch
+    ends = [row * length + lengths[row] - 1 for row in prompt.join_rows]
+    last = prompt_h[:, mx.array(ends)]  # logits for the joining rows' last tokens only
     logits = _logits(model, mx.concatenate([h, last], axis=1) if rows else last)
     prompt.logits, prompt.hidden = logits[rows:], None
     return logits[:rows] if rows else None
@@ -184,7 +199,8 @@ class MixedBatches:
         self._pending_joins: list[int] | None = None  # uids whose last token `pending` carries
         self._held_prefill_batch: int | None = None  # mlx-lm's, while a chunk spans passes
         self._join_logits: dict[int, mx.array] = {}  # uid: its last prompt token's logits (1, V)
-        self.carried_tokens = self.flushed_tokens = 0  # totals: in decode passes, on their own
+        # totals: in decode passes; kept, then run on their own; run at once with no decode batch
+        self.carried_tokens = self.flushed_tokens = self.idle_tokens = 0
         self.joins_carried = 0  # prompts whose last token rode in a chunk's pass
         self._carried = self._taken = self._flushed = 0  # this step's
         self._decoded = False  # whether this step ran a decode pass
@@ -206,30 +222,54 @@ class MixedBatches:
         step (and do mlx-lm's bookkeeping), or say no and let mlx-lm run it now. A chunk is kept
         too when this step's decode emptied the batch: it then runs alone at the start of the
         next step, after the last tokens of this one are out (run now, it delays a finishing
-        stream's last token by a prompt pass).
+        stream's last token by a prompt pass). With no decode batch at all, a chunk that ends
+        a prompt runs now, carrying its last token.
 
-        A chunk that leaves every prompt of the batch with only its last token also carries that
-        token (`_joining_tokens`). A chunk spread over several passes holds mlx-lm's prompt
-        processing until its last one (`_hold_prompts`)."""
-        lengths = {len(t) for t in tokens}
+        Each prompt that the chunk leaves with only its last token has that token carried too
+        (`_joining_rows`); rows of unequal length are right-padded. A chunk spread over
+        several passes holds mlx-lm's prompt processing until its last one (`_hold_prompts`)."""
+        lengths = [len(t) for t in tokens]
+        decoding = bool(len(self.generator._generation_batch) or self._decoded)
         if (
             batch is not self.generator._prompt_batch
             or self.pending is not None
-            or not (len(self.generator._generation_batch) or self._decoded)
-            or len(lengths) != 1  # unequal chunks need mlx-lm's padding
-            or not 0 < max(lengths) <= self.max_chunk
+            or not 0 < max(lengths, default=0) <= self.max_chunk
         ):
             return False
+        joining = self._joining_rows(batch)
+        if not decoding and not joining:
+            return False  # mlx-lm's own pass does as well
         for kept, new in zip(batch.tokens, tokens):
             kept += new
-        last = self._joining_tokens(batch)
-        self._pending_joins = list(batch.uids) if last else None
-        chunk = [t + [token] for t, token in zip(tokens, last)] if last else tokens
-        self.pending = PromptPart(mx.array(chunk), batch.prompt_cache, wants_logits=bool(last))
+        self._pending_joins = [batch.uids[row] for row in joining] or None
+        chunk = [list(t) for t in tokens]
+        for row, token in joining.items():
+            chunk[row].append(token)
+        self.pending = self._part(batch, chunk, list(joining))
+        self._taken += sum(lengths)
+        if not decoding:  # nothing to ride in: run it now, with the prompts' last tokens
+            self.idle_tokens += self._run_alone()
+            return True
         self._layers_per_pass = max(1, min(self.layers_per_pass or self.layers, self.layers))
         self._hold_prompts(batch, math.ceil(self.layers / self._layers_per_pass) - 1)
-        self._taken += len(tokens) * max(lengths)
         return True
+
+    def _part(self, batch: PromptProcessingBatch, chunk: list[list[int]], join_rows) -> PromptPart:
+        """The chunk as a `PromptPart` on the prompt batch's caches, right-padded (and the
+        caches told so, as mlx-lm's own `prompt` does) where its rows differ in length."""
+        lengths = [len(t) for t in chunk]
+        width = max(lengths)
+        padding = [width - n for n in lengths]
+        if max(padding):
+            for cache in batch.prompt_cache:
+                cache.prepare(lengths=lengths, right_padding=padding)
+            chunk = [t + [0] * pad for t, pad in zip(chunk, padding)]
+        return PromptPart(
+            mx.array(chunk),
+            batch.prompt_cache,
+            lengths=lengths if max(padding) else None,
+            join_rows=join_rows,
+        )
 
     def _hold_prompts(self, batch: PromptProcessingBatch, steps: int) -> None:
         """Keep mlx-lm from giving the prompt batch more tokens, or more prompts, for `steps`
@@ -246,13 +286,16 @@ class MixedBatches:
 
     def flush(self) -> None:
         """Run a kept chunk on its own."""
-        if self.pending is None:
-            return
+        if self.pending is not None:
+            self.flushed_tokens += self._run_alone()
+
+    def _run_alone(self) -> float:
+        """The pending chunk through all its layers left in a pass of its own: tokens computed."""
         part = self.pending
         _, computed = self._run(part, [], None)
         mx.eval(self._join_logits, [c.state for c in part.caches])
         self._flushed += computed
-        self.flushed_tokens += computed
+        return computed
 
     def abandon(self) -> None:
         """Forget a kept chunk and carried logits without running anything: their prompts are
@@ -346,25 +389,29 @@ class MixedBatches:
         logits = mixed_forward(self.model, decode_parts, part, layers, self.attention)
         if part.done == self.layers:
             self.pending = None
+            if part.padded:  # the padding moves in front of each row, as mlx-lm's does
+                for cache in part.caches:
+                    cache.finalize()
             if part.logits is not None:
                 self._keep_join_logits(part.logits)
             if self._held_prefill_batch is not None:
                 self.generator.prefill_batch_size = self._held_prefill_batch
                 self._held_prefill_batch = None
-        return logits, part.inputs.size * (part.done - before) / self.layers
+        tokens = sum(part.lengths) if part.lengths is not None else part.inputs.size
+        return logits, tokens * (part.done - before) / self.layers
 
-    def _joining_tokens(self, batch: PromptProcessingBatch) -> list[int]:
-        """Each prompt's last token, if mlx-lm has only that left of every prompt in `batch`
-        (it then moves them to the decode batch in the next step, in a forward pass of their own
-        after the decode pass that carried the chunk, where that pass could carry both); else
-        []."""
+    def _joining_rows(self, batch: PromptProcessingBatch) -> dict[int, int]:
+        """Row: last token, for each prompt in `batch` that mlx-lm has only its last token left
+        of (it then moves it to the decode batch in the next step, in a forward pass of its own
+        after the decode pass that carried the chunk, where that pass could carry both)."""
         processing = getattr(self.generator, "_currently_processing", None) or []
         if len(processing) != len(batch.uids):
-            return []
-        segments = [p[0] for p in processing]
-        if not all(len(s) == 1 and len(s[0]) == 1 for s in segments):
-            return []
-        return [s[0][0] for s in segments]
+            return {}
+        return {
+            row: p[0][0][0]
+            for row, p in enumerate(processing)
+            if len(p[0]) == 1 and len(p[0][0]) == 1
+        }
 
     def _keep_join_logits(self, logits: mx.array) -> None:
         if self._pending_joins is not None:
