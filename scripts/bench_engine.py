@@ -120,6 +120,20 @@ def _ready(i: int) -> int:
     return i
 
 
+def warm_clients(base_url: str, c: int) -> None:
+    """Each of the `c` client processes makes one request of `base_url` (`GET /v1/models`, no
+    generation) before a row is timed: a process's first request costs it its lazy imports,
+    which in a burst of 16 fresh processes contend with the server for the CPU; both servers
+    are measured with clients warmed alike, whichever goes first."""
+    list(client_processes(c).map(_warm_client, [base_url] * c, chunksize=1))
+
+
+def _warm_client(base_url: str) -> None:
+    with httpx.Client(timeout=30.0) as client:
+        client.get(f"{base_url}/v1/models")
+    time.sleep(0.2)  # held, so that every process of the pool takes one
+
+
 def _stream_one(base_url: str, prompt: str, max_tokens: int, body: dict | None) -> Streamed:
     return stream(base_url, prompt, max_tokens, sampling=body)
 
@@ -139,6 +153,8 @@ def concurrency_row(
     bodies = [
         sampling | {"seed": i} if sampling is not None and seeded else sampling for i in range(c)
     ]
+    if clients == "processes":
+        warm_clients(base_url, c)
     pool = client_processes(c) if clients == "processes" else ThreadPoolExecutor(c)
     start = time.perf_counter()
     futures = [
