@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> None:
             rewind(decode, args.decode_depth)
             rewind(prompt, args.prompt_depth)
-            part = PromptPart(mx.array([[7 + i for i in range(k)]]), prompt) if k else None
+            part = PromptPart(mx.array([[7 + i for i in range(k)]]), [k], prompt) if k else None
             logits = mixed_forward(model, [(mx.array([[5]]), decode)], part, args.layers, attention)
             mx.eval(logits, [c.state for c in prompt])
 

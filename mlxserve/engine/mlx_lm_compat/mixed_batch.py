@@ -67,23 +67,57 @@ def supports(model) -> bool:
 
 @dataclass
 class PromptPart:
-    """A prompt chunk on its way through the model, some of its layers each forward pass."""
+    """A prompt chunk on its way through the model, some of its layers each forward pass. Its
+    tokens go through the matmuls packed, each prompt's after the one before; only attention
+    sees them right-padded to the longest, as the prompt batch's KV holds them (`padded_rows`,
+    `packed_rows`), so prompts at different points pay no padding in the matmuls."""
 
-    inputs: mx.array  # (P, C): each of P prompts' tokens, right-padded to C
+    inputs: mx.array  # (1, N): the prompts' tokens, one prompt after the other
+    lengths: list[int]  # each prompt's tokens in the chunk (N in all)
     caches: list  # one per layer
-    lengths: list[int] | None = None  # each row's tokens before its padding (None: C each)
     join_rows: list[int] = field(default_factory=list)  # rows whose last token's logits we want
-    hidden: mx.array | None = None  # (1, P * C, width) after the first `done` layers
+    hidden: mx.array | None = None  # (1, N, width) after the first `done` layers
     done: int = 0
     logits: mx.array | None = None  # (J, 1, V) for the J `join_rows`, once through every layer
+
+    def __post_init__(self):
+        self.batch, self.length = len(self.lengths), max(self.lengths)
+        self.padded = min(self.lengths) < self.length
+        self._starts = list(accumulate(self.lengths, initial=0))
+        if self.padded:  # padded position -> packed token (N: a row of zeros), and back
+            self._to_padded = mx.array(
+                [
+                    a + i if i < n else self._starts[-1]
+                    for a, n in zip(self._starts, self.lengths)
+                    for i in range(self.length)
+                ]
+            )
+            self._to_packed = mx.array(
+                [row * self.length + i for row, n in enumerate(self.lengths) for i in range(n)]
+            )
 
     @property
     def wants_logits(self) -> bool:
         return bool(self.join_rows)
 
     @property
-    def padded(self) -> bool:
-        return self.lengths is not None and min(self.lengths) < self.inputs.shape[1]
+    def tokens(self) -> int:
+        return self._starts[-1]
+
+    def padded_rows(self, x: mx.array) -> mx.array:
+        """(1, N, d) -> (1, P * C, d), zeros in the padding."""
+        if not self.padded:
+            return x
+        zeros = mx.zeros((1, 1, x.shape[-1]), x.dtype)
+        return mx.concatenate([x, zeros], axis=1)[:, self._to_padded]
+
+    def packed_rows(self, x: mx.array) -> mx.array:
+        """(1, P * C, d) -> (1, N, d)."""
+        return x[:, self._to_packed] if self.padded else x
+
+    def last_tokens(self) -> mx.array:
+        """The packed positions of the joining rows' last tokens."""
+        return mx.array([self._starts[row] + self.lengths[row] - 1 for row in self.join_rows])
 
 
 def mixed_forward(
@@ -109,12 +143,11 @@ def mixed_forward(
     width = model.args.hidden_size  # not the embedding's weight: packed when quantized
     h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1) if rows else None
     if prompt is not None:
-        batch, length = prompt.inputs.shape
         prompt_h = prompt.hidden
         if prompt_h is None:
             prompt_h = inner.embed_tokens(prompt.inputs).reshape(1, -1, width)
-        prompt_mask = create_attention_mask(
-            prompt_h.reshape(batch, length, width), prompt.caches[first]
+        prompt_mask = create_attention_mask(  # reads only its `shape[1]`, the padded length
+            mx.zeros((prompt.batch, prompt.length)), prompt.caches[first]
         )
     for index, layer in enumerate(inner.layers):
         with_prompt = first <= index < stop
@@ -122,7 +155,7 @@ def mixed_forward(
             h = prompt_h if h is None else mx.concatenate([h, prompt_h], axis=1)
         if h is None or not (rows or with_prompt):
             continue
-        parts = [*shapes, (batch, length)] if with_prompt else shapes
+        parts = [*shapes, prompt] if with_prompt else shapes
         part_masks = [*masks, prompt_mask] if with_prompt else masks
         caches = [layer_caches[index] for _, layer_caches in decode_parts]
         if with_prompt:
@@ -137,9 +170,7 @@ def mixed_forward(
     prompt.hidden, prompt.done = prompt_h, stop
     if stop < total or not prompt.wants_logits:
         return _logits(model, h) if rows else None
-    lengths = prompt.lengths or [length] * batch
-    ends = [row * length + lengths[row] - 1 for row in prompt.join_rows]
-    last = prompt_h[:, mx.array(ends)]  # logits for the joining rows' last tokens only
+    last = prompt_h[:, prompt.last_tokens()]  # logits for the joining rows' last tokens only
     logits = _logits(model, mx.concatenate([h, last], axis=1) if rows else last)
     prompt.logits, prompt.hidden = logits[rows:], None
     return logits[:rows] if rows else None
@@ -154,20 +185,27 @@ def _logits(model, h: mx.array) -> mx.array:
     return model.lm_head(out)
 
 
-def _attention(attn, x: mx.array, shapes, masks, caches, sdpa: Callable) -> mx.array:
+def _attention(attn, x: mx.array, parts, masks, caches, sdpa: Callable) -> mx.array:
     """mlx-lm's llama `Attention` over rows of several batches: projections once, attention
-    apart."""
+    apart. `parts`: each batch's (rows, length), or the `PromptPart` whose packed rows these
+    are."""
     queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     outputs, start = [], 0
-    for (batch, length), mask, cache in zip(shapes, masks, caches):
-        rows = slice(start, start + batch * length)
-        q = _heads(queries[:, rows], batch, length, attn.n_heads)
-        k = _heads(keys[:, rows], batch, length, attn.n_kv_heads)
-        v = _heads(values[:, rows], batch, length, attn.n_kv_heads)
+    for part, mask, cache in zip(parts, masks, caches):
+        prompt = part if isinstance(part, PromptPart) else None
+        batch, length = (prompt.batch, prompt.length) if prompt else part
+        rows = slice(start, start + (prompt.tokens if prompt else batch * length))
+        q, k, v = queries[:, rows], keys[:, rows], values[:, rows]
+        if prompt is not None:
+            q, k, v = prompt.padded_rows(q), prompt.padded_rows(k), prompt.padded_rows(v)
+        q = _heads(q, batch, length, attn.n_heads)
+        k = _heads(k, batch, length, attn.n_kv_heads)
+        v = _heads(v, batch, length, attn.n_kv_heads)
         q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         out = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=mask)
-        outputs.append(out.transpose(0, 2, 1, 3).reshape(1, batch * length, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(1, batch * length, -1)
+        outputs.append(prompt.packed_rows(out) if prompt is not None else out)
         start = rows.stop
     return attn.o_proj(mx.concatenate(outputs, axis=1))
 
@@ -255,21 +293,19 @@ class MixedBatches:
         return True
 
     def _part(self, batch: PromptProcessingBatch, chunk: list[list[int]], join_rows) -> PromptPart:
-        """The chunk as a `PromptPart` on the prompt batch's caches, right-padded (and the
-        caches told so, as mlx-lm's own `prompt` does) where its rows differ in length."""
-        lengths = [len(t) for t in chunk]
-        width = max(lengths)
-        padding = [width - n for n in lengths]
-        if max(padding):
-            for cache in batch.prompt_cache:
-                cache.prepare(lengths=lengths, right_padding=padding)
-            chunk = [t + [0] * pad for t, pad in zip(chunk, padding)]
-        return PromptPart(
-            mx.array(chunk),
+        """The chunk as a `PromptPart` on the prompt batch's caches, which are told of the right
+        padding its rows of unequal length have in them (as mlx-lm's own `prompt` does)."""
+        part = PromptPart(
+            mx.array([token for row in chunk for token in row])[None],
+            [len(row) for row in chunk],
             batch.prompt_cache,
-            lengths=lengths if max(padding) else None,
             join_rows=join_rows,
         )
+        if part.padded:
+            padding = [part.length - n for n in part.lengths]
+            for cache in batch.prompt_cache:
+                cache.prepare(lengths=part.lengths, right_padding=padding)
+        return part
 
     def _hold_prompts(self, batch: PromptProcessingBatch, steps: int) -> None:
         """Keep mlx-lm from giving the prompt batch more tokens, or more prompts, for `steps`
@@ -397,8 +433,7 @@ class MixedBatches:
             if self._held_prefill_batch is not None:
                 self.generator.prefill_batch_size = self._held_prefill_batch
                 self._held_prefill_batch = None
-        tokens = sum(part.lengths) if part.lengths is not None else part.inputs.size
-        return logits, tokens * (part.done - before) / self.layers
+        return logits, part.tokens * (part.done - before) / self.layers
 
     def _joining_rows(self, batch: PromptProcessingBatch) -> dict[int, int]:
         """Row: last token, for each prompt in `batch` that mlx-lm has only its last token left
