@@ -35,15 +35,16 @@ def decode_all(
     return tokens, mx.stack(logprobs)
 
 
-def mixed_generator(model, prefill_step_size: int, max_chunk: int = 64):
+def mixed_generator(model, prefill_step_size: int, max_chunk: int = 64, matmul_rows=None):
     """The engine's generator with mixed batches, in mlx-lm's shape: chunks of
-    `prefill_step_size` run in passes of that size, and decode passes carry up to `max_chunk`.
-    Returns (generator, its MixedBatches)."""
+    `prefill_step_size` run in passes of that size, and decode passes carry up to `max_chunk`
+    (their matmuls on `matmul_rows(n)` rows). Returns (generator, its MixedBatches)."""
     generator = ServerBatchGenerator(
         model,
         prefill_chunk=prefill_step_size,
         pass_tokens=prefill_step_size,
         mixed_max_chunk=max_chunk,
+        matmul_rows=matmul_rows,
     )
     assert generator.mixed is not None, "the model has no mixed forward pass"
     return generator, generator.mixed

@@ -480,6 +480,7 @@ class Engine:
             prefill_chunk=loaded.prefill_chunk,
             pass_tokens=pass_tokens,
             attention=self.policy.attention(),
+            matmul_rows=self.policy.matmul_rows(),
             cluster=self.cluster,
         )
         self.prefixes.new_batch()

@@ -30,7 +30,10 @@ class PlatformPolicy:
     @property
     def description(self) -> str:
         if self.cpu_tricks:
-            return "CPU backend (float32 weights, vectorised attention, malloc tuning)"
+            return (
+                "CPU backend (float32 weights, vectorised attention, padded matmul rows, "
+                "malloc tuning)"
+            )
         return "portable (as on a Mac's GPU)" if portable() else "GPU"
 
     @property
@@ -62,6 +65,15 @@ class PlatformPolicy:
         from mlx_lm.models.base import scaled_dot_product_attention
 
         return scaled_dot_product_attention
+
+    def matmul_rows(self):
+        """How many rows forward passes of our own (mixed batches) should run their matmuls
+        with, for a pass of n rows (None: n, as they are)."""
+        if self.cpu_tricks:
+            from .matmul_rows import padded_rows
+
+            return padded_rows
+        return None
 
     def limit_malloc_arenas(self) -> None:
         if self.cpu_tricks:

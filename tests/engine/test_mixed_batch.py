@@ -10,6 +10,7 @@ import pytest
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
 from mlxserve.engine.mlx_lm_compat import batch_join, mixed_batch
+from mlxserve.platform.matmul_rows import padded_rows
 
 from ..batch_decoding import decode_all, mixed_generator
 from ..device_numerics import LOGPROB_TOLERANCE
@@ -73,10 +74,10 @@ def _removing_the_first_at(step: int):
     return next_step
 
 
-def _decode(model, name: str, mixed: bool, layers_per_pass: int | None = None):
+def _decode(model, name: str, mixed: bool, layers_per_pass: int | None = None, matmul_rows=None):
     generator, carrier = BatchGenerator(model, prefill_step_size=32), None
     if mixed:
-        generator, carrier = mixed_generator(model, 32)
+        generator, carrier = mixed_generator(model, 32, matmul_rows=matmul_rows)
         carrier.layers_per_pass = layers_per_pass
     step = BatchGenerator.next
     if name == "the stream is removed":
@@ -93,11 +94,11 @@ def _decode(model, name: str, mixed: bool, layers_per_pass: int | None = None):
     return tokens, {uid: mx.stack(rows) for uid, rows in logprobs.items()}, carrier
 
 
-def decodes_as_plain(model, name: str, monkeypatch, layers_per_pass=None):
+def decodes_as_plain(model, name: str, monkeypatch, layers_per_pass=None, matmul_rows=None):
     """Decode scenario `name` with mixed batches and with mlx-lm's own prefill passes; assert
     the same tokens and log-probabilities within float rounding. Returns the carrier."""
     monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
-    with_mixing = _decode(model, name, mixed=True, layers_per_pass=layers_per_pass)
+    with_mixing = _decode(model, name, True, layers_per_pass, matmul_rows)
     monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
     plain = _decode(model, name, mixed=False)
     assert with_mixing[0] == plain[0]
@@ -130,6 +131,24 @@ def test_decoding_is_mlx_lms(tiny_lm, monkeypatch, name, layers_per_pass):
     assert carrier.idle_tokens > 0
     # a chunk kept when the decode batch empties (it ended or was removed) runs on its own
     assert (carrier.flushed_tokens > 0) == name.startswith("the stream")
+
+
+@pytest.mark.parametrize("layers_per_pass", [None, 1])
+@pytest.mark.parametrize("name", ["beside a stream", "a burst beside a stream"])
+def test_matmuls_on_padded_rows_decode_as_mlx_lm(tiny_lm, monkeypatch, name, layers_per_pass):
+    """The CPU policy runs a pass's matmuls on zero rows added up to a multiple of a block
+    (`platform/matmul_rows.py`): decode rows alone, with a chunk carried, with part of a chunk's
+    layers, and the logits of the joining rows; nothing of the padding reaches a real row."""
+    padded = []
+
+    def matmul_rows(rows: int) -> int:
+        more = padded_rows(rows)
+        padded.append(more > rows)
+        return more
+
+    carrier = decodes_as_plain(tiny_lm, name, monkeypatch, layers_per_pass, matmul_rows)
+    assert carrier.carried_tokens > 0
+    assert any(padded)  # passes that did pad
 
 
 @pytest.mark.parametrize("layers_per_pass", [None, 1])

@@ -23,6 +23,16 @@ def test_portable_mode_turns_every_cpu_path_off(monkeypatch):
     from mlx_lm.models.base import scaled_dot_product_attention
 
     assert policy.attention() is scaled_dot_product_attention
+    assert policy.matmul_rows() is None
+
+
+def test_the_cpu_pads_matmul_rows_to_whole_blocks():
+    """Up to the next multiple of 16 rows, unless at most 7 spill over one (or it is one)."""
+    from mlxserve.platform.matmul_rows import padded_rows
+
+    assert [padded_rows(n) for n in (1, 7, 8, 12, 16, 17, 23, 24, 32, 40)] == [
+        1, 7, 16, 16, 16, 17, 23, 32, 32, 48
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("value", ["", "0"])

@@ -35,13 +35,15 @@ class ServerBatchGenerator(BatchGenerator):
         attention: Callable = base.scaled_dot_product_attention,
         cluster=None,
         mixed_max_chunk: int | None = None,
+        matmul_rows: Callable[[int], int] | None = None,
         **kwargs,
     ):
         """`prefill_chunk`: prompt tokens a step takes (the pacer changes it step by step);
         `pass_tokens`: the longest forward pass a chunk runs in, the same on every rank of a
         `cluster` (collectives of different shapes would pair up wrongly). `mixed`: carry
         chunks in decode passes where the model allows (not across ranks), up to
-        `mixed_max_chunk` tokens (default: `pass_tokens`)."""
+        `mixed_max_chunk` tokens (default: `pass_tokens`), their matmuls on `matmul_rows(n)`
+        rows for n (the platform's padding; None: n)."""
         check_contract()
         batch_join.install()
         decode_step.install()
@@ -59,7 +61,7 @@ class ServerBatchGenerator(BatchGenerator):
         if mixed and mixed_batch.supports(model):
             mixed_batch.install()
             max_chunk = mixed_max_chunk or pass_tokens
-            self.mixed = mixed_batch.MixedBatches(self, max_chunk, attention)
+            self.mixed = mixed_batch.MixedBatches(self, max_chunk, attention, matmul_rows)
         # The decode pass's responses in the step under way, once that pass has ended: a step
         # that raises after it (in a prompt pass) still sends them (`failed_step`).
         self.decoded: list | None = None

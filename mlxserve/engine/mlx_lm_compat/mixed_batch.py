@@ -126,12 +126,14 @@ def mixed_forward(
     prompt: PromptPart | None = None,
     layers=None,
     attention: Callable = base.scaled_dot_product_attention,
+    matmul_rows: Callable[[int], int] | None = None,
 ):
     """The decode rows' logits (B, 1, V) for `decode_parts`, a list of (inputs (b, 1), one cache
     per layer) with b summing to B (None if there are none), and `prompt` taken through its next
     `layers` layers (all that are left if None), written into its caches: one pass over the
     weights, attention per part (by `attention`, mlx-lm's `scaled_dot_product_attention` or
-    the platform's)."""
+    the platform's). `matmul_rows(n)`: the rows the matmuls of n rows run with, zero rows added
+    (the platform's; None: n)."""
     inner = model.model
     total = len(inner.layers)
     first = prompt.done if prompt is not None else total
@@ -142,6 +144,8 @@ def mixed_forward(
     rows = sum(inputs.size for inputs, _ in decode_parts)
     width = model.args.hidden_size  # not the embedding's weight: packed when quantized
     h = mx.concatenate([x.reshape(1, -1, width) for x in hidden], axis=1) if rows else None
+    if rows:
+        h = _padded(h, rows, matmul_rows)
     if prompt is not None:
         prompt_h = prompt.hidden
         if prompt_h is None:
@@ -152,7 +156,8 @@ def mixed_forward(
     for index, layer in enumerate(inner.layers):
         with_prompt = first <= index < stop
         if index == first and prompt is not None:
-            h = prompt_h if h is None else mx.concatenate([h, prompt_h], axis=1)
+            h = mx.concatenate([h[:, :rows], prompt_h], axis=1) if rows else prompt_h
+            h = _padded(h, rows + prompt.tokens, matmul_rows)
         if h is None or not (rows or with_prompt):
             continue
         parts = [*shapes, prompt] if with_prompt else shapes
@@ -164,25 +169,46 @@ def mixed_forward(
         h = h + _attention(layer.self_attn, x, parts, part_masks, caches, attention)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         if index == stop - 1 and prompt is not None:
-            h, prompt_h = h[:, :rows], h[:, rows:]
+            h, prompt_h = h[:, :rows], h[:, rows : rows + prompt.tokens]
+            if rows:
+                h = _padded(h, rows, matmul_rows)
+    decoded = h[:, :rows] if rows else None
     if prompt is None:
-        return _logits(model, h)
+        return _logits(model, decoded, matmul_rows)
     prompt.hidden, prompt.done = prompt_h, stop
     if stop < total or not prompt.wants_logits:
-        return _logits(model, h) if rows else None
+        return _logits(model, decoded, matmul_rows) if rows else None
     last = prompt_h[:, prompt.last_tokens()]  # logits for the joining rows' last tokens only
-    logits = _logits(model, mx.concatenate([h, last], axis=1) if rows else last)
+    out = mx.concatenate([decoded, last], axis=1) if rows else last
+    logits = _logits(model, out, matmul_rows)
     prompt.logits, prompt.hidden = logits[rows:], None
     return logits[:rows] if rows else None
 
 
-def _logits(model, h: mx.array) -> mx.array:
+def _padded(h: mx.array, real: int, matmul_rows: Callable[[int], int] | None) -> mx.array:
+    """The first `real` rows of `h` (1, n, width), with zero rows after them up to
+    `matmul_rows(real)`. The norms, projections and MLP work row by row, and attention reads
+    only the real rows, so what the padding holds never reaches them."""
+    if matmul_rows is None:
+        return h
+    rows = matmul_rows(real)
+    h = h[:, :real] if h.shape[1] != real else h
+    if rows == real:
+        return h
+    return mx.concatenate([h, mx.zeros((1, rows - real, h.shape[-1]), h.dtype)], axis=1)
+
+
+def _logits(model, h: mx.array, matmul_rows: Callable[[int], int] | None = None) -> mx.array:
     """(n, 1, V) for hidden states (1, n, width)."""
     inner = model.model
+    n = h.shape[1]
+    h = _padded(h, n, matmul_rows)
     out = inner.norm(h).reshape(h.shape[1], 1, h.shape[-1])
     if model.args.tie_word_embeddings:
-        return inner.embed_tokens.as_linear(out)
-    return model.lm_head(out)
+        logits = inner.embed_tokens.as_linear(out)
+    else:
+        logits = model.lm_head(out)
+    return logits[:n] if logits.shape[0] != n else logits
 
 
 def _attention(attn, x: mx.array, parts, masks, caches, sdpa: Callable) -> mx.array:
@@ -207,6 +233,8 @@ def _attention(attn, x: mx.array, parts, masks, caches, sdpa: Callable) -> mx.ar
         out = out.transpose(0, 2, 1, 3).reshape(1, batch * length, -1)
         outputs.append(prompt.packed_rows(out) if prompt is not None else out)
         start = rows.stop
+    if start < x.shape[1]:  # the padding's rows (`_padded`)
+        outputs.append(mx.zeros((1, x.shape[1] - start, outputs[0].shape[-1]), x.dtype))
     return attn.o_proj(mx.concatenate(outputs, axis=1))
 
 
@@ -222,9 +250,11 @@ class MixedBatches:
         generator: BatchGenerator,
         max_chunk: int,
         attention: Callable = base.scaled_dot_product_attention,
+        matmul_rows: Callable[[int], int] | None = None,
     ):
         self.generator = generator
         self.attention = attention
+        self.matmul_rows = matmul_rows  # the platform's (`mixed_forward`)
         self.model = generator.model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
         self.layers = len(self.model.model.layers)
@@ -402,14 +432,19 @@ class MixedBatches:
         if not decode_parts and self.pending is None:
             return None
         if self.pending is None:
-            if len(decode_parts) == 1:
+            if len(decode_parts) == 1 and not self._pads(decode_parts[0][0].size):
                 inputs, caches = decode_parts[0]
                 return self.model(inputs, cache=caches)
-            return mixed_forward(self.model, decode_parts, attention=self.attention)
+            return mixed_forward(
+                self.model, decode_parts, attention=self.attention, matmul_rows=self.matmul_rows
+            )
         logits, computed = self._run(self.pending, decode_parts, self._layers_per_pass)
         self._carried += computed
         self.carried_tokens += computed
         return logits
+
+    def _pads(self, rows: int) -> bool:
+        return self.matmul_rows is not None and self.matmul_rows(rows) != rows
 
     def _trim_skipped(self, responses) -> None:
         """A row left out of its last pass has no KV for its last token: its `all_tokens`
@@ -422,7 +457,9 @@ class MixedBatches:
         """The pending chunk through its next `layers` layers (all if None), with the decode
         rows if any: their logits, and the chunk's share computed, in tokens."""
         before = part.done
-        logits = mixed_forward(self.model, decode_parts, part, layers, self.attention)
+        logits = mixed_forward(
+            self.model, decode_parts, part, layers, self.attention, self.matmul_rows
+        )
         if part.done == self.layers:
             self.pending = None
             if part.padded:  # the padding moves in front of each row, as mlx-lm's does
