@@ -1,11 +1,12 @@
 """A decode pass by its row count on this machine, with its matmuls on the rows as they are and
 padded as the CPU policy pads them (`mlxserve/platform/matmul_rows.py`): the model as the server
 prepares it, through mixed batches' forward pass (`mixed_forward`), each row at KV depth
-`--depth`; the median of `--repeats` passes for each count, the two interleaved. This script only
-prints; it asserts nothing.
+`--depth`; the median of `--repeats` passes for each count, the two interleaved. `--whole-blocks`:
+padded to a whole block whatever spills over one (why a few rows past one are left as they
+are). This script only prints; it asserts nothing.
 
     python scripts/bench_matmul_rows.py [--model PATH] [--rows 1 2 ... 32] [--depth 64]
-                                        [--repeats 15]
+                                        [--repeats 15] [--whole-blocks]
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     parser.add_argument("--depth", type=int, default=64, help="each row's KV depth")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--whole-blocks", action="store_true", help="pad every count to a whole block"
+    )
     return parser.parse_args(argv)
 
 
@@ -36,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlxserve.engine.mlx_lm_compat.mixed_batch import mixed_forward, supports
     from mlxserve.platform import current_policy
-    from mlxserve.platform.matmul_rows import padded_rows
+    from mlxserve.platform.matmul_rows import ROW_BLOCK, padded_rows
+
+    if args.whole_blocks:
+
+        def padded_rows(rows: int) -> int:
+            return -(-rows // ROW_BLOCK) * ROW_BLOCK
 
     model_path = args.model or default_model()
     model, _ = load(model_path)
