@@ -121,7 +121,9 @@ def test_a_model_whose_head_size_the_group_does_not_divide_is_refused_at_load(ti
 
 
 @pytest.mark.parametrize("layers_per_pass", [None, 1])
-@pytest.mark.parametrize("name", ["beside a stream", "prompts arrive during a chunk"])
+@pytest.mark.parametrize(
+    "name", ["beside a stream", "prompts arrive during a chunk", "a burst beside a stream"]
+)
 def test_chunks_carried_in_decode_passes_decode_as_mlx_lms_own_passes(
     tiny_model_head32, monkeypatch, name, layers_per_pass
 ):
