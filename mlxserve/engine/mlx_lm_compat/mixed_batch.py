@@ -18,8 +18,9 @@ extracts caches.
 A prompt's last token rides in the pass that carries its final chunk, and the decode batch
 starts it from that pass's logits: mlx-lm would run it in a forward pass of its own in the step
 the prompt joins, after the decode pass: two passes where one does. Prompts side by side take
-chunks of different lengths (a burst of requests arrives spread out): the chunk is right-padded
-as mlx-lm pads its own, so it still rides in the one pass, each prompt's last token with it.
+chunks of different lengths (a burst of requests arrives spread out): the chunk still rides in
+the one pass, each prompt's last token with it, its tokens packed in the matmuls and
+right-padded for attention, as mlx-lm pads its own prompt passes (`PromptPart`).
 A final chunk with no decode batch to ride in (an idle server) runs at once, its last tokens
 with it, rather than in mlx-lm's pass followed by a pass for the last tokens.
 
