@@ -16,12 +16,15 @@ sampler (its one batched call, the fastest it samples), over HTTP each request h
 With `--in-process`, mlxserve's engine runs in this process instead of a server, driven through
 `Engine.submit` as the front doors drive it: the engine's own cost per step, without HTTP's.
 (The engine then also steps the limit's batch with its decode step, which for one sampler
-shared by every row is mlx-lm's.)
+shared by every row is mlx-lm's.) `--stagger-ms MS` there submits request i at i x MS ms, as
+a burst's requests reach a server spread out; each one's time to first token is then counted from
+its own submission.
 
     python scripts/bench_batch_limit.py [--model PATH] [--concurrency 16] [--max-tokens 128]
                                         [--repeats 3] [--temperature 0.8 --top-p 0.95]
                                         [--clients processes|threads]
-                                        [--switch-interval-ms 5] [--in-process [--profile]]
+                                        [--switch-interval-ms 5]
+                                        [--in-process [--profile] [--stagger-ms 30]]
 """
 
 from __future__ import annotations
@@ -85,10 +88,17 @@ def limit_rate(
 
 
 def engine_rate(
-    engine, tokenizer, concurrency: int, max_tokens: int, temperature: float, top_p: float
+    engine,
+    tokenizer,
+    concurrency: int,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    stagger_s: float = 0.0,
 ) -> tuple[float, float]:
     """Tokens/s and median time to first token of mlxserve's engine in this process, the
-    prompts submitted at once (a seed each), every one decoding `max_tokens`."""
+    prompts submitted at once, or request i `i * stagger_s` seconds after the first (a seed
+    each), every one decoding `max_tokens`."""
     from mlxserve.engine import GenerationRequest, StopSpec
     from mlxserve.sampling.params import SamplingParams
 
@@ -104,17 +114,18 @@ def engine_rate(
         for i, p in enumerate(prompts(concurrency))
     ]
 
-    async def one(request, started: float) -> tuple[int, float]:
-        tokens, first = 0, None
+    async def one(request, delay_s: float) -> tuple[int, float]:
+        await asyncio.sleep(delay_s)
+        sent, tokens, first = time.perf_counter(), 0, None
         async for event in engine.submit([request]):
             if event.token_ids and first is None:
-                first = time.perf_counter() - started
+                first = time.perf_counter() - sent
             tokens += len(event.token_ids)
         return tokens, first
 
     async def together() -> tuple[float, float]:
         started = time.perf_counter()
-        results = await asyncio.gather(*(one(r, started) for r in requests))
+        results = await asyncio.gather(*(one(r, i * stagger_s) for i, r in enumerate(requests)))
         wall = time.perf_counter() - started
         return sum(t for t, _ in results) / wall, statistics.median(f for _, f in results)
 
@@ -141,6 +152,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--switch-interval-ms",
         type=float,
         help="over HTTP: the server's interpreter lock switch interval (default: mlxserve's)",
+    )
+    parser.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="with --in-process: request i submitted i x this many ms after the first",
     )
     parser.add_argument(
         "--profile",
@@ -197,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.max_tokens,
                     args.temperature,
                     args.top_p,
+                    args.stagger_ms / 1000,
                 )
 
         try:
@@ -225,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     limit, http = statistics.median(limits), statistics.median(https)
     way = "in-process (no HTTP)"
+    if args.in_process and args.stagger_ms:
+        way += f", requests {args.stagger_ms:g} ms apart"
     if not args.in_process:
         interval = args.switch_interval_ms
         way = f"over HTTP ({args.clients} as clients, switch interval {interval or 'default'})"
