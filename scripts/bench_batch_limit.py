@@ -8,7 +8,8 @@ MLXSERVE_PORTABLE=1, where both stay quantized). Greedy, every sequence decodes 
 `--max-tokens` tokens (no stop tokens in-process, `ignore_eos` over HTTP); tokens/s is all
 sequences' tokens over the wall time from submitting to the last token, prefill included on both
 sides. The two are interleaved `--repeats` times (limit, http, limit, http, ...) and the medians
-compared. Target: HTTP / limit >= 0.9. This script only prints; it asserts nothing.
+compared; each repeat's prompts are new to both (the limit has no prefix cache). Target:
+HTTP / limit >= 0.9. This script only prints; it asserts nothing.
 
 With `--temperature T` (and `--top-p P`) the sequences sample: in-process they share one mlx-lm
 sampler (its one batched call, the fastest it samples), over HTTP each request has its own seed.
@@ -48,28 +49,26 @@ from bench_common import (
     served,
     start_server,
 )
-from bench_engine import WORDS, concurrency_row
+from bench_engine import concurrency_row, story_prompts
 from stack_sampler import StackSampler
 
 from mlxserve.server import SWITCH_INTERVAL_ENV
 
 
-def prompts(concurrency: int) -> list[str]:
-    """The prompts bench_engine's concurrency row sends."""
-    return [
-        f"Story {i} of {concurrency}: once upon a time, {WORDS[i % len(WORDS)]}"
-        for i in range(concurrency)
-    ]
-
-
 def limit_rate(
-    model, tokenizer, concurrency: int, max_tokens: int, temperature: float = 0.0, top_p=1.0
+    model,
+    tokenizer,
+    concurrency: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    top_p=1.0,
+    tag: str = "",
 ) -> float:
     """Tokens/s of mlx-lm's BatchGenerator on the prompts, in this process."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
-    ids = [tokenizer.encode(p) for p in prompts(concurrency)]
+    ids = [tokenizer.encode(p) for p in story_prompts(concurrency, tag)]
     generator = BatchGenerator(
         model,
         stop_tokens=[],
@@ -95,6 +94,7 @@ def engine_rate(
     temperature: float,
     top_p: float,
     stagger_s: float = 0.0,
+    tag: str = "",
 ) -> tuple[float, float]:
     """Tokens/s and median time to first token of mlxserve's engine in this process, the
     prompts submitted at once, or request i `i * stagger_s` seconds after the first (a seed
@@ -111,7 +111,7 @@ def engine_rate(
             seed=i,
             stop=StopSpec(ignore_eos=True),
         )
-        for i, p in enumerate(prompts(concurrency))
+        for i, p in enumerate(story_prompts(concurrency, tag))
     ]
 
     async def one(request, delay_s: float) -> tuple[int, float]:
@@ -183,15 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.temperature > 0:
         sampling = {"temperature": args.temperature, "top_p": args.top_p}
 
-    def the_limit() -> float:
+    def the_limit(tag: str) -> float:
         return limit_rate(
-            model, tokenizer, args.concurrency, args.max_tokens, args.temperature, args.top_p
+            model, tokenizer, args.concurrency, args.max_tokens, args.temperature, args.top_p, tag
         )
 
     def repeat(measure) -> None:
+        """Each repeat's prompts are new to both sides (`story_prompts`): the limit has no
+        prefix cache, and mlxserve's would otherwise skip the prompts from the second on."""
         for i in range(args.repeats):
-            limits.append(the_limit())
-            rate, ttft = measure()
+            tag = f"Repeat {i + 1}. "
+            limits.append(the_limit(tag))
+            rate, ttft = measure(tag)
             https.append(rate)
             ttfts.append(ttft)
             print(f"repeat {i + 1}: {limits[-1]:.1f} / {rate:.1f} tok/s", file=sys.stderr)
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sampler = StackSampler("mlxserve-engine") if args.profile else nullcontext()
 
-        def sampled() -> tuple[float, float]:
+        def sampled(tag: str) -> tuple[float, float]:
             with sampler:
                 return engine_rate(
                     engine,
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.temperature,
                     args.top_p,
                     args.stagger_ms / 1000,
+                    tag,
                 )
 
         try:
@@ -230,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                 env[SWITCH_INTERVAL_ENV] = str(args.switch_interval_ms)
             with served(partial(start_server, path, env=env), "batch-limit") as server:
                 repeat(
-                    lambda: concurrency_row(
+                    lambda tag: concurrency_row(
                         server.url,
                         args.concurrency,
                         args.max_tokens,
                         sampling,
                         clients=args.clients,
+                        tag=tag,
                     )[:2]
                 )
         except ROW_ERRORS as error:

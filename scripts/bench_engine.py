@@ -145,11 +145,12 @@ def concurrency_row(
     sampling: dict | None = None,
     seeded: bool = True,
     clients: str = "processes",
+    tag: str = "",
 ) -> tuple[float, float, float]:
     """`c` distinct prompts at once, each from its own client process (`clients="threads"`:
     threads of this one): tokens/s over all of them, ttft p50 and p95. With `sampling` and
-    `seeded`, request i is seeded with i."""
-    prompts = [f"Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
+    `seeded`, request i is seeded with i. `tag` starts every prompt (`story_prompts`)."""
+    prompts = story_prompts(c, tag)
     bodies = [
         sampling | {"seed": i} if sampling is not None and seeded else sampling for i in range(c)
     ]
@@ -167,6 +168,12 @@ def concurrency_row(
     ttfts = sorted(r.ttft for r in results)
     p95 = ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))]
     return sum(r.tokens for r in results) / wall, statistics.median(ttfts), p95
+
+
+def story_prompts(c: int, tag: str = "") -> list[str]:
+    """The concurrency row's `c` prompts, each starting with `tag`: a bench that repeats the row
+    tags each repeat, so that no repeat finds the last one's prompts in the prefix cache."""
+    return [f"{tag}Story {i} of {c}: once upon a time, {WORDS[i % len(WORDS)]}" for i in range(c)]
 
 
 def prefix_row(base_url: str, tokens: int) -> tuple[float, float]:
