@@ -22,7 +22,13 @@ import statistics
 import sys
 from collections.abc import Callable
 
-from bench_common import bench_parser, call_times_ms, default_model, print_table, reexec_for_cpu
+from bench_common import (
+    bench_parser,
+    call_times_ms,
+    mixed_batch_model,
+    print_table,
+    reexec_for_cpu,
+)
 
 CHUNKS = (1, 4, 8, 16, 24, 32, 64)
 FILL_PASS = 64  # tokens a pass while the caches are filled
@@ -45,19 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reexec_for_cpu()
     import mlx.core as mx
-    from mlx_lm import load
     from mlx_lm.models.cache import BatchKVCache
 
-    from mlxserve.engine.mlx_lm_compat.mixed_batch import PromptPart, mixed_forward, supports
-    from mlxserve.platform import current_policy
+    from mlxserve.engine.mlx_lm_compat.mixed_batch import PromptPart, mixed_forward
 
-    model_path = args.model or default_model()
-    model, _ = load(model_path)
-    policy = current_policy()
-    policy.prepare_model(model)
-    if not supports(model):
-        print("this model's architecture has no mixed batches", file=sys.stderr)
+    prepared = mixed_batch_model(args.model)
+    if prepared is None:
         return 1
+    model_path, model, policy = prepared
     attention = policy.attention()
 
     def filled(depth: int) -> list:

@@ -66,6 +66,25 @@ def default_model() -> str:
     return str(SHARED_MODEL) if SHARED_MODEL.is_dir() else demo_model()
 
 
+def mixed_batch_model(model: str | None):
+    """(path, model, policy): `model` (None: `default_model()`) loaded and prepared as the server
+    prepares it, for a bench that runs mixed batches' forward pass; None, with why printed,
+    where they do not support its architecture."""
+    from mlx_lm import load
+
+    from mlxserve.engine.mlx_lm_compat.mixed_batch import supports
+    from mlxserve.platform import current_policy
+
+    path = model or default_model()
+    loaded, _ = load(path)
+    policy = current_policy()
+    policy.prepare_model(loaded)
+    if not supports(loaded):
+        print("this model's architecture has no mixed batches", file=sys.stderr)
+        return None
+    return path, loaded, policy
+
+
 def stretched_context(model: str, tokens: int) -> str:
     """`model` with its declared context raised to `tokens`, for timing prompts past what it was
     trained on (RoPE goes on; the answers mean nothing there, the time they take does): a

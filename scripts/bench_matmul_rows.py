@@ -14,7 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from bench_common import bench_parser, call_times_ms, default_model, print_table, reexec_for_cpu
+from bench_common import (
+    bench_parser,
+    call_times_ms,
+    mixed_batch_model,
+    print_table,
+    reexec_for_cpu,
+)
 
 ROWS = (1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 24, 28, 32)
 ROUNDS = 3  # each side's repeats, in this many alternating rounds
@@ -35,24 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reexec_for_cpu()
     import mlx.core as mx
-    from mlx_lm import load
     from mlx_lm.models.cache import BatchKVCache
 
-    from mlxserve.engine.mlx_lm_compat.mixed_batch import mixed_forward, supports
-    from mlxserve.platform import current_policy
+    from mlxserve.engine.mlx_lm_compat.mixed_batch import mixed_forward
     from mlxserve.platform.matmul_rows import ROW_BLOCK, padded_rows
 
     def whole_blocks(rows: int) -> int:
         return -(-rows // ROW_BLOCK) * ROW_BLOCK
 
     pad = whole_blocks if args.whole_blocks else padded_rows
-    model_path = args.model or default_model()
-    model, _ = load(model_path)
-    policy = current_policy()
-    policy.prepare_model(model)
-    if not supports(model):
-        print("this model's architecture has no mixed batches")
+    prepared = mixed_batch_model(args.model)
+    if prepared is None:
         return 1
+    model_path, model, policy = prepared
     attention = policy.attention()
 
     def passes(rows: int) -> tuple[list[float], list[float]]:

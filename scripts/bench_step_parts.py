@@ -15,7 +15,13 @@ import statistics
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
-from bench_common import bench_parser, call_times_ms, default_model, print_table, reexec_for_cpu
+from bench_common import (
+    bench_parser,
+    call_times_ms,
+    mixed_batch_model,
+    print_table,
+    reexec_for_cpu,
+)
 
 PARTS = ("attention and its KV write", "RoPE", "RMS norms")
 
@@ -50,19 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reexec_for_cpu()
     import mlx.core as mx
-    from mlx_lm import load
     from mlx_lm.models.cache import BatchKVCache
 
-    from mlxserve.engine.mlx_lm_compat.mixed_batch import mixed_forward, supports
-    from mlxserve.platform import current_policy
+    from mlxserve.engine.mlx_lm_compat.mixed_batch import mixed_forward
 
-    model_path = args.model or default_model()
-    model, _ = load(model_path)
-    policy = current_policy()
-    policy.prepare_model(model)
-    if not supports(model):
-        print("this model's architecture has no mixed batches")
+    prepared = mixed_batch_model(args.model)
+    if prepared is None:
         return 1
+    model_path, model, policy = prepared
     layers = model.model.layers
     attention, matmul_rows = policy.attention(), policy.matmul_rows()
     state = {"attention": attention}
