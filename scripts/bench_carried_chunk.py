@@ -28,6 +28,7 @@ from bench_common import (
     mixed_batch_model,
     print_table,
     reexec_for_cpu,
+    rewind,
 )
 
 CHUNKS = (1, 4, 8, 16, 24, 32, 64)
@@ -70,10 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         return caches
 
     decode, prompt = filled(args.decode_depth), filled(args.prompt_depth)
-
-    def rewind(caches: list, depth: int) -> None:
-        for cache in caches:
-            cache._idx, cache.offset = depth, mx.array([depth])
 
     spreads = []  # (what, the passes' times in ms, sorted)
 

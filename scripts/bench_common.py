@@ -85,6 +85,15 @@ def mixed_batch_model(model: str | None):
     return path, loaded, policy
 
 
+def rewind(caches, depth: int) -> None:
+    """Each of a decode batch's caches (`BatchKVCache`) back at `depth` tokens, every row: each
+    timed pass then runs at the same depth, over what the last one wrote."""
+    import mlx.core as mx
+
+    for cache in caches:
+        cache._idx, cache.offset = depth, mx.array([depth] * cache.offset.size)
+
+
 def stretched_context(model: str, tokens: int) -> str:
     """`model` with its declared context raised to `tokens`, for timing prompts past what it was
     trained on (RoPE goes on; the answers mean nothing there, the time they take does): a

@@ -20,6 +20,7 @@ from bench_common import (
     mixed_batch_model,
     print_table,
     reexec_for_cpu,
+    rewind,
 )
 
 ROWS = (1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 24, 28, 32)
@@ -64,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def decode(matmul_rows):
             def run() -> None:
-                for cache in caches:  # every pass at the same depth
-                    cache._idx, cache.offset = args.depth, mx.array([args.depth] * rows)
+                rewind(caches, args.depth)
                 parts = [(inputs, caches)]
                 mx.eval(mixed_forward(model, parts, attention=attention, matmul_rows=matmul_rows))
 

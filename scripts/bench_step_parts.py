@@ -14,6 +14,7 @@ import argparse
 import statistics
 from contextlib import ExitStack, contextmanager
 from functools import partial
+from types import SimpleNamespace
 
 from bench_common import (
     bench_parser,
@@ -21,6 +22,7 @@ from bench_common import (
     mixed_batch_model,
     print_table,
     reexec_for_cpu,
+    rewind,
 )
 
 PARTS = ("attention and its KV write", "RoPE", "RMS norms")
@@ -36,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def identity(x, *args, **kwargs):
+    """A part taken out: its first input as its output (attention: the queries)."""
     return x
 
 
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path, model, policy = prepared
     layers = model.model.layers
     attention, matmul_rows = policy.attention(), policy.matmul_rows()
-    state = {"attention": attention}
+    state = SimpleNamespace(attention=attention)  # the pass's, swapped like the modules
     taken_out = {
         "attention and its KV write": [(state, "attention")],
         "RoPE": [(layer.self_attn, "rope") for layer in layers],
@@ -83,20 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         def context():
             with ExitStack() as stack:
                 for part in parts:
-                    if part == "attention and its KV write":
-                        state["attention"] = lambda q, k, v, **kwargs: q
-                        stack.callback(state.__setitem__, "attention", attention)
-                    else:
-                        stack.enter_context(swapped(taken_out[part]))
+                    stack.enter_context(swapped(taken_out[part]))
                 yield
 
         return context
 
     def decode_pass(inputs, caches) -> None:
-        for cache in caches:  # every pass at the same depth
-            cache._idx, cache.offset = args.depth, mx.array([args.depth] * inputs.shape[0])
+        rewind(caches, args.depth)
         parts = [(inputs, caches)]
-        mx.eval(mixed_forward(model, parts, attention=state["attention"], matmul_rows=matmul_rows))
+        mx.eval(mixed_forward(model, parts, attention=state.attention, matmul_rows=matmul_rows))
 
     variants = {"the pass": variant(())}
     variants |= {f"without {part}": variant((part,)) for part in PARTS}
