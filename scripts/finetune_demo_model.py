@@ -8,12 +8,17 @@ progress bar and a JSONL loss log.
 1. The base model (--base: an mlx-lm folder, 4-bit weights widened to float32 for training) gets
    StarCoder's FIM tokens (<fim_prefix>, <fim_suffix>, <fim_middle>, <fim_pad>); <repo_name> and
    <file_sep> are in its vocabulary already. Their embedding rows start at the vocabulary's mean.
+   --base may also be a model already fine-tuned here (the shipped one): training continues
+   from its weights, which have the tokens.
 2. Full fine-tuning with AdamW on the training split of the interpreter's standard library
-   (held-out files chosen by a hash of their path, as eval_demo_model.py reads them):
+   and of demo_corpus.py's packages where that folder exists (--stdlib-share of the samples from
+   the library; held-out files chosen by a hash of their path, as eval_demo_model.py reads them):
    - FIM samples, in PSM order (prefix, suffix, middle) up to --spm-from-step and in SPM order
-     (suffix, prefix, middle: llama.cpp's --spm-infill layout) after it. In SPM the middle
-     continues the prefix directly, so the base model's left-to-right skill applies from the
-     first step; the shipped model declares it and /infill renders its prompts that way. The
+     (suffix, prefix, middle: llama.cpp's --spm-infill layout) after it, except --psm-share of
+     them, which stay PSM. In SPM the middle continues the prefix directly, so the base model's
+     left-to-right skill applies from the first step; in PSM the prompt's start stays the same
+     as the cursor moves down a file, so the server's prefix cache serves it. The export
+     declares the order most samples ended in, and /infill renders its prompts that way. The
      middle is mostly one to three whole lines; some samples start with other files' chunks in
      the repo-level format llama.vim's ring buffer produces (<repo_name>, <file_sep>name). The
      middle and its <|endoftext|> weigh --middle-weight against 1 for the context tokens.
@@ -53,7 +58,10 @@ from demo_data import (
     FIM_MIDDLE,
     FIM_PREFIX,
     FIM_SUFFIX,
+    corpus_files,
+    corpus_root,
     functions,
+    split,
     split_files,
     stdlib_root,
     token_stream,
@@ -87,6 +95,12 @@ def parse_args() -> argparse.Namespace:
         default=190,
         help="end training here, the schedule unfinished: the shipped run's 120-minute budget",
     )
+    parser.add_argument(
+        "--stop-after-minutes",
+        type=float,
+        default=None,
+        help="also end training once this much wall time has passed (a lent machine's limit)",
+    )
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -101,6 +115,19 @@ def parse_args() -> argparse.Namespace:
         default=150,
         help="FIM samples from this step on are in SPM order (suffix first, the middle right "
         "after the prefix), as /infill renders them for the shipped model; PSM before it",
+    )
+    parser.add_argument(
+        "--psm-share",
+        type=float,
+        default=0.0,
+        help="of FIM samples from --spm-from-step on: this share stays in PSM order",
+    )
+    parser.add_argument(
+        "--stdlib-share",
+        type=float,
+        default=None,
+        help="of samples: from the standard library, the rest from demo_corpus.py's packages "
+        "(default: in proportion to their sizes)",
     )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--checkpoint-every", type=int, default=10)
@@ -170,19 +197,45 @@ def chat_examples(files) -> list[tuple[str, str]]:
 class Sampler:
     """Training sequences of context + 1 tokens, each with a loss weight per token."""
 
-    def __init__(self, tokenizer, files, stream: np.ndarray, args: argparse.Namespace):
+    def __init__(
+        self,
+        tokenizer,
+        files,
+        stream: np.ndarray,
+        args: argparse.Namespace,
+        corpus: tuple[list, np.ndarray] | None = None,
+    ):
+        """`files` and `stream`: the standard library's; `corpus`: the packages' (files, stream),
+        drawn from for 1 - --stdlib-share of the samples."""
         self.args, self.context = args, args.context
         self.tokenizer = tokenizer
         self.encode = partial(tokenizer.encode, add_special_tokens=False)
-        self.files = files
-        self.weights = np.array([len(f.text) for f in files], dtype=np.float64)
+        sources = [(files, stream), *([corpus] if corpus and corpus[0] else [])]
+        self.files = [f for group, _ in sources for f in group]
+        sizes = [float(sum(len(f.text) for f in group)) for group, _ in sources]
+        share = getattr(args, "stdlib_share", None)
+        if len(sources) == 1 or share is None:
+            shares = [size / sum(sizes) for size in sizes]
+        else:
+            shares = [share, 1 - share]
+        self.weights = np.concatenate(
+            [
+                np.array([len(f.text) for f in group], dtype=np.float64) * s / size
+                for (group, _), s, size in zip(sources, shares, sizes)
+            ]
+        )
         self.weights /= self.weights.sum()
+        self.streams = [s for _, s in sources]
+        self.stream_shares = np.array(shares) / sum(shares)
         self.stream = stream
         ids = tokenizer.convert_tokens_to_ids
         vocab = tokenizer.get_vocab()
         self.orders = {spm: detect_fim(vocab, name) for spm, name in ORDERS.items()}
         self.repo_name, self.file_sep, self.eos = ids(REPO_NAME), ids(FILE_SEP), ids(EOS)
-        self.chats = chat_examples(files)
+        # the packages' docstrings too, from a hash-chosen share of their files (parsing all of
+        # them would hold up the start of training)
+        chat_sources = files + [f for f in (corpus[0] if corpus else []) if f.chat_source]
+        self.chats = chat_examples(chat_sources)
 
     def batch(
         self, rng: np.random.Generator, size: int, spm: bool = False
@@ -193,14 +246,20 @@ class Sampler:
     def sample(self, rng: np.random.Generator, spm: bool) -> tuple[np.ndarray, np.ndarray]:
         draw = rng.random()
         if draw < self.args.fim_rate:
+            psm_share = getattr(self.args, "psm_share", 0.0)
+            if spm and psm_share > 0 and rng.random() < psm_share:
+                spm = False
             return self.fim(rng, spm)
         if draw < self.args.fim_rate + self.args.chat_rate:
             return self.chat(rng)
         return self.left_to_right(rng), np.ones(self.context + 1, dtype=np.float32)
 
     def left_to_right(self, rng: np.random.Generator) -> np.ndarray:
-        start = rng.integers(0, len(self.stream) - self.context - 1)
-        return self.stream[start : start + self.context + 1]
+        stream = self.stream
+        if len(self.streams) > 1:
+            stream = self.streams[rng.choice(len(self.streams), p=self.stream_shares)]
+        start = rng.integers(0, len(stream) - self.context - 1)
+        return stream[start : start + self.context + 1]
 
     def packed(self, rng, tokens: list[int], weights: list[float]):
         """`tokens` filled up to context + 1 with left-to-right text (weight 1)."""
@@ -309,23 +368,43 @@ def train(args: argparse.Namespace) -> None:
     tok_dir, ckpt = out / "tokenizer", out / "checkpoint"
     started = time.monotonic()
     train_files, held_out = split_files()
-    print(f"{len(train_files)} training files, {len(held_out)} held out", flush=True)
+    corpus_train, _ = split(corpus_files())
+    print(
+        f"{len(train_files)} training files, {len(held_out)} held out; "
+        f"{len(corpus_train)} packages' files",
+        flush=True,
+    )
     mx.random.seed(args.seed)
     model, tokenizer, config = base_model(args.base, tok_dir)
     tokenizer.model_max_length = 10**9  # whole files are encoded here
     encode = partial(tokenizer.encode, add_special_tokens=False)
     file_sep = tokenizer.convert_tokens_to_ids(FILE_SEP)
     cache = out / "streams.npz"
-    if cache.exists():
-        saved = np.load(cache)
+    saved = np.load(cache) if cache.exists() else {}
+    if "train" in saved and ("corpus" in saved or not corpus_train):
         # int32 as written here; a copy carried to another machine may be packed as uint16
         train_stream, held_stream = (saved[k].astype(np.int32) for k in ("train", "held"))
+        corpus_stream = saved["corpus"].astype(np.int32) if corpus_train else None
     else:
-        train_stream = token_stream(train_files, encode, file_sep)
-        held_stream = token_stream(held_out, encode, file_sep)
-        np.savez(cache, train=train_stream, held=held_stream)
-    print(f"{len(train_stream):,} training tokens, {len(held_stream):,} held out", flush=True)
-    sampler = Sampler(tokenizer, train_files, train_stream, args)
+
+        def encode_many(texts: list[str]) -> list[list[int]]:
+            return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+        train_stream = token_stream(train_files, encode, file_sep, encode_many)
+        held_stream = token_stream(held_out, encode, file_sep, encode_many)
+        corpus_stream = (
+            token_stream(corpus_train, encode, file_sep, encode_many) if corpus_train else None
+        )
+        extra = {"corpus": corpus_stream} if corpus_train else {}
+        np.savez(cache, train=train_stream, held=held_stream, **extra)
+    corpus_tokens = 0 if corpus_stream is None else len(corpus_stream)
+    print(
+        f"{len(train_stream):,} training tokens, {len(held_stream):,} held out; "
+        f"{corpus_tokens:,} from packages",
+        flush=True,
+    )
+    corpus = (corpus_train, corpus_stream) if corpus_train else None
+    sampler = Sampler(tokenizer, train_files, train_stream, args, corpus)
     print(f"{len(sampler.chats):,} chat examples", flush=True)
 
     schedule = optim.join_schedules(
@@ -414,6 +493,12 @@ def train(args: argparse.Namespace) -> None:
                 upcoming = draw(step + 1)
             step += 1
             loss_value = loss.item()
+            out_of_time = args.stop_after_minutes is not None and (
+                time.monotonic() - started > 60 * args.stop_after_minutes
+            )
+            if out_of_time and step < last_step:
+                print(f"\nstopped at step {step}: --stop-after-minutes", flush=True)
+                last_step = step
             running = loss_value if running is None else 0.95 * running + 0.05 * loss_value
             record = {
                 "step": step,
@@ -435,6 +520,7 @@ def train(args: argparse.Namespace) -> None:
             progress.update(1)
             if step % args.checkpoint_every == 0:
                 save_checkpoint()
+
     progress.close()
     save_checkpoint()
     summary = {
@@ -459,19 +545,33 @@ def train(args: argparse.Namespace) -> None:
         "chat_rate": args.chat_rate,
         "repo_rate": args.repo_rate,
         "middle_loss_weight": args.middle_weight,
-        "fim_order": f"PSM for steps 1-{args.spm_from_step}, SPM after",
+        "fim_order": fim_order(args, step),
+        "psm_share": args.psm_share,
+        "stdlib_share": round(float(sampler.stream_shares[0]), 3),
         "line_span_rate": LINE_SPAN_RATE,
         "train_files": len(train_files),
         "held_out_files": len(held_out),
         "train_tokens": int(len(train_stream)),
+        "corpus": str(corpus_root()) if corpus_train else None,
+        "corpus_files": len(corpus_train),
+        "corpus_tokens": corpus_tokens,
         "held_out_tokens": int(len(held_stream)),
         "base_val_loss": base_val,
         "final_val_loss": json.loads(log_path.read_text().splitlines()[-1]).get("val_loss"),
         "minutes": round((time.monotonic() - started) / 60, 1),
     }
-    if args.spm_from_step < step:  # /infill renders prompts in the order the model ended on
-        config = {**config, CONFIG_KEY: ORDERS[True]}
+    if (args.base / "training.json").exists():  # a run continued from an earlier one
+        summary["continued_from"] = json.loads((args.base / "training.json").read_text())
+    # /infill renders prompts in the order most of the model's last samples were in
+    config = {**config, CONFIG_KEY: ORDERS[args.spm_from_step < step and args.psm_share < 0.5]}
     export(out / "model", model, config, args.base, tok_dir, log_path, summary)
+
+
+def fim_order(args: argparse.Namespace, step: int) -> str:
+    if args.spm_from_step >= step:
+        return "PSM"
+    spm = "SPM" if args.psm_share == 0 else f"SPM ({args.psm_share:.0%} of them PSM)"
+    return spm if args.spm_from_step == 0 else f"PSM for steps 1-{args.spm_from_step}, {spm} after"
 
 
 def export(target: Path, model, config: dict, base: Path, tok_dir: Path, log_path, summary) -> None:

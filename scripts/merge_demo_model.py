@@ -1,5 +1,6 @@
 """Blend the fine-tuned demo model's weights with its base model's (WiSE-FT: a weighted average of
-the two), to win back the chat skill that fine-tuning on code wore away.
+the two), to win back the chat skill that fine-tuning on code wore away. The base may be the model
+a run continued from (the shipped one), whose vocabulary already has the FIM tokens.
 
 Every tensor becomes alpha x fine-tuned + (1 - alpha) x base, both widened to float32; the rows of
 the tokens the base lacks (the FIM tokens) stay the fine-tuned ones. The result is written in
@@ -48,39 +49,42 @@ def blend(tuned: dict, base: dict, alpha: float) -> dict:
     return out
 
 
-def main() -> None:
+def write_blend(tuned_dir: Path, base_dir: Path, alpha: float, out: Path) -> None:
+    """alpha x tuned_dir's weights + (1 - alpha) x base_dir's, in float16, into `out` with the
+    tuned model's tokenizer and records."""
     import mlx.core as mx
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tuned", type=Path, help="the fine-tuned model folder (any mlx-lm dtype)")
-    parser.add_argument("--base", type=Path, default=DEFAULT_BASE)
-    parser.add_argument("--alpha", type=float, required=True, help="the fine-tuned weights' share")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-
-    tuned, base = float_weights(args.tuned), float_weights(args.base)
+    tuned, base = float_weights(tuned_dir), float_weights(base_dir)
     if set(tuned) != set(base):
         raise SystemExit("the two models' tensors differ by name")
-    merged = {k: v.astype(mx.float16) for k, v in blend(tuned, base, args.alpha).items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(args.out / "model.safetensors"), merged)
-    config = json.loads((args.tuned / "config.json").read_text())
+    merged = {k: v.astype(mx.float16) for k, v in blend(tuned, base, alpha).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), merged)
+    config = json.loads((tuned_dir / "config.json").read_text())
     for key in ("quantization", "quantization_config"):
         config.pop(key, None)
-    (args.out / "config.json").write_text(
-        json.dumps({**config, "torch_dtype": "float16"}, indent=2)
-    )
-    for path in args.tuned.iterdir():
+    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": "float16"}, indent=2))
+    for path in tuned_dir.iterdir():
         if path.name.startswith("tokenizer") or path.name in (
             "chat_template.jinja",
             "generation_config.json",
             "special_tokens_map.json",
             "loss_log.jsonl",
         ):
-            shutil.copy(path, args.out / path.name)
-    training = json.loads((args.tuned / "training.json").read_text())
-    training["merge"] = {"method": "WiSE-FT", "alpha": args.alpha, "base": str(args.base)}
-    (args.out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+            shutil.copy(path, out / path.name)
+    training = json.loads((tuned_dir / "training.json").read_text())
+    training["merge"] = {"method": "WiSE-FT", "alpha": alpha, "base": str(base_dir)}
+    (out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tuned", type=Path, help="the fine-tuned model folder (any mlx-lm dtype)")
+    parser.add_argument("--base", type=Path, default=DEFAULT_BASE)
+    parser.add_argument("--alpha", type=float, required=True, help="the fine-tuned weights' share")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    write_blend(args.tuned, args.base, args.alpha, args.out)
     print(f"{args.out}: {args.alpha} x {args.tuned} + {1 - args.alpha:g} x {args.base}")
 
 

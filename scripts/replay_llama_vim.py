@@ -9,7 +9,14 @@ settings; first the warm-up llama.vim sends when the ring buffer changes (`input
 `n_predict` 0). Reports how many suggestions are non-empty, and how many of those leave the file
 parseable.
 
+--cursor-moves N: after each position, the cursor moves down N lines, one at a time, and llama.vim
+asks again at each line's indentation, as it does on every cursor move in insert mode. Reports the
+share of each such prompt the server's prefix cache served (`tokens_cached` against the prompt's
+tokens) and its prompt time: in PSM order the prompt's start is the same as the last one's; in SPM
+the suffix, which comes first, has changed.
+
     python scripts/replay_llama_vim.py [--url http://127.0.0.1:8080] [--positions 50] [--json F]
+        [--cursor-moves 3]
 """
 
 from __future__ import annotations
@@ -117,11 +124,15 @@ def ring_chunks(files, rng: random.Random) -> list[dict]:
     return chunks
 
 
-def request(lines: list[str], index: int, extra: list[dict]) -> tuple[dict, str, str]:
+def request(
+    lines: list[str], index: int, extra: list[dict], typed: str | None = None
+) -> tuple[dict, str, str]:
     """llama.vim's body with the cursor after `return ` on line `index` (the rest of the line
-    not yet typed); also the text before and after the cursor in the whole file."""
+    not yet typed), or after `typed`, that line's start; also the text before and after the
+    cursor in the whole file."""
     line = lines[index]
-    typed = line[: line.index(TYPED) + len(TYPED)]
+    if typed is None:
+        typed = line[: line.index(TYPED) + len(TYPED)]
     before = lines[max(0, index - N_PREFIX) : index]
     after = lines[index + 1 : index + 1 + N_SUFFIX]
     body = fim_request(
@@ -134,6 +145,24 @@ def request(lines: list[str], index: int, extra: list[dict]) -> tuple[dict, str,
     whole_before = "\n".join(lines[:index]) + "\n" + typed
     whole_after = "\n" + "\n".join(lines[index + 1 :])
     return body, whole_before, whole_after
+
+
+def cursor_move(answer: dict) -> dict:
+    """Of a request after a cursor move: the prompt's tokens, those the cache served, and the
+    time the rest took (llama.cpp's fields: `tokens_cached`, `timings.prompt_n` is what was
+    read anew)."""
+    read = (
+        answer["timings/prompt_n"]
+        if "timings/prompt_n" in answer
+        else answer["timings"]["prompt_n"]
+    )
+    ms = (
+        answer["timings/prompt_ms"]
+        if "timings/prompt_ms" in answer
+        else answer["timings"]["prompt_ms"]
+    )
+    cached = answer.get("tokens_cached", 0)
+    return {"prompt": cached + read, "cached": cached, "prompt_ms": ms}
 
 
 def parses(text: str) -> bool:
@@ -150,11 +179,12 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cursor-moves", type=int, default=0, help="lines moved after each")
     args = parser.parse_args()
 
     _, held_out = split_files()
     rng = random.Random(args.seed)
-    results = []
+    results, moves = [], []
     started = time.monotonic()
     ring = ring_chunks(held_out, rng)
     with httpx.Client(base_url=args.url, timeout=600) as http:
@@ -175,6 +205,11 @@ def main() -> None:
                 }
             )
             print(f"{len(results)}: {name}:{index + 1} {content!r}", flush=True)
+            for line in range(index + 1, min(len(lines), index + 1 + args.cursor_moves)):
+                indent = lines[line][: len(lines[line]) - len(lines[line].lstrip())]
+                body, _, _ = request(lines, line, ring, typed=indent)
+                timings = http.post("/infill", json=body).raise_for_status().json()
+                moves.append(cursor_move(timings))
     non_empty = sum(r["non_empty"] for r in results)
     parsed = sum(r["parses"] for r in results)
     summary = {
@@ -185,6 +220,14 @@ def main() -> None:
         "parseable_of_non_empty": round(parsed / max(1, non_empty), 3),
         "seconds": round(time.monotonic() - started, 1),
     }
+    if moves:
+        summary["cursor_moves"] = len(moves)
+        summary["cached_share_after_a_move"] = round(
+            sum(m["cached"] for m in moves) / sum(m["prompt"] for m in moves), 3
+        )
+        summary["prompt_ms_after_a_move_median"] = round(
+            sorted(m["prompt_ms"] for m in moves)[len(moves) // 2], 1
+        )
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps({**summary, "results": results}, indent=2) + "\n")

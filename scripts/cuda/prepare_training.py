@@ -1,16 +1,20 @@
 """Pack what a fine-tuning run of the demo model needs on a lent NVIDIA machine into `.whl/send*`.
 
-scripts/cuda/prepare.py packs MLX's CUDA build; this adds the base model, this interpreter's
-standard library (the training data, so a machine with another Python trains on the same files)
-and the token streams finetune_demo_model.py cached. The lent machine takes 64 MiB a call, the
-working tree included, and the base model alone is larger, so everything goes into one tar split
-into `.whl/send1`, `.whl/send2`, ...: one folder per call, each carried once (scripts/cuda/train.sh
-keeps what each call brought and reassembles the tar when all have arrived).
+scripts/cuda/prepare.py packs MLX's CUDA build; this adds the model training starts from (--start:
+the shipped demo model, so a run continues from it; or --base, the shared SmolLM2, to start
+over), this interpreter's standard library (the training data, so a machine with another Python
+trains on the same files) and demo_corpus.py's packages, xz-packed; the machine tokenizes them.
+The lent machine takes 64 MiB a call, the working tree included, and the model alone is larger,
+so everything goes into one tar split into `.whl/send1`, `.whl/send2`, ...: one folder per call,
+each carried once (scripts/cuda/train.sh keeps what each call brought and reassembles the tar
+when all have arrived). The shipped model's own weights are in the working tree: move them out
+of it for every call (they would not fit), and back after.
 
-The base's quantization scales and biases are stored as float16 for the trip: the GGUF they came
+A base's quantization scales and biases are stored as float16 for the trip: the GGUF they came
 from holds them in float16, so the conversion is exact (checked here, tensor by tensor).
 
-    python scripts/cuda/prepare.py && python scripts/cuda/prepare_training.py
+    python scripts/demo_corpus.py && python scripts/cuda/prepare.py
+    python scripts/cuda/prepare_training.py [--base ../shared/models/smollm2-135m-instruct-4bit]
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from demo_data import stdlib_files, stdlib_root  # noqa: E402
+from demo_data import corpus_root, stdlib_files, stdlib_root  # noqa: E402
 
-DEFAULT_BASE = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4bit"
+SHIPPED = ROOT / "mlxserve" / "models" / "mlxserve-demo-coder"
 CALL_LIMIT = 64 * 2**20  # the device tool's working tree per call
-MARGIN = 2 * 2**20
-ORDER = ("wheels", "mlx_cuda_13.tar.xz", "smollm2", "stdlib.tar.xz", "streams.npz", "base")
+MARGIN = 2**20
+ORDER = ("wheels", "mlx_cuda_13.tar.xz", "stdlib.tar.xz", "corpus.tar.xz", "start.tar.xz")
 
 
 def tracked_bytes() -> int:
@@ -65,14 +69,10 @@ def base_with_float16_scales(base: Path, out: Path) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), packed)
 
 
-def streams_uint16(cache: Path, out: Path) -> None:
-    import numpy as np
-
-    saved = np.load(cache)
-    arrays = {k: saved[k] for k in ("train", "held")}
-    if max(int(a.max()) for a in arrays.values()) >= 2**16:
-        raise SystemExit("token ids do not fit uint16")
-    np.savez_compressed(out, **{k: a.astype(np.uint16) for k, a in arrays.items()})
+def packed(folder: Path, out: Path) -> None:
+    """A folder as one xz tar (4-bit weights shrink by a few percent: the parts' sizes count)."""
+    with tarfile.open(out, "w:xz", preset=6) as tar:
+        tar.add(folder, arcname=".")
 
 
 def stdlib_tar(out: Path) -> None:
@@ -85,28 +85,36 @@ def stdlib_tar(out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, default=DEFAULT_BASE)
-    parser.add_argument("--streams", type=Path, default=ROOT / "build" / "demo-ft" / "streams.npz")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--start", type=Path, default=SHIPPED, help="a model with the FIM tokens")
+    start.add_argument("--base", type=Path, help="a quantized model without them (SmolLM2)")
+    parser.add_argument("--start-weights", type=Path, help="--start's model.safetensors, moved")
     args = parser.parse_args()
     whl = ROOT / ".whl"
     wheels = [*whl.glob("deps/mlx-*.whl"), *whl.glob("deps/mlx_lm-*.whl")]
     if not (whl / "mlx_cuda_13.tar.xz").exists() or len(wheels) != 2:
         raise SystemExit("run scripts/cuda/prepare.py first")
-    if not args.streams.exists():
-        raise SystemExit(f"{args.streams}: run finetune_demo_model.py here once to cache it")
+    if not (corpus_root() / "manifest.json").exists():
+        raise SystemExit(f"{corpus_root()}: run scripts/demo_corpus.py first")
     for old in whl.glob("send*"):
         shutil.rmtree(old)
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "train"
         staged.mkdir()
-        base_with_float16_scales(args.base, staged / "base")
-        streams_uint16(args.streams, staged / "streams.npz")
+        model = staged / "start"
+        if args.base:
+            base_with_float16_scales(args.base, model)
+        else:  # its other files travel in the tree: train.sh puts them beside the weights
+            model.mkdir()
+            weights = args.start_weights or args.start / "model.safetensors"
+            shutil.copyfile(weights, model / "model.safetensors")
+        packed(model, staged / "start.tar.xz")
+        packed(corpus_root(), staged / "corpus.tar.xz")
         stdlib_tar(staged / "stdlib.tar.xz")
         (staged / "wheels").mkdir()
         for wheel in wheels:
             shutil.copyfile(wheel, staged / "wheels" / wheel.name)
         shutil.copyfile(whl / "mlx_cuda_13.tar.xz", staged / "mlx_cuda_13.tar.xz")
-        shutil.copytree(whl / "smollm2", staged / "smollm2")
         bundle = io.BytesIO()
         with tarfile.open(fileobj=bundle, mode="w") as tar:
             # MLX and the data first: the first call can install and try them while the base
