@@ -90,7 +90,8 @@ if [ "$mode" = eval ]; then  # the card's figures, on the card's 200 standard-li
     evaluate eval "$card" --windows 100 --chat
     evaluate eval_start "$DATA/start" --windows 100 --no-bigram --chat
     evaluate eval_1024 "$card" --windows 0 --no-bigram --prompt-tokens 1024
-    evaluate eval_start_1024 "$DATA/start" --windows 0 --no-bigram --prompt-tokens 1024
+    [ -z "${ALL:-}" ] || evaluate eval_start_1024 "$DATA/start" --windows 0 --no-bigram \
+        --prompt-tokens 1024
     exit 0
 fi
 
@@ -108,7 +109,7 @@ echo "training: $((SECONDS - start)) s"
 [ -f "$KEEP/run/model/training.json" ] || exit 1
 cp "$KEEP/run/model/training.json" "$OUT/"
 python3 scripts/choose_demo_blend.py "$KEEP/run/model" --anchor "$DATA/start" \
-    --alphas ${ALPHAS:-1.0 0.75 0.5} --tasks "${TASKS:-100}" --deadline "${DEADLINE:-150}" \
+    --alphas ${ALPHAS:-1.0 0.7} --tasks "${TASKS:-100}" --deadline "${DEADLINE:-150}" \
     --out "$KEEP/blends" 2>&1 | grep -v "^\[" | cut -c1-400 | tee "$OUT/choice.log"
 [ -d "$KEEP/blends/chosen" ] || exit 1
 cp "$KEEP/blends/choice.json" "$OUT/"
