@@ -261,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
         "are mlx-lm's) (default: the one mlx-lm picks from the chat template, else hermes)",
     )
     serve.add_argument(
+        "--strict-tools",
+        action="store_true",
+        help="a tool the provider would run (OpenAI's web_search, file_search, code_interpreter; "
+        "Anthropic's server tools) gets 400; without it, such tools are left out of the prompt "
+        "and named once in the log, so clients that send them by default (Codex, Claude Code) "
+        "work",
+    )
+    serve.add_argument(
         "--reasoning-format",
         choices=["auto", "deepseek", "none"],
         default="auto",
@@ -512,6 +520,7 @@ def chat_settings(args: argparse.Namespace) -> ChatSettings:
         template_source=source,
         tool_parser=args.tool_parser,
         reasoning_format=args.reasoning_format,
+        strict_tools=args.strict_tools,
     )
 
 

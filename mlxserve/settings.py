@@ -82,6 +82,7 @@ class ChatSettings:
     template_source: str | None = None  # where it came from (a file, or "chatml"), for /v1/models
     tool_parser: str | None = None  # an mlx-lm tool parser's name, or "hermes"; None: inferred
     reasoning_format: str = "auto"  # "none": thinking text stays in content
+    strict_tools: bool = False  # tools the provider runs (web search, ...): 400, not left out
 
 
 @dataclass(frozen=True)

@@ -133,20 +133,65 @@ def render(
         renderer = getattr(tokenizer, "_tokenizer", tokenizer)
     elif info.fallback:
         options["chat_template"] = CHATML
+
+    def apply(messages: list[dict[str, Any]]) -> str:
+        try:
+            text = renderer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **options,
+            )
+        except (JinjaError, TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+            raise TemplateError(str(error) or type(error).__name__) from error
+        if not isinstance(text, str):
+            raise TemplateError("the chat template did not render text")
+        return text
+
     try:
-        text = renderer.apply_chat_template(
-            messages,
-            tools=tools or None,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-            **options,
-        )
-    except (JinjaError, TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
-        raise TemplateError(str(error) or type(error).__name__) from error
-    if not isinstance(text, str):
-        raise TemplateError("the chat template did not render text")
-    return text
+        return apply(messages)
+    except TemplateError:
+        folded = system_folded(messages)
+        if folded == messages:
+            raise
+        # a template that takes a system turn only first (Mistral's, Gemma's) gets the later
+        # ones inside the user turns; if it refuses that too, the first refusal stands
+        try:
+            return apply(folded)
+        except TemplateError:
+            pass
+        raise
+
+
+def system_folded(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the conversation's start folded into the next user turn (the last
+    user turn when none follows; a user turn of their own after an assistant's), and those at
+    its start merged into one."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for message in messages:
+        if message["role"] == "system":
+            text = message.get("content") or ""
+            if all(m["role"] == "system" for m in out):
+                out = [
+                    {"role": "system", "content": "\n\n".join([*(m["content"] for m in out), text])}
+                ]
+            else:
+                pending.append(text)
+            continue
+        if pending and message["role"] == "user":
+            message = {**message, "content": "\n\n".join([*pending, message.get("content") or ""])}
+            pending = []
+        out.append(message)
+    if pending:
+        if out and out[-1]["role"] == "user":
+            last = out[-1]
+            out[-1] = {**last, "content": "\n\n".join([last.get("content") or "", *pending])}
+        else:
+            out.append({"role": "user", "content": "\n\n".join(pending)})
+    return out
 
 
 def _developer_as_system(message: dict[str, Any]) -> dict[str, Any]:

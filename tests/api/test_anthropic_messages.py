@@ -211,11 +211,6 @@ def test_errors_are_anthropics(claude, server):
     for body in (
         {"messages": USER},  # no max_tokens
         {"max_tokens": 4, "messages": [{"role": "user", "content": [image]}]},
-        {
-            "max_tokens": 4,
-            "messages": USER,
-            "tools": [{"type": "web_search_20250305", "name": "w"}],
-        },
         {"max_tokens": 4, "messages": [{"role": "wizard", "content": "Hi"}]},
     ):
         response = httpx.post(server.url + "/v1/messages", json={"model": "c", **body})
@@ -265,3 +260,66 @@ def test_reasoning_becomes_thinking_blocks_whole_and_streamed():
     starts = [k["content_block"]["type"] for k in kinds if k["type"] == "content_block_start"]
     assert starts == ["thinking", "text", "tool_use"]
     assert [k["type"] for k in kinds].count("content_block_stop") == 3
+
+
+# Claude Code 2.1's first request with its Agent and Skill tools on (its default): the agent and
+# skill lists come as system messages inside `messages`, under a beta header.
+MID_CONVERSATION_SYSTEM = "mid-conversation-system-2026-04-07"
+
+
+def test_system_messages_inside_messages_answer_as_openai_chat_does(server, client):
+    messages = [
+        {"role": "user", "content": "Say hi"},
+        {"role": "system", "content": "Available agent types: none."},
+    ]
+    answer = httpx.post(
+        server.url + "/v1/messages",
+        headers={"anthropic-version": "2023-06-01", "anthropic-beta": MID_CONVERSATION_SYSTEM},
+        json={"model": "claude-sonnet-4-5", "max_tokens": 12, "messages": messages, **GREEDY},
+    )
+    assert answer.status_code == 200, answer.text
+    openai = openai_greedy(client, messages)
+    assert answer.json()["content"][0]["text"] == openai.choices[0].message.content
+    blocks = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, *USER]
+    assert greedy(claude_for(server), messages=blocks).stop_reason == "max_tokens"
+
+
+def claude_for(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+
+
+def test_anthropics_own_tools_are_left_out_unless_strict(claude, live_server, tiny_model):
+    from mlxserve.settings import ChatSettings
+
+    hosted = [
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"type": "bash_20250124", "name": "bash"},
+    ]
+    request = {"model": "c", "messages": USER, "tools": [TOOL]}
+    alone = claude.messages.count_tokens(**request).input_tokens
+    beside = claude.messages.count_tokens(**{**request, "tools": [*hosted, TOOL]}).input_tokens
+    assert beside == alone
+    assert claude.messages.create(max_tokens=2, **{**request, "tools": hosted}).usage.output_tokens
+    strict = live_server(tiny_model, chat=ChatSettings(strict_tools=True))
+    refused = httpx.post(
+        strict.url + "/v1/messages", json={"max_tokens": 2, **request, "tools": [TOOL, *hosted]}
+    )
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and "web_search_20250305" in error["message"]
+
+
+def test_a_prompt_over_the_context_is_worded_as_anthropic_words_it(claude, server):
+    """Claude Code compacts its conversation when it reads `prompt is too long`."""
+    context = server.engine.loaded.context_length
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(
+            model="c",
+            max_tokens=4,
+            messages=[{"role": "user", "content": "story time " * context}],
+        )
+    error = bad.value.body["error"]
+    assert error["type"] == "invalid_request_error"
+    tokens = int(error["message"].split(": ")[1].split(" ")[0])
+    assert error["message"] == f"prompt is too long: {tokens} tokens > {context} maximum"
+    assert tokens > context

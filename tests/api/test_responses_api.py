@@ -10,6 +10,7 @@ import json
 import re
 from types import SimpleNamespace
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -366,7 +367,7 @@ def test_previous_response_id_is_refused(client):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": SAY, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": SAY, "tools": [{"type": "namespace", "name": "n"}]}, "tools[0].tools"),
         ({"input": SAY, "conversation": "conv_1"}, "conversation"),
         ({"input": SAY, "background": True}, "background"),
         ({"input": []}, "input"),
@@ -396,11 +397,48 @@ def test_previous_response_id_is_refused(client):
 def test_bad_requests_get_a_400_naming_the_field(http, body, param):
     error = error_of(http.post("/v1/responses", json=body), 400)
     assert error["param"] == param, error
-    if body.get("tools") == [{"type": "web_search"}]:
-        assert "web_search" in error["message"]
 
 
 def test_the_openapi_document_has_the_route(http):
     paths = http.get("/openapi.json").json()["paths"]
     schema = paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]
     assert re.search(r'"input"', json.dumps(schema))
+
+
+# Codex CLI 0.17x's default tools (wire_api "responses"): its agent tools in a namespace, and a
+# web search it expects the provider to run.
+CODEX_TOOLS = [
+    {"type": "namespace", "name": "multi_agent_v1", "tools": [WEATHER, CLOCK]},
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+def test_a_namespaces_function_tools_are_offered_under_their_names(client):
+    result = client.responses.create(
+        model="tiny",
+        input="Weather?",
+        tools=CODEX_TOOLS,
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=100,
+        temperature=0,
+    )
+    (call,) = result.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+
+
+def test_hosted_tools_are_left_out_of_the_prompt_unless_strict(http, live_server, tiny_model):
+    from mlxserve.settings import ChatSettings
+
+    plain = respond(http, input=SAY, tools=[WEATHER], max_output_tokens=4, temperature=0)
+    hosted = [{"type": "web_search", "external_web_access": False}, {"type": "file_search"}]
+    beside = respond(http, input=SAY, tools=[*hosted, WEATHER], max_output_tokens=4, temperature=0)
+    assert beside["usage"]["input_tokens"] == plain["usage"]["input_tokens"]
+    assert output_text(beside) == output_text(plain)
+    strict = live_server(tiny_model, chat=ChatSettings(strict_tools=True))
+    refused = httpx.post(
+        strict.url + "/v1/responses", json={"input": SAY, "tools": CODEX_TOOLS}, timeout=60
+    )
+    error = error_of(refused, 400)
+    assert error["param"] == "tools[1].type" and error["code"] == "unsupported_tool_type"
+    assert "web_search" in error["message"]

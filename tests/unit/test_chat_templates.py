@@ -141,3 +141,46 @@ def test_smollm2s_own_chatml_template():
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert not template_info(tokenizer).fallback
     assert CHATML not in text
+
+
+# A template that takes a system turn first only, as Mistral's and Gemma's do.
+SYSTEM_FIRST_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('system only first') }}{% endif %}[{{ m.role }}]{{ m.content }}"
+    "{% endfor %}"
+)
+MID_SYSTEM = [
+    {"role": "system", "content": "s0"},
+    {"role": "user", "content": "u1"},
+    {"role": "system", "content": "agents: none"},
+    {"role": "assistant", "content": "a1"},
+    {"role": "system", "content": "skills: none"},
+    {"role": "user", "content": "u2"},
+    {"role": "system", "content": "late"},
+]
+
+
+def test_system_messages_anywhere_stay_system_turns_where_the_template_has_them():
+    text = render(FakeTokenizer(TOOL_TEMPLATE), MID_SYSTEM, add_generation_prompt=False)
+    assert text == (
+        "system:s0;user:u1;system:agents: none;assistant:a1;system:skills: none;user:u2;"
+        "system:late;"
+    )
+
+
+def test_later_system_messages_fold_into_user_turns_where_the_template_refuses_them():
+    text = render(FakeTokenizer(SYSTEM_FIRST_TEMPLATE), MID_SYSTEM, add_generation_prompt=False)
+    # into the next user turn; the last one, with no user turn after it, into the last user turn
+    assert text == "[system]s0[user]u1[assistant]a1[user]agents: none\n\nskills: none\n\nu2\n\nlate"
+    after_assistant = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    text = render(
+        FakeTokenizer(SYSTEM_FIRST_TEMPLATE),
+        [*after_assistant, {"role": "system", "content": "s"}],
+        add_generation_prompt=False,
+    )
+    assert text == "[user]u[assistant]a[user]s"
+
+
+def test_a_template_refusing_more_than_system_turns_still_says_why():
+    with pytest.raises(TemplateError, match="only user and assistant"):
+        render(FakeTokenizer(STRICT_TEMPLATE), MID_SYSTEM)

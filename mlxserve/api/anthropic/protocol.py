@@ -64,8 +64,11 @@ ContentBlock = Annotated[
 
 
 class Message(BaseModel):
+    """A turn. `system` is accepted anywhere (Anthropic's beta mid-conversation-system, which
+    Claude Code sends for its agent and skill lists), with or without that beta header."""
+
     model_config = ConfigDict(extra="allow")
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

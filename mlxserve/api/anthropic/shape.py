@@ -23,10 +23,21 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
+CONTEXT_ERRORS = ("context_length_exceeded", "prompt_too_long")
+
+
 def anthropic_error(body: dict[str, Any], status: int) -> dict[str, Any]:
-    """An OpenAI-shaped error body in Anthropic's shape (same status)."""
+    """An OpenAI-shaped error body in Anthropic's shape (same status). A prompt that does not fit
+    is worded as Anthropic words it, `prompt is too long: N tokens > M maximum`: Claude Code
+    reads that to compact its conversation and try again."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
+    error = body["error"]
+    message = error["message"]
+    prompt, context = error.get("n_prompt_tokens"), error.get("n_ctx")
+    if error.get("code") in CONTEXT_ERRORS and prompt is not None and context is not None:
+        if error["code"] == "prompt_too_long" or prompt >= context:
+            message = f"prompt is too long: {prompt} tokens > {context} maximum"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def event(payload: dict[str, Any]) -> str:

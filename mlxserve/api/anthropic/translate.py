@@ -9,6 +9,7 @@ from typing import Any
 
 from ...settings import Limits
 from ..errors import InvalidRequest
+from ..hosted_tools import leave_out
 from ..openai.chat_protocol import ChatCompletionRequest
 from ..parsing import validate
 from .protocol import (
@@ -24,12 +25,21 @@ from .protocol import (
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def chat_request(body: CountTokensRequest, limits: Limits) -> ChatCompletionRequest:
+def chat_request(
+    body: CountTokensRequest, limits: Limits, strict_tools: bool = False
+) -> ChatCompletionRequest:
     """The chat request these messages, tools and settings make (count_tokens: no sampling)."""
     fields: dict[str, Any] = {"messages": chat_messages(body)}
-    if body.tools:
-        fields["tools"] = [_tool(i, tool) for i, tool in enumerate(body.tools)]
-    if body.tool_choice is not None and body.tools:
+    tools = body.tools or []
+    # Anthropic's own tools (a versioned `type`: web search, code execution, bash, ...): its
+    # servers run them, or its models know their schema; left out here (hosted_tools)
+    client = [t.type in (None, "custom") for t in tools]
+    hosted = [(f"tools[{i}]", str(t.type)) for i, t in enumerate(tools) if not client[i]]
+    leave_out(hosted, strict_tools, "/v1/messages")
+    offered = [_tool(t) for t, own in zip(tools, client) if own]
+    if offered:
+        fields["tools"] = offered
+    if body.tool_choice is not None and offered:
         choice = body.tool_choice
         if choice.type == "tool":
             if not choice.name:
@@ -58,13 +68,7 @@ def chat_request(body: CountTokensRequest, limits: Limits) -> ChatCompletionRequ
     return validate(ChatCompletionRequest, fields, limits)
 
 
-def _tool(index: int, tool) -> dict[str, Any]:
-    if tool.type not in (None, "custom"):
-        raise InvalidRequest(
-            f"tools[{index}] is Anthropic's server tool {tool.type!r}, which runs on Anthropic's "
-            "servers: send client tools (name, description, input_schema) and run them yourself.",
-            param=f"tools[{index}].type",
-        )
+def _tool(tool) -> dict[str, Any]:
     function = {"name": tool.name, "parameters": tool.input_schema}
     if tool.description:
         function["description"] = tool.description

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from ...settings import Limits
 from ..errors import InvalidRequest
+from ..hosted_tools import leave_out
 from ..parsing import validate
 from ..protocol import MAX_TOKENS_FIELD
 from .chat_protocol import MEDIA_PARTS, ChatCompletionRequest
@@ -111,12 +112,15 @@ class ResponsesRequest(BaseModel):
         }
 
 
-def chat_request(body: ResponsesRequest, limits: Limits) -> ChatCompletionRequest:
+def chat_request(
+    body: ResponsesRequest, limits: Limits, strict_tools: bool = False
+) -> ChatCompletionRequest:
     """The chat request that answers `body`, or a 400 naming the Responses field at fault."""
     _refuse_stateful(body)
     fields: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
-    if body.tools:
-        fields["tools"] = _tools(body.tools)
+    tools = _tools(body.tools or [], strict_tools)
+    if tools:
+        fields["tools"] = tools
     if body.tool_choice is not None:
         fields["tool_choice"] = _tool_choice(body.tool_choice)
     if body.text and body.text.format:
@@ -287,26 +291,38 @@ def _tool_result(item: dict[str, Any], where: str, calls: set[str]) -> dict[str,
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Function tools in chat's nested form; any other tool type is OpenAI's to run, not ours."""
-    out = []
+def _tools(tools: list[dict[str, Any]], strict: bool) -> list[dict[str, Any]]:
+    """Function tools in chat's nested form, a namespace's function tools under their own names
+    (Codex groups its agent tools so); any other type (web search, file search, ...) is one
+    OpenAI runs, which this server leaves out (hosted_tools)."""
+    out: list[dict[str, Any]] = []
+    hosted: list[tuple[str, str]] = []
     for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        kind = tool.get("type")
-        if kind != "function":
-            raise InvalidRequest(
-                f"Tool type {kind!r} in {where} is not supported: this server offers only "
-                "function tools (which the client runs).",
-                param=f"{where}.type",
-                code="unsupported_tool_type",
-            )
-        flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
-        function = {"name": _string(flat, "name", where)}
-        for key in ("description", "parameters"):
-            if flat.get(key) is not None:
-                function[key] = flat[key]
-        out.append({"type": "function", "function": function})
+        _add_tool(tool, f"tools[{i}]", out, hosted)
+    leave_out(hosted, strict, "/v1/responses")
     return out
+
+
+def _add_tool(tool: Any, where: str, out: list, hosted: list[tuple[str, str]]) -> None:
+    if not isinstance(tool, dict):
+        raise InvalidRequest(f"{where} must be an object.", param=where)
+    kind = tool.get("type")
+    if kind == "namespace":
+        members = tool.get("tools")
+        if not isinstance(members, list):
+            raise InvalidRequest(f"{where}.tools must be a list of tools.", param=f"{where}.tools")
+        for j, member in enumerate(members):
+            _add_tool(member, f"{where}.tools[{j}]", out, hosted)
+        return
+    if kind != "function":
+        hosted.append((where, str(kind)))
+        return
+    flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    function = {"name": _string(flat, "name", where)}
+    for key in ("description", "parameters"):
+        if flat.get(key) is not None:
+            function[key] = flat[key]
+    out.append({"type": "function", "function": function})
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
