@@ -58,7 +58,8 @@ LIMIT_FLAGS = (
     ),
     ("--max-n", "max_n", int, "largest n and best_of"),
     ("--max-sequences", "max_sequences_per_request", int, "prompts x best_of per request"),
-    ("--max-logprobs", "max_logprobs", int, "largest logprobs (OpenAI's routes)"),
+    ("--max-logprobs", "max_logprobs", int, "largest logprobs (OpenAI's completions)"),
+    ("--max-top-logprobs", "max_top_logprobs", int, "largest top_logprobs (OpenAI's chat)"),
     ("--max-n-probs", "max_n_probs", int, "largest n_probs (llama.cpp's routes)"),
     (
         "--grammar-timeout",

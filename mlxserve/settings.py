@@ -68,7 +68,8 @@ class Limits:
     max_tokens: int = 32_768  # the most tokens one sequence may generate
     max_n: int = 128  # n and best_of
     max_sequences_per_request: int = 256  # prompts x best_of
-    max_logprobs: int = 5  # OpenAI's completions limit
+    max_logprobs: int = 5  # OpenAI's completions limit (logprobs on /v1/completions)
+    max_top_logprobs: int = 20  # OpenAI's chat limit (top_logprobs on /v1/chat/completions)
     max_n_probs: int = 100  # llama.cpp's n_probs on its routes (llama.cpp sets no limit)
     grammar_timeout_s: float = 10.0  # compiling a grammar or JSON schema
     request_timeout_s: float | None = 1800.0  # generation ends (finish_reason "length") after this

@@ -184,6 +184,16 @@ def test_logprobs_come_in_chats_shape(client):
     assert "".join(e.token for e in content) == choice.message.content
 
 
+def test_top_logprobs_reach_chats_limit_of_20(client):
+    """OpenAI allows 0-20 on chat (5 is the legacy completions' limit); llama.cpp's chat tests
+    ask for more than 5."""
+    result = client.chat.completions.create(
+        model="tiny", messages=USER, max_tokens=2, logprobs=True, top_logprobs=20
+    )
+    # alternatives that decode to the same text (the tiny model's byte tokens) are one entry
+    assert all(5 < len(entry.top_logprobs) <= 20 for entry in result.choices[0].logprobs.content)
+
+
 def test_logprobs_without_top_logprobs_have_no_alternatives(http):
     (choice,) = chat(http, max_tokens=3, logprobs=True, ignore_eos=True)["choices"]
     assert [e["top_logprobs"] for e in choice["logprobs"]["content"]] == [[], [], []]

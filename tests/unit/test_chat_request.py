@@ -152,8 +152,16 @@ def test_bad_requests_are_refused_naming_the_field(body, param, says):
 
 
 def test_top_logprobs_is_bounded_by_the_server():
-    error = refusal({"messages": USER, "logprobs": True, "top_logprobs": 5}, Limits(max_logprobs=4))
+    limits = Limits(max_top_logprobs=4)
+    error = refusal({"messages": USER, "logprobs": True, "top_logprobs": 5}, limits)
     assert error.param == "top_logprobs" and "4 (this server's limit)" in error.message
+
+
+def test_top_logprobs_goes_to_20_on_chat_as_openai_allows():
+    """5 is OpenAI's legacy completions limit (--max-logprobs); chat's is 20."""
+    assert chat(logprobs=True, top_logprobs=20).top_logprobs == 20
+    error = refusal({"messages": USER, "logprobs": True, "top_logprobs": 21}, Limits())
+    assert error.param == "top_logprobs"
 
 
 def test_continuing_the_last_message_opens_no_new_turn():

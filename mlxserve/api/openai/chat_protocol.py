@@ -27,7 +27,7 @@ from ..schema_docs import documented
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "video_url")
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound; --max-logprobs may set a lower one
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound; --max-top-logprobs may set a lower one
 NOT_CHAT_FIELDS = {
     "prompt": "chat takes `messages`; send a raw prompt to /v1/completions.",
     "suffix": "fill-in-the-middle is /v1/completions' `suffix` or llama.cpp's /infill.",
@@ -170,7 +170,7 @@ class ChatCompletionRequest(CompletionRequest):
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        limit = ((info.context or {}).get("limits") or Limits()).max_logprobs
+        limit = ((info.context or {}).get("limits") or Limits()).max_top_logprobs
         if value is not None and value > limit:
             raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
         return value
