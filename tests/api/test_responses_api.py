@@ -442,3 +442,79 @@ def test_hosted_tools_are_left_out_of_the_prompt_unless_strict(http, live_server
     error = error_of(refused, 400)
     assert error["param"] == "tools[1].type" and error["code"] == "unsupported_tool_type"
     assert "web_search" in error["message"]
+
+
+def test_a_namespaces_call_goes_back_with_its_namespace(http):
+    """Codex finds a call's tool by namespace and name."""
+    body = {
+        "input": "Weather?",
+        "tools": CODEX_TOOLS,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 100,
+        "temperature": 0,
+    }
+    (call,) = respond(http, **body)["output"]
+    assert call["namespace"] == "multi_agent_v1" and call["name"] == "get_weather"
+    done = [e for e in sse_events(http, **body) if e["type"] == "response.output_item.done"]
+    assert done[-1]["item"]["namespace"] == "multi_agent_v1"
+    plain = respond(http, **{**body, "tools": [WEATHER]})["output"][0]
+    assert "namespace" not in plain
+
+
+# Codex's apply_patch since 0.131: a custom tool, its free-form input in a Lark grammar.
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Use the `apply_patch` tool to edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'},
+}
+
+
+def test_a_custom_tool_is_called_with_its_raw_input_and_read_back(http):
+    body = {
+        "input": "Fix it.",
+        "tools": [APPLY_PATCH, WEATHER],
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    (call,) = respond(http, **body)["output"]
+    assert call["type"] == "custom_tool_call" and call["name"] == "apply_patch"
+    assert isinstance(call["input"], str) and call["call_id"].startswith("call_")
+    events = sse_events(http, **body)
+    kinds = [e["type"] for e in events]
+    assert "response.custom_tool_call_input.done" in kinds
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
+    assert done["input"] == call["input"]
+    # the call and its output go back as history, as the function call they were
+    history = [
+        {"role": "user", "content": "Fix it."},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** x"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+    ]
+    as_functions = [
+        {"role": "user", "content": "Fix it."},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "apply_patch",
+            "arguments": json.dumps({"input": "*** x"}),
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": "Done!"},
+    ]
+    read_back = respond(http, input=history, tools=[APPLY_PATCH], max_output_tokens=4)
+    functions = respond(http, input=as_functions, tools=[APPLY_PATCH], max_output_tokens=4)
+    assert read_back["usage"]["input_tokens"] == functions["usage"]["input_tokens"]
+
+
+def test_an_image_in_a_tool_result_stands_as_a_line_not_a_400(http):
+    """Codex's view_image returns an image; the next turn would resend it for ever."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    history = [
+        {"role": "user", "content": "Look."},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [image]},
+    ]
+    assert respond(http, input=history, tools=[WEATHER], max_output_tokens=2)["status"]
+    user_image = [{"role": "user", "content": [image]}]
+    assert http.post("/v1/responses", json={"input": user_image}).status_code == 400

@@ -23,7 +23,7 @@ from ..parsing import read_json_object, validate
 from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
 from .chat_prompt import prepare
-from .responses_protocol import ResponsesRequest, chat_request
+from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request, tool_origins
 
 blueprint = Blueprint("openai_responses", __name__)
 
@@ -68,14 +68,15 @@ async def create_response():
         "usage": None,
         **body.echo(),
     }
+    origins = tool_origins(body.tools)
     if body.stream:
         return (
-            stream_response(submit(engine, plan), plan, prompt.output, response),
+            stream_response(submit(engine, plan), plan, prompt.output, response, origins),
             200,
             SSE_HEADERS,
         )
     (result,) = await collect(submit(engine, plan), plan)
-    output = Output()
+    output = Output(origins)
     output.add(split_answer(prompt.output, result.text))
     output.finish(result.finish_reason)
     return finished(response, output, plan, result)
@@ -90,7 +91,8 @@ class Output:
     events a stream sends for it. Calls go out last, so a stream orders items as a whole
     response does whatever text follows a call."""
 
-    def __init__(self) -> None:
+    def __init__(self, origins: dict[str, ToolOrigin] | None = None) -> None:
+        self.origins = origins or {}  # calls of a custom tool's or a namespace's function
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the text item being written
         self.has_message = False
@@ -151,6 +153,9 @@ class Output:
         ]
 
     def _call(self, call: ToolCall) -> list[dict[str, Any]]:
+        origin = self.origins.get(call.name, ToolOrigin())
+        if origin.custom:
+            return self._custom_call(call, origin)
         item = {
             "id": new_id("fc"),
             "type": "function_call",
@@ -159,6 +164,8 @@ class Output:
             "name": call.name,
             "arguments": "",
         }
+        if origin.namespace is not None:
+            item["namespace"] = origin.namespace
         self.items.append(item)
         where = {"item_id": item["id"], **self._index(item)}
         events = [
@@ -174,6 +181,36 @@ class Output:
                 "name": call.name,
                 "arguments": call.arguments,
             },
+            {"type": "response.output_item.done", **self._index(item), "item": snap(item)},
+        ]
+
+    def _custom_call(self, call: ToolCall, origin: ToolOrigin) -> list[dict[str, Any]]:
+        """A custom tool's call: its `input` argument as the raw input the client reads."""
+        try:
+            text = json.loads(call.arguments).get("input")
+        except (ValueError, AttributeError):
+            text = None
+        text = text if isinstance(text, str) else call.arguments
+        item = {
+            "id": new_id("ctc"),
+            "type": "custom_tool_call",
+            "status": "in_progress",
+            "call_id": call.id,
+            "name": call.name,
+            "input": "",
+        }
+        if origin.namespace is not None:
+            item["namespace"] = origin.namespace
+        self.items.append(item)
+        where = {"item_id": item["id"], **self._index(item)}
+        events = [
+            {"type": "response.output_item.added", **self._index(item), "item": snap(item)},
+            {"type": "response.custom_tool_call_input.delta", **where, "delta": text},
+        ]
+        item.update(input=text, status="completed")
+        return [
+            *events,
+            {"type": "response.custom_tool_call_input.done", **where, "input": text},
             {"type": "response.output_item.done", **self._index(item), "item": snap(item)},
         ]
 
@@ -220,13 +257,14 @@ async def stream_response(
     plan: Plan,
     spec: OutputSpec,
     response: dict[str, Any],
+    origins: dict[str, ToolOrigin] | None = None,
 ) -> AsyncIterator[str]:
     """response.created and .in_progress, each item's events, then response.completed (or
     .incomplete) with the whole response; an engine error is response.failed."""
     numbers = itertools.count()
     result = SequenceResult()
     splitter = AnswerSplitter(spec)
-    output = Output()
+    output = Output(origins)
 
     def send(event: dict[str, Any]) -> str:
         event = {"type": event["type"], "sequence_number": next(numbers), **event}

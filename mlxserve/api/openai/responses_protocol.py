@@ -5,6 +5,7 @@ response_format. This server stores nothing, so nothing may refer to an earlier 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
@@ -175,10 +176,10 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             continue
         if kind == "message":
             message = {"role": _role(item, where), "content": _text(item.get("content"), where)}
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             message = _call_turn(out, item, where)
             calls.add(message["tool_calls"][-1]["id"])
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             message = _tool_result(item, where, calls)
         elif kind == "item_reference":
             raise InvalidRequest(
@@ -189,7 +190,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         else:
             raise InvalidRequest(
                 f"Input item type {kind!r} in {where} is not supported: send messages, "
-                "function_call and function_call_output items.",
+                "function_call, custom_tool_call and their _output items.",
                 param=f"{where}.type",
             )
         if message["role"] == "assistant" and reasoning:
@@ -216,8 +217,10 @@ def _role(item: dict[str, Any], where: str) -> str:
     return role
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content as one string: its text parts joined."""
+def _text(content: Any, where: str, tool_result: bool = False) -> str:
+    """A message's content as one string: its text parts joined. In a tool's result, an image
+    or file (Codex's view_image) stands as a line saying it was left out: a 400 there would
+    come back with every later turn, which resends it."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -233,6 +236,8 @@ def _text(content: Any, where: str) -> str:
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
+        elif kind in (*MEDIA_PARTS, "input_file") and tool_result:
+            texts.append(f"[{kind} left out: this server runs text models only]")
         elif kind in (*MEDIA_PARTS, "input_file"):
             raise InvalidRequest(
                 f"Content part type '{kind}' is not supported: this server runs text models "
@@ -257,8 +262,12 @@ def _reasoning_text(item: dict[str, Any]) -> str:
 
 
 def _call_turn(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> dict[str, Any]:
-    """The assistant turn this call belongs to: the one just before it, or a new one."""
-    arguments = _string(item, "arguments", where)
+    """The assistant turn this call belongs to: the one just before it, or a new one. A custom
+    tool's call (its raw `input`) is the call of the function it is offered as (_add_tool)."""
+    if item.get("type") == "custom_tool_call":
+        arguments = json.dumps({"input": _string(item, "input", where)}, ensure_ascii=False)
+    else:
+        arguments = _string(item, "arguments", where)
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
@@ -287,7 +296,7 @@ def _tool_result(item: dict[str, Any], where: str, calls: set[str]) -> dict[str,
             param=f"{where}.call_id",
         )
     output = item.get("output")
-    text = output if isinstance(output, str) else _text(output, f"{where}.output")
+    text = output if isinstance(output, str) else _text(output, f"{where}.output", True)
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
@@ -303,10 +312,60 @@ def _tools(tools: list[dict[str, Any]], strict: bool) -> list[dict[str, Any]]:
     return out
 
 
+def custom_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom tool (free-form input, Codex's apply_patch) as the function the model calls: one
+    string argument, `input`, which comes back as the custom_tool_call's input. Its grammar, if
+    it has one, is in the description for the model to follow."""
+    description = tool.get("description") or ""
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar" and fmt.get("definition"):
+        description += (
+            f"\n\nWrite the whole input as the `input` string, in this {fmt.get('syntax', '')} "
+            f"grammar:\n{fmt['definition']}"
+        )
+    parameters = {
+        "type": "object",
+        "properties": {"input": {"type": "string"}},
+        "required": ["input"],
+        "additionalProperties": False,
+    }
+    function = {"name": _string(tool, "name", where), "parameters": parameters}
+    if description.strip():
+        function["description"] = description.strip()
+    return function
+
+
+@dataclass(frozen=True)
+class ToolOrigin:
+    """Where an offered function came from: a custom tool's, a namespace's (Codex finds a call
+    by namespace and name, so the call goes back with its namespace)."""
+
+    custom: bool = False
+    namespace: str | None = None
+
+
+def tool_origins(tools: list[dict[str, Any]] | None, namespace: str | None = None) -> dict:
+    """Function name -> ToolOrigin for the tools that are not plain top-level functions."""
+    origins: dict[str, ToolOrigin] = {}
+    for tool in tools or []:
+        if not isinstance(tool, dict):
+            continue
+        kind, name = tool.get("type"), tool.get("name")
+        if kind == "namespace" and isinstance(tool.get("tools"), list):
+            origins.update(tool_origins(tool["tools"], name if isinstance(name, str) else None))
+        elif kind in ("function", "custom") and isinstance(name, str):
+            if kind == "custom" or namespace is not None:
+                origins[name] = ToolOrigin(custom=kind == "custom", namespace=namespace)
+    return origins
+
+
 def _add_tool(tool: Any, where: str, out: list, hosted: list[tuple[str, str]]) -> None:
     if not isinstance(tool, dict):
         raise InvalidRequest(f"{where} must be an object.", param=where)
     kind = tool.get("type")
+    if kind == "custom":
+        out.append({"type": "function", "function": custom_function(tool, where)})
+        return
     if kind == "namespace":
         members = tool.get("tools")
         if not isinstance(members, list):
@@ -328,7 +387,7 @@ def _add_tool(tool: Any, where: str, out: list, hosted: list[tuple[str, str]]) -
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, str):
         return choice
-    if choice.get("type") != "function":
+    if choice.get("type") not in ("function", "custom"):  # a custom tool is a function here
         raise InvalidRequest(
             f"tool_choice type {choice.get('type')!r} is not supported: send 'auto', 'none', "
             "'required' or {'type': 'function', 'name': ...}.",
