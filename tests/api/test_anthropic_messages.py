@@ -323,3 +323,46 @@ def test_a_prompt_over_the_context_is_worded_as_anthropic_words_it(claude, serve
     tokens = int(error["message"].split(": ")[1].split(" ")[0])
     assert error["message"] == f"prompt is too long: {tokens} tokens > {context} maximum"
     assert tokens > context
+
+
+def test_images_documents_and_tool_references_in_a_tool_result_stand_as_lines(claude, client):
+    """Claude Code's Read tool on a PNG or PDF, and its ToolSearch's tool_reference blocks: a 400
+    would come back with every later turn, which resends the result."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf"}}
+    result = [
+        {"type": "text", "text": "Read 2 files:"},
+        image,
+        pdf,
+        {"type": "tool_reference", "tool_name": "mcp__files__grep"},
+    ]
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "x"}}
+    messages = [
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": [call]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}],
+        },
+    ]
+    ours = claude.messages.count_tokens(model="c", messages=messages, tools=[TOOL]).input_tokens
+    said = (
+        "Read 2 files:\n[image left out: this server runs text models only]\n"
+        "[document left out: this server runs text models only]\n[tool mcp__files__grep loaded]"
+    )
+    openai_call = {
+        "id": "toolu_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "x"})},
+    }
+    openai = client.chat.completions.create(
+        model="x",
+        messages=[
+            {"role": "user", "content": "Look."},
+            {"role": "assistant", "content": "", "tool_calls": [openai_call]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": said},
+        ],
+        tools=[WEATHER],
+        max_tokens=1,
+    )
+    assert ours == openai.usage.prompt_tokens

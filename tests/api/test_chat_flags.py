@@ -118,3 +118,25 @@ def test_a_forced_call_is_bare_json_where_the_parser_reads_no_json_in_tags(flagg
     raw = "".join(entry["token"] for entry in choice["logprobs"]["content"])
     assert raw.startswith("[{") or raw.startswith("{"), raw
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
+
+
+def test_strict_tools_is_off_unless_asked_for():
+    assert parsed().strict_tools is False and parsed("--strict-tools").strict_tools is True
+
+
+EFFORT = "{{ messages[0]['content'] }} effort={{ reasoning_effort | default('unset') }}"
+
+
+def test_reasoning_effort_reaches_the_template_as_on_responses(live_servers, tiny_model, server):
+    """OpenAI's chat field (opencode's effort variants, aider's --reasoning-effort, llm's -o)."""
+    chat = ChatSettings(template=EFFORT, template_source="effort.jinja")
+    live = live_servers.shared(tiny_model, engine=server.engine, chat=chat)
+
+    def prompt(**body) -> str:
+        answer = httpx.post(live.url + "/apply-template", json={"messages": USER, **body})
+        return answer.json()["prompt"]
+
+    assert prompt() == "Say something. effort=unset"
+    assert prompt(reasoning_effort="low") == "Say something. effort=low"
+    kwargs = {"chat_template_kwargs": {"reasoning_effort": "high"}}
+    assert prompt(reasoning_effort="low", **kwargs) == "Say something. effort=high"

@@ -127,19 +127,38 @@ def _call(block: ToolUseBlock) -> dict[str, Any]:
     }
 
 
+# A tool's result may hold what a text model cannot read (Claude Code's Read tool on a PNG or a
+# PDF) or a reference to a deferred tool (its ToolSearch tool): each stands as a line saying so.
+# A 400 there would come back with every later turn, which resends the result.
+LEFT_OUT = {
+    "image": "[image left out: this server runs text models only]",
+    "document": "[document left out: this server runs text models only]",
+    "search_result": "[search result left out]",
+}
+
+
 def _result(block: ToolResultBlock, where: str) -> dict[str, Any]:
     content = block.content
     if isinstance(content, list):
-        parts = []
+        parts, texts = [], []
         for k, part in enumerate(content):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+                texts.append(part["text"])
+            elif kind in LEFT_OUT:
+                parts.append(LEFT_OUT[kind])
+            elif kind == "tool_reference" and isinstance(part.get("tool_name"), str):
+                # every tool is offered whole here (defer_loading is not needed)
+                parts.append(f"[tool {part['tool_name']} loaded]")
+            else:
                 raise InvalidRequest(
                     f"{where}.content[{k}] must be a text block: this server runs text models "
                     "only.",
                     param=f"{where}.content[{k}]",
                 )
-            parts.append(part["text"])
-        content = "".join(parts)
+        # text blocks run together as they always did; a line left out stands on its own
+        content = ("\n" if len(parts) > len(texts) else "").join(parts)
     if block.is_error:
         content = f"Error: {content}"
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}

@@ -40,7 +40,7 @@ def prepare(body: ChatCompletionRequest, tokenizer: Any, chat: ChatSettings) -> 
             tools,
             add_generation_prompt=body.generation_prompt,
             continue_final_message=body.continue_final_message,
-            template_kwargs=body.chat_template_kwargs,
+            template_kwargs=template_kwargs(body),
             override=chat.template,
         )
     except TemplateError as error:
@@ -135,3 +135,10 @@ def _markers_are_special(tokenizer: Any, output: OutputSpec) -> bool:
         markers += [output.tools.start, output.tools.end]
     special = set(getattr(tokenizer, "all_special_tokens", None) or ())
     return any(m in special for m in markers if m)
+
+
+def template_kwargs(body: ChatCompletionRequest) -> dict | None:
+    """chat_template_kwargs, with OpenAI's reasoning_effort where they do not set one."""
+    if body.reasoning_effort is None:
+        return body.chat_template_kwargs
+    return {"reasoning_effort": body.reasoning_effort, **(body.chat_template_kwargs or {})}

@@ -145,6 +145,11 @@ class ChatCompletionRequest(CompletionRequest):
         None, description="vLLM: extra template variables, e.g. {'enable_thinking': false}"
     )
     parallel_tool_calls: StrictBool = True
+    reasoning_effort: str | None = Field(
+        None,
+        description="OpenAI's: passed to the template as reasoning_effort (chat_template_kwargs "
+        "wins if it sets one), as /v1/responses passes reasoning.effort",
+    )
     reasoning_format: Literal["auto", "deepseek", "none"] | None = Field(
         None,
         description="llama.cpp: 'none' keeps <think> text inline in content; otherwise it goes "
