@@ -209,6 +209,8 @@ def _make_plan(
                     prompt_logprobs=body.echo and body.logprobs is not None,
                     skip_special_tokens=body.skip_special_tokens,
                     cache_prompt=body.cache_prompt,
+                    report_timings=body.timings_per_token and body.stream,
+                    report_progress=body.return_progress and body.stream,
                     healed=healed,
                     fault=fault_of(body.user),
                 )

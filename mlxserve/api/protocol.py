@@ -208,7 +208,14 @@ class CompletionRequest(BaseModel):
         "token_ids; llama.cpp's return_tokens: `tokens` in /completion and /infill answers",
     )
     timings_per_token: StrictBool = Field(
-        False, description="llama.cpp: add prompt/decode `timings` to the response"
+        False,
+        description="llama.cpp: add prompt/decode `timings` to the response, and to every "
+        "chunk of a stream",
+    )
+    return_progress: StrictBool = Field(
+        False,
+        description="llama.cpp: a stream sends `prompt_progress` ({total, cache, processed, "
+        "time_ms}) as each chunk of the prompt is read, before the first token",
     )
     user: str | None = None
     # Output constraints (api/constraints.py maps them onto one grammar; at most one per request).

@@ -158,6 +158,17 @@ def chat_logprobs(tokens: list[TokenLogprob], top: int) -> dict[str, Any]:
     }
 
 
+def prompt_progress(event: GenerationEvent) -> dict[str, Any]:
+    """llama.cpp's `prompt_progress` of a progress event (return_progress)."""
+    p = event.prompt_progress
+    return {
+        "total": p.total,
+        "cache": p.cache,
+        "processed": p.processed,
+        "time_ms": round(p.time_ms, 3),
+    }
+
+
 def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     """llama.cpp's `timings` over a request's sequences (they prefill and decode side by side)."""
     prompt_n = sum(t.prompt_tokens for t in timings)

@@ -584,6 +584,7 @@ class Engine:
             generator.prefill_step_size,
             pacer.layers_per_pass or "all",
         )
+        self._report_progress(prompt_responses)
         for r in prompt_responses:
             if r.end_of_prompt:
                 self._keep_running_prompt(r.uid)
@@ -591,6 +592,20 @@ class Engine:
         if responses:
             self._emit(responses)
         self._failed.passed()
+
+    def _report_progress(self, prompt_responses) -> None:
+        """llama.cpp's prompt_progress: to each sequence that asked, how far its prompt is read
+        (mlx-lm's prompt responses carry (read, total) of the tokens past the prefix cache)."""
+        if not self._leader:
+            return
+        with posted_together():
+            for r in prompt_responses:
+                seq = self.live.get(r.uid)
+                progress = getattr(r, "progress", None)
+                if seq is None or not seq.request.report_progress:
+                    continue
+                if isinstance(progress, tuple) and len(progress) == 2:
+                    seq.post(seq.progress(*progress))
 
     def _arm_faults(self) -> None:
         """Tests: the passes of this step that hold a row with a pass fault due raise."""

@@ -43,6 +43,8 @@ class GenerationRequest:
     cache_prompt: bool = True  # reuse and keep KV in the prefix cache; with max_tokens 0 the
     # prompt is still prefilled into the prefix cache (llama.cpp's warm-up request), unless echo
     # with logprobs scored it already.
+    report_timings: bool = False  # every event carries the timings so far, not the last alone
+    report_progress: bool = False  # events while the prompt is read (PromptProgress)
     healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
     fault: Fault | None = None  # tests only: where this sequence is made to fail (faults.py)
 
@@ -72,6 +74,16 @@ class Timings:
     decode_ms: float
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far the prompt's reading has come (llama.cpp's prompt_progress)."""
+
+    total: int  # the prompt's tokens
+    cache: int  # taken from the prefix cache
+    processed: int  # read so far, the cached ones included
+    time_ms: float  # since the sequence started
+
+
 @dataclass
 class GenerationEvent:
     """Progress of one sequence (`index` = its place in the submitted group)."""
@@ -87,7 +99,8 @@ class GenerationEvent:
     completion_tokens: int = 0
     slot: int = -1  # the sequence's slot number (llama.cpp's id_slot)
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on the last event)
-    timings: Timings | None = None  # on the last event
+    timings: Timings | None = None  # on the last event (on every one with report_timings)
+    prompt_progress: PromptProgress | None = None  # an event of its own, with report_progress
     error: str | None = None
     unavailable: bool = False  # the error is the server's state (503), not this request's
 

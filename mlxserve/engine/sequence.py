@@ -20,7 +20,7 @@ from ..sampling.token_healing import HealingMask
 from ..text import IncrementalDetokenizer, LineRules, StopMatcher
 from .isolation import RowGuard
 from .model_host import LoadedModel
-from .requests import GenerationEvent, GenerationRequest, Timings, TokenLogprob
+from .requests import GenerationEvent, GenerationRequest, PromptProgress, Timings, TokenLogprob
 
 
 class TokenResponse(Protocol):
@@ -129,8 +129,22 @@ class SequenceState:
         event.finish_reason = finish
         if finish is not None:
             event.cached_tokens = self.cached_tokens
+        if finish is not None or request.report_timings:
             event.timings = self.timings()
         return event
+
+    def progress(self, read: int, total: int) -> GenerationEvent:
+        """An event saying `read` of the `total` prompt tokens the batch was given are read (the
+        tokens past the prefix cache's)."""
+        whole = len(self.request.prompt_ids)
+        cached = max(0, whole - total) if total else self.cached_tokens
+        progress = PromptProgress(
+            total=whole,
+            cache=cached,
+            processed=min(whole, cached + read),
+            time_ms=(time.monotonic() - self.started) * 1000,
+        )
+        return GenerationEvent(index=self.index, slot=self.slot, prompt_progress=progress)
 
     def out_of_time(self) -> bool:
         """The server's deadline passed, or llama.cpp's t_max_predict_ms after a line break."""

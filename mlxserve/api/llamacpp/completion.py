@@ -27,6 +27,7 @@ from ..responses import (
     error_chunk,
     llama_timings,
     note_usage,
+    prompt_progress,
     sse,
 )
 from .protocol import NativeCompletionRequest
@@ -144,6 +145,20 @@ async def stream(
                 yield sse(error_chunk(event.error, event.unavailable))
                 return
             result = results[event.index]
+            if event.prompt_progress is not None:
+                yield sse(
+                    {
+                        "index": event.index,
+                        "content": "",
+                        "tokens": [],
+                        "stop": False,
+                        "id_slot": event.slot,
+                        "tokens_predicted": 0,
+                        "tokens_evaluated": len(plan.prompt_of(event.index).ids),
+                        "prompt_progress": prompt_progress(event),
+                    }
+                )
+                continue
             result.add(event)
             if event.text or event.token_ids:
                 # As llama.cpp: every token's id goes out (a stop word held back: no text yet).
@@ -160,6 +175,8 @@ async def stream(
                     chunk["completion_probabilities"] = completion_probabilities(
                         event.tokens, body.post_sampling_probs
                     )
+                if body.timings_per_token and event.timings is not None:
+                    chunk["timings"] = llama_timings([event.timings])
                 yield sse(chunk)
             if event.finish_reason:
                 # As llama.cpp: text, tokens and probabilities went out in the chunks.

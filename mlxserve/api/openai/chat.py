@@ -27,6 +27,7 @@ from ..responses import (
     error_chunk,
     llama_timings,
     note_usage,
+    prompt_progress,
     sse,
     usage,
     whole_response,
@@ -160,6 +161,10 @@ async def stream_chat(
                 yield sse(error_chunk(event.error, event.unavailable))
                 return
             index = event.index
+            if event.prompt_progress is not None:  # llama.cpp's shape for it
+                progress = {"prompt_progress": prompt_progress(event)}
+                yield chunk(index, {"role": "assistant", "content": None}, progress)
+                continue
             results[index].add(event)
             answer = splitters[index].feed(event.text, last=bool(event.finish_reason))
             delta = _delta(answer, calls_sent[index])
@@ -169,13 +174,13 @@ async def stream_chat(
                 fields["logprobs"] = chat_logprobs(event.tokens, body.top_logprobs or 0)
             if body.return_token_ids and event.token_ids:
                 fields["token_ids"] = event.token_ids
+            timings = None
+            if body.timings_per_token and event.timings is not None:
+                timings = {"timings": llama_timings([event.timings])}
             if delta or fields:
-                yield chunk(index, delta, **fields)
+                yield chunk(index, delta, timings, **fields)
             if event.finish_reason:
                 reason = finish_reason(event.finish_reason, answer, calls_sent[index] > 0)
-                timings = None
-                if body.timings_per_token and event.timings is not None:
-                    timings = {"timings": llama_timings([event.timings])}
                 yield chunk(index, {}, timings, finish_reason=reason)
         if with_usage:
             yield sse(

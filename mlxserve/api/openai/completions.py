@@ -24,6 +24,7 @@ from ..responses import (
     legacy_logprobs,
     llama_timings,
     note_usage,
+    prompt_progress,
     sse,
     usage,
     whole_response,
@@ -88,6 +89,17 @@ async def stream_completion(
                 yield sse(error_chunk(event.error, event.unavailable))
                 return
             index, result = event.index, results[event.index]
+            if event.prompt_progress is not None:
+                choice = {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+                yield sse(
+                    {
+                        **meta,
+                        "object": "text_completion",
+                        "choices": [choice],
+                        "prompt_progress": prompt_progress(event),
+                    }
+                )
+                continue
             offset = result.token_chars
             result.add(event)
             text, tokens = event.text, event_tokens(event)
