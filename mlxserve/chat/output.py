@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .tool_calls import PYTHON_TAG, ToolCall, ToolSyntax, parse_json_calls
+from .tool_calls import PYTHON_TAG, ToolCall, ToolSyntax, cut_calls, parse_json_calls
 
 THINK_TAGS = ("<think>", "</think>")
 
@@ -139,7 +139,10 @@ class AnswerSplitter:
         try:
             self._take(out, tools.parse(raw))
         except ValueError:  # cut short, or not a call after all: the text stays the answer's
-            out.content += tools.start + raw + (tools.end if at >= 0 else "")
+            if self.spec.forced and at < 0:  # the grammar's call, cut by max_tokens
+                self._take(out, cut_calls(raw))
+            else:
+                out.content += tools.start + raw + (tools.end if at >= 0 else "")
 
     def _whole(self, out: Delta, final: bool) -> None:
         """Held to the end: the whole answer is a call (or a list), or it is content."""
@@ -150,7 +153,10 @@ class AnswerSplitter:
         try:
             self._take(out, parse_json_calls(text))
         except ValueError:
-            out.content += text
+            if self.spec.forced:  # the grammar's calls, cut by max_tokens
+                self._take(out, cut_calls(text))
+            else:
+                out.content += text
 
     def _done(self, out: Delta, final: bool) -> None:
         out.content += self.pending

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import pkgutil
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +136,36 @@ def _call(call: Any) -> ToolCall:
         arguments=json.dumps(arguments, ensure_ascii=False),
         id=given if isinstance(given, str) and given else call_id(),
     )
+
+
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+
+
+def cut_calls(text: str) -> list[ToolCall]:
+    """The calls of a forced answer that max_tokens cut: those whole, then the one cut, with
+    its arguments as far as they were written (OpenAI's answer then; Anthropic's tool_use
+    block). A call cut before its name was written is none."""
+    text = text.strip()
+    if text.startswith(PYTHON_TAG):
+        text = text[len(PYTHON_TAG) :].strip()
+    text = text.removeprefix("[").lstrip()
+    calls: list[ToolCall] = []
+    decoder = json.JSONDecoder()
+    while text:
+        try:
+            whole, end = decoder.raw_decode(text)
+            calls.append(_call(whole))
+        except ValueError:
+            break
+        text = text[end:].lstrip().removeprefix(",").lstrip()
+    name = _NAME.search(text)
+    if name is None:
+        return calls
+    arguments = _ARGUMENTS.search(text, name.end())
+    partial = text[arguments.end() :] if arguments else ""
+    cut_name = json.loads(f'"{name.group(1)}"')
+    return [*calls, ToolCall(name=cut_name, arguments=partial, id=call_id())]
 
 
 def forced_call_grammar(tools: list[dict[str, Any]], one: bool, syntax: ToolSyntax) -> str:

@@ -366,3 +366,37 @@ def test_images_documents_and_tool_references_in_a_tool_result_stand_as_lines(cl
         max_tokens=1,
     )
     assert ours == openai.usage.prompt_tokens
+
+
+def test_a_forced_call_cut_by_max_tokens_ends_as_anthropics_does(claude, client):
+    """stop_reason max_tokens with the tool_use block last (its JSON as far as it was written in
+    the stream); no text block of half-written JSON after it. Chat: finish_reason length with
+    the call, its arguments cut, and no content."""
+    request = {
+        "model": "claude",
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": [TOOL],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    whole = claude.messages.create(max_tokens=200, **request)
+    cut_at = whole.usage.output_tokens - 3
+    cut = claude.messages.create(max_tokens=cut_at, **request)
+    assert cut.stop_reason == "max_tokens"
+    assert [b.type for b in cut.content] == ["tool_use"] and cut.content[0].name == "get_weather"
+    with claude.messages.stream(max_tokens=cut_at, **request) as stream:
+        events = list(stream)
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["tool_use"]
+    partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
+    assert partial and not partial.rstrip().endswith("}}")  # cut inside the arguments
+    chat = client.chat.completions.create(
+        model="x",
+        messages=request["messages"],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=cut_at,
+    )
+    (choice,) = chat.choices
+    assert choice.finish_reason == "length" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")

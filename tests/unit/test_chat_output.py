@@ -96,6 +96,27 @@ CASES = {
         "",
         [("get_weather", '{"city": "Oslo"}'), ("get_weather", '{"city": "Paris"}')],
     ),
+    "a forced call cut by max_tokens is the call as far as it was written, no content": (
+        OutputSpec(tools=HERMES, forced=True),
+        CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UT',
+        "",
+        "",
+        [("get_weather", '{"city": "Oslo"}'), ("get_time", '{"zone": "UT')],
+    ),
+    "a bare forced list cut inside its second call": (
+        OutputSpec(forced=True),
+        '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": [',
+        "",
+        "",
+        [("a", '{"x": 1}'), ("b", '{"y": [')],
+    ),
+    "a forced call cut before its name is none": (
+        OutputSpec(tools=HERMES, forced=True),
+        '<tool_call>\n{"nam',
+        "",
+        "",
+        [],
+    ),
     "forced list, one call allowed": (
         OutputSpec(forced=True, max_calls=1),
         '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]',
