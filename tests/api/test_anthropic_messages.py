@@ -400,3 +400,12 @@ def test_a_forced_call_cut_by_max_tokens_ends_as_anthropics_does(claude, client)
     assert choice.finish_reason == "length" and not choice.message.content
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+
+
+def test_a_trailing_assistant_message_is_continued_as_anthropic_continues_it(claude, client):
+    messages = [*USER, {"role": "assistant", "content": "Once upon"}]
+    ours = greedy(claude, messages=messages)
+    openai = openai_greedy(client, messages, extra_body={"continue_final_message": True})
+    assert ours.content[0].text == openai.choices[0].message.content
+    opened = openai_greedy(client, messages)
+    assert ours.content[0].text != opened.choices[0].message.content  # not a new turn

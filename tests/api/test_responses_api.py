@@ -518,3 +518,39 @@ def test_an_image_in_a_tool_result_stands_as_a_line_not_a_400(http):
     assert respond(http, input=history, tools=[WEATHER], max_output_tokens=2)["status"]
     user_image = [{"role": "user", "content": [image]}]
     assert http.post("/v1/responses", json={"input": user_image}).status_code == 400
+
+
+def test_a_resumed_codex_sessions_history_reads_on(http):
+    """Text echoed between a call and its output joins the call's turn; what OpenAI ran itself
+    (web_search_call, compaction) is left out; a GPT model's local_shell_call reads as a call."""
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}
+    echoed = [
+        {"role": "user", "content": "Weather?"},
+        call,
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        output,
+    ]
+    in_order = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        call,
+        output,
+    ]
+    kept = respond(http, input=echoed, tools=[WEATHER], max_output_tokens=4, temperature=0)
+    ordered = respond(http, input=in_order, tools=[WEATHER], max_output_tokens=4, temperature=0)
+    assert kept["usage"]["input_tokens"] == ordered["usage"]["input_tokens"]
+    assert output_text(kept) == output_text(ordered)
+    resumed = [
+        {"role": "user", "content": "List files."},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {}},
+        {"type": "compaction", "encrypted_content": "opaque"},
+        {
+            "type": "local_shell_call",
+            "call_id": "c2",
+            "status": "completed",
+            "action": {"type": "exec", "command": ["ls"]},
+        },
+        {"type": "local_shell_call_output", "call_id": "c2", "output": "README.md"},
+    ]
+    assert respond(http, input=resumed, max_output_tokens=2)["status"]

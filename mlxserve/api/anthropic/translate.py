@@ -29,7 +29,12 @@ def chat_request(
     body: CountTokensRequest, limits: Limits, strict_tools: bool = False
 ) -> ChatCompletionRequest:
     """The chat request these messages, tools and settings make (count_tokens: no sampling)."""
-    fields: dict[str, Any] = {"messages": chat_messages(body)}
+    messages = chat_messages(body)
+    fields: dict[str, Any] = {"messages": messages}
+    last = messages[-1] if messages else {}
+    if last.get("role") == "assistant" and last.get("content") and not last.get("tool_calls"):
+        # a prefill: Anthropic's answer continues the last assistant turn's text
+        fields["continue_final_message"] = True
     tools = body.tools or []
     # Anthropic's own tools (a versioned `type`: web search, code execution, bash, ...): its
     # servers run them, or its models know their schema; left out here (hosted_tools)

@@ -174,12 +174,19 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         if kind == "reasoning":
             reasoning += _reasoning_text(item)
             continue
+        if kind in PROVIDER_ITEMS:
+            continue
         if kind == "message":
             message = {"role": _role(item, where), "content": _text(item.get("content"), where)}
-        elif kind in ("function_call", "custom_tool_call"):
+            if message["role"] == "assistant" and _open_calls(out):
+                # text an assistant wrote beside its calls, echoed between a call and its output
+                # (Codex does): it belongs to the calls' turn, which their results follow
+                out[-1]["content"] = (out[-1].get("content") or "") + message["content"]
+                continue
+        elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
             message = _call_turn(out, item, where)
             calls.add(message["tool_calls"][-1]["id"])
-        elif kind in ("function_call_output", "custom_tool_call_output"):
+        elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
             message = _tool_result(item, where, calls)
         elif kind == "item_reference":
             raise InvalidRequest(
@@ -198,6 +205,26 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         if not out or out[-1] is not message:
             out.append(message)
     return out
+
+
+# Items of what OpenAI ran itself, or of state only OpenAI can read (a resumed Codex session
+# replays them): nothing here can render them, and the conversation reads on without them.
+PROVIDER_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "computer_call",
+        "mcp_list_tools",
+        "compaction",
+    }
+)
+
+
+def _open_calls(out: list[dict[str, Any]]) -> bool:
+    """Whether the last turn is an assistant's calls whose results have not come yet."""
+    return bool(out) and out[-1]["role"] == "assistant" and bool(out[-1].get("tool_calls"))
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
@@ -266,6 +293,9 @@ def _call_turn(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> d
     tool's call (its raw `input`) is the call of the function it is offered as (_add_tool)."""
     if item.get("type") == "custom_tool_call":
         arguments = json.dumps({"input": _string(item, "input", where)}, ensure_ascii=False)
+    elif item.get("type") == "local_shell_call":  # a GPT model's shell call, in a resumed session
+        item = {**item, "name": "local_shell"}
+        arguments = json.dumps(item.get("action") or {}, ensure_ascii=False)
     else:
         arguments = _string(item, "arguments", where)
     try:
