@@ -175,3 +175,10 @@ def test_the_schema_has_chat_fields_and_no_prompt():
     properties = ChatCompletionRequest.model_json_schema()["properties"]
     assert {"messages", "max_completion_tokens", "top_logprobs", "tools"} <= properties.keys()
     assert not {"prompt", "suffix", "echo"} & properties.keys()
+
+
+def test_an_assistants_refusal_part_reads_as_its_text():
+    """OpenAI's assistant content parts include `refusal`; a client replaying history sends it."""
+    refusal = {"type": "refusal", "refusal": "I can't help with that."}
+    body = chat(messages=[*USER, {"role": "assistant", "content": [refusal]}, *USER])
+    assert body.template_messages()[1]["content"] == "I can't help with that."

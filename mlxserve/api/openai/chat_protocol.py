@@ -66,7 +66,8 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         """The content as one string (a list's text parts joined; checked to be text)."""
         if isinstance(self.content, list):
-            return "".join(part["text"] for part in self.content)
+            # an assistant's refusal part (OpenAI's) reads as the text it is
+            return "".join(part.get("text", part.get("refusal", "")) for part in self.content)
         return self.content or ""
 
     def for_template(self) -> dict[str, Any]:
@@ -281,6 +282,8 @@ def _check_content(message: ChatMessage, where: str) -> None:
     for j, part in enumerate(content):
         kind = part.get("type")
         if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
             continue
         param = f"{where}.content[{j}]"
         if kind in MEDIA_PARTS:
