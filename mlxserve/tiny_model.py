@@ -138,7 +138,12 @@ def _write_weights(out: Path, seed: int, config: dict) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _train_byte_level_tokenizer(out: Path, vocab_size: int) -> None:
+def _train_byte_level_tokenizer(
+    out: Path,
+    vocab_size: int,
+    context: int = TINY_CONFIG["max_position_embeddings"],
+    chat_template: str | None = None,
+) -> None:
     """A byte-level BPE like StarCoder's (SmolLM's), with its FIM and file tokens as special
     tokens: what the demo model's tokenizer does to code, at a size that trains in seconds."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -160,14 +165,17 @@ def _train_byte_level_tokenizer(out: Path, vocab_size: int) -> None:
     )
     lines = _stdlib_text(TRAINING_TEXT_BYTES).splitlines(keepends=True)
     tokenizer.train_from_iterator(lines, trainer=trainer)
-    PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|im_start|>",
         eos_token="<|endoftext|>",
         unk_token="<|endoftext|>",
-        model_max_length=TINY_CONFIG["max_position_embeddings"],
+        model_max_length=context,
         clean_up_tokenization_spaces=False,
-    ).save_pretrained(str(out))
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(str(out))
 
 
 CODER_CONFIG = TINY_CONFIG | {
@@ -181,6 +189,36 @@ def build_tiny_coder(out: Path, seed: int = 0, force: bool = False) -> Path:
     """The tiny model with the demo model's kind of vocabulary: StarCoder's FIM tokens in the SPM
     order its config.json names, so infill requests run end to end in milliseconds."""
     return _build(out, seed, force, _train_byte_level_tokenizer, CODER_CONFIG)
+
+
+# Coding agents' prompts (tests/clients/): Claude Code's system prompt and tools are ~20k tokens
+# of a real model's vocabulary, ~2x that in this small one's, so a 64k context; a vocabulary 4x the
+# coder's, so those prompts take fewer tokens; ChatML, the model's own template, ending on
+# <|im_end|>. One layer of one head: attention's scores are what a long prompt's prefill costs
+# on a CPU (25k tokens: ~15 s on a core, 4 heads of 16 took 4x that).
+AGENT_CONFIG = CODER_CONFIG | {
+    "vocab_size": 4096,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 65536,
+    "eos_token_id": [
+        CODER_SPECIAL_TOKENS.index("<|endoftext|>"),
+        CODER_SPECIAL_TOKENS.index("<|im_end|>"),
+    ],
+}
+
+
+def build_tiny_agent_model(out: Path, seed: int = 0, force: bool = False) -> Path:
+    """The tiny coder with a long context and a ChatML chat template: the coding agents' real
+    requests (a system prompt of tens of thousands of tokens, tools) end to end, fast on a CPU."""
+    from .chat.templates import CHATML
+
+    def train(out: Path, vocab_size: int) -> None:
+        context = AGENT_CONFIG["max_position_embeddings"]
+        _train_byte_level_tokenizer(out, vocab_size, context, CHATML)
+
+    return _build(out, seed, force, train, AGENT_CONFIG)
 
 
 def build_tiny_model(
