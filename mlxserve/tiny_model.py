@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import platformdirs
@@ -125,7 +125,10 @@ def _train_tokenizer(out: Path, vocab_size: int) -> None:
     )
 
 
-def _write_weights(out: Path, seed: int, config: dict) -> None:
+def _write_weights(
+    out: Path, seed: int, config: dict, reshape: Callable[[dict], None] | None = None
+) -> None:
+    """`reshape`: changes the seeded weights (a dict of name to array) in place first."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
@@ -134,6 +137,8 @@ def _write_weights(out: Path, seed: int, config: dict) -> None:
     model_class, args_class = _get_classes(config)  # llama, unless an override says otherwise
     model = model_class(args_class.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
+    if reshape is not None:
+        reshape(weights)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -202,6 +207,7 @@ AGENT_CONFIG = CODER_CONFIG | {
     "num_attention_heads": 1,
     "num_key_value_heads": 1,
     "max_position_embeddings": 65536,
+    "tie_word_embeddings": False,  # its own output head: see _answer_briefly
     "eos_token_id": [
         CODER_SPECIAL_TOKENS.index("<|endoftext|>"),
         CODER_SPECIAL_TOKENS.index("<|im_end|>"),
@@ -218,7 +224,32 @@ def build_tiny_agent_model(out: Path, seed: int = 0, force: bool = False) -> Pat
         context = AGENT_CONFIG["max_position_embeddings"]
         _train_byte_level_tokenizer(out, vocab_size, context, CHATML)
 
-    return _build(out, seed, force, train, AGENT_CONFIG)
+    return _build(out, seed, force, train, AGENT_CONFIG, _answer_briefly)
+
+
+# <|im_end|>'s logit: random weights' logits spread ~1 (the largest of 4096 ~4, now and then
+# more), so greedy decoding ends at once and sampling at temperature 1 within a few tokens (a
+# third a step). A random model's text otherwise runs to the context's end (greedy: a loop),
+# and an agent whose answer max_tokens cut short asks again for more.
+END_LOGIT = 8.0
+END_COORDINATE = 2.2  # the first coordinate after the final norm (measured)
+
+
+def _answer_briefly(weights: dict) -> None:
+    """Every input embedding gets the same first coordinate, which no layer writes to, so the
+    last hidden state always has it; only <|im_end|>'s output row reads it."""
+    import mlx.core as mx
+
+    embed = weights["model.embed_tokens.weight"]
+    embed[:, 0] = 4 * mx.sqrt(mx.mean(embed * embed))
+    for name, array in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            array[0, :] = 0.0
+    head = mx.array(embed)
+    head[:, 0] = 0.0
+    head[CODER_SPECIAL_TOKENS.index("<|im_end|>"), 0] = END_LOGIT / END_COORDINATE
+    weights["model.embed_tokens.weight"] = embed
+    weights["lm_head.weight"] = head
 
 
 def build_tiny_model(
@@ -229,7 +260,14 @@ def build_tiny_model(
     return _build(out, seed, force, _train_tokenizer, TINY_CONFIG | (overrides or {}))
 
 
-def _build(out: Path, seed: int, force: bool, train_tokenizer, config: dict) -> Path:
+def _build(
+    out: Path,
+    seed: int,
+    force: bool,
+    train_tokenizer,
+    config: dict,
+    reshape: Callable[[dict], None] | None = None,
+) -> Path:
     """Tokenizer, then seeded weights, into `out`; a `.complete` marker makes it idempotent."""
     out = Path(out)
     done = out / ".complete"
@@ -237,7 +275,7 @@ def _build(out: Path, seed: int, force: bool, train_tokenizer, config: dict) -> 
         return out
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out, config["vocab_size"])
-    _write_weights(out, seed, config)
+    _write_weights(out, seed, config, reshape)
     done.write_text(json.dumps({"seed": seed, "python": sys.version.split()[0]}))
     return out
 
