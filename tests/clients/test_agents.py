@@ -1,0 +1,80 @@
+"""Each coding agent, as installed from its registry, does two turns of a small task against the
+server: every request it sent was answered 2xx, it exits 0, and the second turn reuses the first's
+prompt from the prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from . import agents
+from .conftest import RESULTS, Request
+
+GENERATION_PATHS = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat"}
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text(agents.HELLO)
+    return work
+
+
+def largest(requests: list[Request]) -> Request:
+    generations = [r for r in requests if r.path in GENERATION_PATHS and r.prompt_tokens]
+    assert generations, f"no generation among {requests}"
+    return max(generations, key=lambda r: r.prompt_tokens)
+
+
+def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log) -> None:
+    """Both turns; then the record: the agent's prompt (turn 1's largest) and how much of turn 2's
+    largest prompt came from the cache."""
+    home = work.parent / "home"
+    env = agents.base_env(installed, home) | agent.env
+    turns = []
+    for argv in agent.turns:
+        run = agents.run_turn(argv, env, work)
+        requests = access_log.take()
+        output = f"$ {' '.join(argv)}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        refused = [r for r in requests if not 200 <= r.status < 300]
+        assert not refused, f"{agent.name}: answered {refused}\n{output}"
+        assert run.returncode == 0, f"{agent.name} exited {run.returncode}\n{output}"
+        turns.append(largest(requests))
+    first, second = turns
+    share = second.cached_tokens / second.prompt_tokens
+    line = (
+        f"prompt {first.prompt_tokens} tokens; next turn {second.prompt_tokens} tokens, "
+        f"{second.cached_tokens} cached ({share:.0%})"
+    )
+    print(f"{agent.name}: {line}")
+    RESULTS.append((agent.name, line))
+    assert second.cached_tokens > 0, f"{agent.name}'s second turn reused nothing: {line}"
+
+
+def test_llm(installed, agent_server, access_log, work):
+    run_agent(agents.llm(agent_server.url, work.parent / "home"), installed, work, access_log)
+
+
+@pytest.mark.parametrize("route", ["openai", "ollama_chat"])
+def test_aider(installed, agent_server, access_log, work, route):
+    run_agent(agents.aider(agent_server.url, route), installed, work, access_log)
+
+
+def test_opencode(installed, agent_server, access_log, work):
+    run_agent(agents.opencode(agent_server.url, work.parent / "home"), installed, work, access_log)
+
+
+def test_continue_cli(installed, agent_server, access_log, work):
+    agent = agents.continue_cli(agent_server.url, work.parent / "home")
+    run_agent(agent, installed, work, access_log)
+
+
+def test_claude_code(installed, agent_server, access_log, work):
+    run_agent(agents.claude_code(agent_server.url), installed, work, access_log)
+
+
+def test_codex(installed, agent_server, access_log, work):
+    run_agent(agents.codex(agent_server.url, work.parent / "home"), installed, work, access_log)
