@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-tiers test-fast test-portable lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable test-clients clients lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
@@ -26,7 +26,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST)
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients"
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev
@@ -39,6 +39,17 @@ test-fast: $(VENV)/.installed-dev
 # security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"
+
+# The coding agents (Claude Code, Codex, opencode, Continue's cn, aider, llm), installed from
+# their registries into build/clients/ (scripts/install_clients.sh pins their versions), each
+# against a real server: a few minutes. One at a time: each agent is a few processes of its own.
+test-clients: $(VENV)/.installed-dev clients
+	$(TEST_ENV) $(BIN)/python -m pytest tests/clients -m clients
+
+clients: build/clients/versions.txt
+
+build/clients/versions.txt: scripts/install_clients.sh
+	scripts/install_clients.sh
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -20,6 +20,15 @@ CONTINUE_CLI_VERSION=1.5.47          # npm: @continuedev/cli (cn)
 AIDER_VERSION=0.86.2                 # PyPI: aider-chat (aider)
 LLM_VERSION=0.36                     # PyPI: llm (llm)
 
+if ! command -v npm >/dev/null; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
+    else
+        echo "npm is needed to install the npm clients (sudo apt-get install npm)" >&2
+        exit 1
+    fi
+fi
+
 DEST=build/clients
 PYTHON=${PYTHON:-python3}
 started=$(date +%s)
