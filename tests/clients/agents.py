@@ -24,6 +24,7 @@ class Agent:
     name: str
     turns: tuple[list[str], list[str]]
     env: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # of its requests, for a replay
 
 
 def base_env(clients: Path, home: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxserve.api import access_log as access_log_module
 from mlxserve.settings import Limits
 from mlxserve.tiny_model import build_tiny_agent_model
 
@@ -30,6 +31,7 @@ NOT_ASKED = (
 # A safety net: the model ends its answers within a few tokens (tiny_model.END_LOGIT).
 MAX_TOKENS = 1024
 
+BODY_LINE = "%s %s body: %s"  # access_log.note_body's
 ACCESS_LINE = re.compile(
     r'"(?P<method>[A-Z]+) (?P<path>\S+)" (?P<status>\d{3}) [\d.]+s'
     r"(?: prompt_tokens=(?P<prompt>\d+) completion_tokens=\d+ cached_tokens=(?P<cached>\d+))?"
@@ -66,13 +68,21 @@ class Request:
 
 
 class AccessLog(logging.Handler):
-    """The requests the server answered while it is installed on "mlxserve.access"."""
+    """The requests the server answered while it is installed on "mlxserve.access", and (its
+    DEBUG lines) their JSON bodies, whole."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.requests: list[Request] = []
+        self.bodies: list[tuple[str, str]] = []  # (path, JSON text)
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == BODY_LINE:
+            _, path, text = record.args
+            self.bodies.append((path, text))
+            return
+        if record.levelno < logging.INFO:
+            return
         match = ACCESS_LINE.search(record.getMessage())
         if match is None:
             return
@@ -90,6 +100,10 @@ class AccessLog(logging.Handler):
     def take(self) -> list[Request]:
         """The requests since the last take."""
         taken, self.requests = self.requests, []
+        return taken
+
+    def take_bodies(self) -> list[tuple[str, str]]:
+        taken, self.bodies = self.bodies, []
         return taken
 
 
@@ -113,11 +127,12 @@ def agent_server(live_servers, agent_model):
 
 
 @pytest.fixture
-def access_log(agent_server):
+def access_log(agent_server, monkeypatch):
+    monkeypatch.setattr(access_log_module, "MAX_LOGGED_BODY", 1 << 30)  # bodies whole
     logger = logging.getLogger("mlxserve.access")
     handler, level = AccessLog(), logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(level)

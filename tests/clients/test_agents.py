@@ -4,11 +4,12 @@ prompt from the prefix cache."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from . import agents
+from . import agents, tool_replay
 from .conftest import RESULTS, Request
 
 GENERATION_PATHS = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat"}
@@ -29,9 +30,21 @@ def largest(requests: list[Request]) -> Request:
     return max(generations, key=lambda r: r.prompt_tokens)
 
 
-def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log) -> None:
+def agent_request(bodies: list[tuple[str, str]]) -> tuple[str, dict] | None:
+    """The agent's main request of a turn, where it offered tools: the largest body that did."""
+    offered = [
+        (path, json.loads(text))
+        for path, text in bodies
+        if path in tool_replay.SHAPES and '"tools"' in text
+    ]
+    offered = [(path, body) for path, body in offered if body.get("tools")]
+    return max(offered, key=lambda item: len(json.dumps(item[1])), default=None)
+
+
+def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log, url: str) -> None:
     """Both turns; then the record: the agent's prompt (turn 1's largest) and how much of turn 2's
-    largest prompt came from the cache."""
+    largest prompt came from the cache. Where the agent offered tools, its
+    first turn's request is sent again with one forced, then with the call's result."""
     home = work.parent / "home"
     env = agents.base_env(installed, home) | agent.env
     turns = []
@@ -43,6 +56,8 @@ def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log) -> N
         assert not refused, f"{agent.name}: answered {refused}\n{output}"
         assert run.returncode == 0, f"{agent.name} exited {run.returncode}\n{output}"
         turns.append(largest(requests))
+        if len(turns) == 1:
+            main_request = agent_request(access_log.take_bodies())
     first, second = turns
     share = second.cached_tokens / second.prompt_tokens
     line = (
@@ -52,29 +67,42 @@ def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log) -> N
     print(f"{agent.name}: {line}")
     RESULTS.append((agent.name, line))
     assert second.cached_tokens > 0, f"{agent.name}'s second turn reused nothing: {line}"
+    if main_request is not None:
+        path, body = main_request
+        tool = tool_replay.round_trip(url, path, body, agent.headers)
+        replayed = access_log.take()
+        assert [r.status for r in replayed] == [200, 200], replayed
+        line = f"forced {tool} on {path}, its result sent back: 200, 200"
+        print(f"{agent.name}: {line}")
+        RESULTS.append((agent.name, line))
 
 
 def test_llm(installed, agent_server, access_log, work):
-    run_agent(agents.llm(agent_server.url, work.parent / "home"), installed, work, access_log)
+    agent = agents.llm(agent_server.url, work.parent / "home")
+    run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 @pytest.mark.parametrize("route", ["openai", "ollama_chat"])
 def test_aider(installed, agent_server, access_log, work, route):
-    run_agent(agents.aider(agent_server.url, route), installed, work, access_log)
+    agent = agents.aider(agent_server.url, route)
+    run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 def test_opencode(installed, agent_server, access_log, work):
-    run_agent(agents.opencode(agent_server.url, work.parent / "home"), installed, work, access_log)
+    agent = agents.opencode(agent_server.url, work.parent / "home")
+    run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 def test_continue_cli(installed, agent_server, access_log, work):
     agent = agents.continue_cli(agent_server.url, work.parent / "home")
-    run_agent(agent, installed, work, access_log)
+    run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 def test_claude_code(installed, agent_server, access_log, work):
-    run_agent(agents.claude_code(agent_server.url), installed, work, access_log)
+    agent = agents.claude_code(agent_server.url)
+    run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 def test_codex(installed, agent_server, access_log, work):
-    run_agent(agents.codex(agent_server.url, work.parent / "home"), installed, work, access_log)
+    agent = agents.codex(agent_server.url, work.parent / "home")
+    run_agent(agent, installed, work, access_log, agent_server.url)
