@@ -25,6 +25,7 @@ class Agent:
     turns: tuple[list[str], list[str]]
     env: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)  # of its requests, for a replay
+    offers_tools: bool = False  # its requests offer the model tools (an agent's own)
 
 
 def base_env(clients: Path, home: Path) -> dict[str, str]:
@@ -120,9 +121,8 @@ def opencode(url: str, home: Path) -> Agent:
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
         "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
     }
-    return Agent(
-        "opencode", (["opencode", "run", TASK], ["opencode", "run", "--continue", NEXT_TASK]), env
-    )
+    turns = (["opencode", "run", TASK], ["opencode", "run", "--continue", NEXT_TASK])
+    return Agent("opencode", turns, env, offers_tools=True)
 
 
 def continue_cli(url: str, home: Path) -> Agent:
@@ -141,9 +141,8 @@ def continue_cli(url: str, home: Path) -> Agent:
         "CONTINUE_METRICS_ENABLED": "0",
         "CONTINUE_CLI_AUTO_UPDATED": "1",  # no self-update
     }
-    return Agent(
-        "cn (Continue)", (first, ["cn", "-p", NEXT_TASK, "--config", str(path), "--resume"]), env
-    )
+    second = ["cn", "-p", NEXT_TASK, "--config", str(path), "--resume"]
+    return Agent("cn (Continue)", (first, second), env, offers_tools=True)
 
 
 def claude_code(url: str) -> Agent:
@@ -156,9 +155,8 @@ def claude_code(url: str) -> Agent:
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
-    return Agent(
-        "Claude Code", (["claude", "-p", TASK], ["claude", "-p", "--continue", NEXT_TASK]), env
-    )
+    turns = (["claude", "-p", TASK], ["claude", "-p", "--continue", NEXT_TASK])
+    return Agent("Claude Code", turns, env, offers_tools=True)
 
 
 def codex(url: str, home: Path) -> Agent:
@@ -172,7 +170,7 @@ def codex(url: str, home: Path) -> Agent:
     )
     first = ["codex", "exec", "--skip-git-repo-check", TASK]
     second = ["codex", "exec", "--skip-git-repo-check", "resume", "--last", NEXT_TASK]
-    return Agent("Codex", (first, second), {"CODEX_HOME": str(codex_home)})
+    return Agent("Codex", (first, second), {"CODEX_HOME": str(codex_home)}, offers_tools=True)
 
 
 def run_turn(argv: list[str], env: dict[str, str], work: Path) -> subprocess.CompletedProcess:

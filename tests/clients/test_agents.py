@@ -43,8 +43,8 @@ def agent_request(bodies: list[tuple[str, str]]) -> tuple[str, dict] | None:
 
 def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log, url: str) -> None:
     """Both turns; then the record: the agent's prompt (turn 1's largest) and how much of turn 2's
-    largest prompt came from the cache. Where the agent offered tools, its
-    first turn's request is sent again with one forced, then with the call's result."""
+    largest prompt came from the cache. An agent that offers tools has its first turn's request
+    sent again with one forced, then with the call's result."""
     home = work.parent / "home"
     env = agents.base_env(installed, home) | agent.env
     turns = []
@@ -67,6 +67,7 @@ def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log, url:
     print(f"{agent.name}: {line}")
     RESULTS.append((agent.name, line))
     assert second.cached_tokens > 0, f"{agent.name}'s second turn reused nothing: {line}"
+    assert (main_request is not None) == agent.offers_tools, main_request
     if main_request is not None:
         path, body = main_request
         tool = tool_replay.round_trip(url, path, body, agent.headers)
