@@ -78,32 +78,32 @@ def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log, url:
         RESULTS.append((agent.name, line))
 
 
-def test_llm(installed, agent_server, access_log, work):
+def test_llm_chats_two_turns(installed, agent_server, access_log, work):
     agent = agents.llm(agent_server.url, work.parent / "home")
     run_agent(agent, installed, work, access_log, agent_server.url)
 
 
 @pytest.mark.parametrize("route", ["openai", "ollama_chat"])
-def test_aider(installed, agent_server, access_log, work, route):
+def test_aider_edits_over_two_turns(installed, agent_server, access_log, work, route):
     agent = agents.aider(agent_server.url, route)
     run_agent(agent, installed, work, access_log, agent_server.url)
 
 
-def test_opencode(installed, agent_server, access_log, work):
+def test_opencode_runs_two_turns(installed, agent_server, access_log, work):
     agent = agents.opencode(agent_server.url, work.parent / "home")
     run_agent(agent, installed, work, access_log, agent_server.url)
 
 
-def test_continue_cli(installed, agent_server, access_log, work):
+def test_continue_cli_runs_two_turns(installed, agent_server, access_log, work):
     agent = agents.continue_cli(agent_server.url, work.parent / "home")
     run_agent(agent, installed, work, access_log, agent_server.url)
 
 
-def test_claude_code(installed, agent_server, access_log, work):
+def test_claude_code_runs_two_turns(installed, agent_server, access_log, work):
     agent = agents.claude_code(agent_server.url)
     run_agent(agent, installed, work, access_log, agent_server.url)
 
 
-def test_codex(installed, agent_server, access_log, work):
+def test_codex_execs_two_turns(installed, agent_server, access_log, work):
     agent = agents.codex(agent_server.url, work.parent / "home")
     run_agent(agent, installed, work, access_log, agent_server.url)

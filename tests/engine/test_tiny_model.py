@@ -53,3 +53,21 @@ def test_mlx_lm_loads_it_with_a_working_tokenizer(tiny_model):
     ids = tokenizer.encode("def f(x):\n    return x")
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == "def f(x):\n    return x"
+
+
+def test_the_agent_model_holds_an_agents_prompt_in_chatml_and_answers_briefly(tmp_path):
+    """The coding agents' tier's model (tests/clients): a 64k context, the model's own ChatML
+    template, and answers that end at once when greedy, not a loop to the context's end."""
+    import mlx_lm
+
+    from mlxserve.tiny_model import build_tiny_agent_model
+
+    model, tokenizer = mlx_lm.load(str(build_tiny_agent_model(tmp_path / "agent")))
+    assert tokenizer.model_max_length == 65536
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert mlx_lm.generate(model, tokenizer, prompt, max_tokens=64) == ""
