@@ -24,7 +24,6 @@ class Agent:
     name: str
     turns: tuple[list[str], list[str]]
     env: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)  # of its requests, for a replay
     offers_tools: bool = False  # its requests offer the model tools (an agent's own)
 
 

@@ -70,7 +70,7 @@ def run_agent(agent: agents.Agent, installed: Path, work: Path, access_log, url:
     assert (main_request is not None) == agent.offers_tools, main_request
     if main_request is not None:
         path, body = main_request
-        tool = tool_replay.round_trip(url, path, body, agent.headers)
+        tool = tool_replay.round_trip(url, path, body)
         replayed = access_log.take()
         assert [r.status for r in replayed] == [200, 200], replayed
         line = f"forced {tool} on {path}, its result sent back: 200, 200"

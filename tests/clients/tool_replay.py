@@ -118,11 +118,11 @@ SHAPES = {
 }
 
 
-def round_trip(url: str, path: str, body: dict, headers: dict[str, str]) -> str:
+def round_trip(url: str, path: str, body: dict) -> str:
     """The forced call, then its result: both answered 200. Returns the tool's name."""
     force, read_call, with_result = SHAPES[path]
     forced, tool = force(body)
-    with httpx.Client(base_url=url, timeout=300, headers=headers) as http:
+    with httpx.Client(base_url=url, timeout=300) as http:
         response = http.post(path, json=forced)
         assert response.status_code == 200, response.text
         reply = response.json()
