@@ -48,12 +48,12 @@ def asked_for(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if asked_for(config):
+        return
     skip = pytest.mark.skip(reason=NOT_ASKED)
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.clients)
-            if not asked_for(config):
-                item.add_marker(skip)
+            item.add_marker(skip)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import pytest
 from . import agents, tool_replay
 from .conftest import RESULTS, Request
 
+pytestmark = pytest.mark.clients
+
 GENERATION_PATHS = {"/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat"}
 
 
