@@ -153,64 +153,47 @@ class Output:
         ]
 
     def _call(self, call: ToolCall) -> list[dict[str, Any]]:
+        """A call's item and its events: a function_call with its arguments, or a custom tool's
+        custom_tool_call with its `input` argument as the raw input the client reads."""
         origin = self.origins.get(call.name, ToolOrigin())
         if origin.custom:
-            return self._custom_call(call, origin)
+            kind, prefix, field, events = (
+                "custom_tool_call",
+                "ctc",
+                "input",
+                "custom_tool_call_input",
+            )
+            value = _custom_input(call.arguments)
+        else:
+            kind, prefix, field, events = (
+                "function_call",
+                "fc",
+                "arguments",
+                "function_call_arguments",
+            )
+            value = call.arguments
         item = {
-            "id": new_id("fc"),
-            "type": "function_call",
+            "id": new_id(prefix),
+            "type": kind,
             "status": "in_progress",
             "call_id": call.id,
             "name": call.name,
-            "arguments": "",
+            field: "",
         }
         if origin.namespace is not None:
             item["namespace"] = origin.namespace
         self.items.append(item)
         where = {"item_id": item["id"], **self._index(item)}
-        events = [
-            {"type": "response.output_item.added", **self._index(item), "item": snap(item)},
-            {"type": "response.function_call_arguments.delta", **where, "delta": call.arguments},
-        ]
-        item.update(arguments=call.arguments, status="completed")
+        added = {"type": "response.output_item.added", **self._index(item), "item": snap(item)}
+        delta = {"type": f"response.{events}.delta", **where, "delta": value}
+        item.update({field: value, "status": "completed"})
+        done = {"type": f"response.{events}.done", **where, field: value}
+        if not origin.custom:
+            done["name"] = call.name
         return [
-            *events,
-            {
-                "type": "response.function_call_arguments.done",
-                **where,
-                "name": call.name,
-                "arguments": call.arguments,
-            },
-            {"type": "response.output_item.done", **self._index(item), "item": snap(item)},
-        ]
-
-    def _custom_call(self, call: ToolCall, origin: ToolOrigin) -> list[dict[str, Any]]:
-        """A custom tool's call: its `input` argument as the raw input the client reads."""
-        try:
-            text = json.loads(call.arguments).get("input")
-        except (ValueError, AttributeError):
-            text = None
-        text = text if isinstance(text, str) else call.arguments
-        item = {
-            "id": new_id("ctc"),
-            "type": "custom_tool_call",
-            "status": "in_progress",
-            "call_id": call.id,
-            "name": call.name,
-            "input": "",
-        }
-        if origin.namespace is not None:
-            item["namespace"] = origin.namespace
-        self.items.append(item)
-        where = {"item_id": item["id"], **self._index(item)}
-        events = [
-            {"type": "response.output_item.added", **self._index(item), "item": snap(item)},
-            {"type": "response.custom_tool_call_input.delta", **where, "delta": text},
-        ]
-        item.update(input=text, status="completed")
-        return [
-            *events,
-            {"type": "response.custom_tool_call_input.done", **where, "input": text},
+            added,
+            delta,
+            done,
             {"type": "response.output_item.done", **self._index(item), "item": snap(item)},
         ]
 
@@ -219,6 +202,16 @@ class Output:
 
     def _where(self, item: dict[str, Any]) -> dict[str, Any]:
         return {"item_id": item["id"], **self._index(item), "content_index": 0}
+
+
+def _custom_input(arguments: str) -> str:
+    """The `input` string of a custom tool's call, offered as a function of one (the arguments
+    as they are where they hold none)."""
+    try:
+        text = json.loads(arguments).get("input")
+    except (ValueError, AttributeError):
+        text = None
+    return text if isinstance(text, str) else arguments
 
 
 def snap(value: dict[str, Any]) -> dict[str, Any]:
