@@ -30,4 +30,3 @@ def test_every_flag_the_docs_name_is_one_serve_takes(doc):
     named = set(re.findall(r"`(--[a-z][a-z0-9-]*)", (ROOT / doc).read_text()))
     unknown = sorted(named - serve_flags() - OTHER_PROGRAMS.keys())
     assert not unknown, f"{doc} names flags `mlxserve serve` does not take: {unknown}"
-
