@@ -23,7 +23,7 @@ from ..parsing import read_json_object, validate
 from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
 from .chat_prompt import prepare
-from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request, tool_origins
+from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request
 
 blueprint = Blueprint("openai_responses", __name__)
 
@@ -48,7 +48,7 @@ ID_PREFIXES = {"reasoning": "rs", "message": "msg"}
 async def create_response():
     settings = current_app.config["SETTINGS"]
     body = validate(ResponsesRequest, await read_json_object(), settings.limits)
-    chat = chat_request(body, settings.limits, settings.chat.strict_tools)
+    chat, origins = chat_request(body, settings.limits, settings.chat.strict_tools)
     engine, loaded = await ready_model(chat.model)
     prompt = await asyncio.to_thread(prepare, chat, loaded.tokenizer, settings.chat)
     plan = await plan_on(engine, loaded, prompt.request, prompt.constraint)
@@ -68,7 +68,6 @@ async def create_response():
         "usage": None,
         **body.echo(),
     }
-    origins = tool_origins(body.tools)
     if body.stream:
         return (
             stream_response(submit(engine, plan), plan, prompt.output, response, origins),

@@ -5,7 +5,7 @@ response_format. This server stores nothing, so nothing may refer to an earlier 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
@@ -115,11 +115,12 @@ class ResponsesRequest(BaseModel):
 
 def chat_request(
     body: ResponsesRequest, limits: Limits, strict_tools: bool = False
-) -> ChatCompletionRequest:
-    """The chat request that answers `body`, or a 400 naming the Responses field at fault."""
+) -> tuple[ChatCompletionRequest, dict[str, ToolOrigin]]:
+    """The chat request that answers `body`, or a 400 naming the Responses field at fault; and
+    where each offered function that is not a plain top-level one came from (ToolOrigin)."""
     _refuse_stateful(body)
     fields: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
-    tools = _tools(body.tools or [], strict_tools)
+    tools, origins = _tools(body.tools or [], strict_tools)
     if tools:
         fields["tools"] = tools
     if body.tool_choice is not None:
@@ -138,7 +139,7 @@ def chat_request(
         "user": body.user,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
-    return validate(ChatCompletionRequest, fields, limits)
+    return validate(ChatCompletionRequest, fields, limits), origins
 
 
 def _refuse_stateful(body: ResponsesRequest) -> None:
@@ -290,7 +291,7 @@ def _reasoning_text(item: dict[str, Any]) -> str:
 
 def _call_turn(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> dict[str, Any]:
     """The assistant turn this call belongs to: the one just before it, or a new one. A custom
-    tool's call (its raw `input`) is the call of the function it is offered as (_add_tool)."""
+    tool's call (its raw `input`) is the call of the function it is offered as (custom_function)."""
     if item.get("type") == "custom_tool_call":
         arguments = json.dumps({"input": _string(item, "input", where)}, ensure_ascii=False)
     elif item.get("type") == "local_shell_call":  # a GPT model's shell call, in a resumed session
@@ -330,16 +331,18 @@ def _tool_result(item: dict[str, Any], where: str, calls: set[str]) -> dict[str,
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _tools(tools: list[dict[str, Any]], strict: bool) -> list[dict[str, Any]]:
+def _tools(
+    tools: list[dict[str, Any]], strict: bool
+) -> tuple[list[dict[str, Any]], dict[str, ToolOrigin]]:
     """Function tools in chat's nested form, a namespace's function tools under their own names
-    (Codex groups its agent tools so); any other type (web search, file search, ...) is one
-    OpenAI runs, which this server leaves out (hosted_tools)."""
-    out: list[dict[str, Any]] = []
-    hosted: list[tuple[str, str]] = []
+    (Codex groups its agent tools so), custom tools as functions; any other type (web search,
+    file search, ...) is one OpenAI runs, which this server leaves out (hosted_tools). Also the
+    origin of each function offered that is not a plain top-level one."""
+    walk = _ToolWalk()
     for i, tool in enumerate(tools):
-        _add_tool(tool, f"tools[{i}]", out, hosted)
-    leave_out(hosted, strict, "/v1/responses")
-    return out
+        walk.add(tool, f"tools[{i}]")
+    leave_out(walk.hosted, strict, "/v1/responses")
+    return walk.offered, walk.origins
 
 
 def custom_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
@@ -374,44 +377,41 @@ class ToolOrigin:
     namespace: str | None = None
 
 
-def tool_origins(tools: list[dict[str, Any]] | None, namespace: str | None = None) -> dict:
-    """Function name -> ToolOrigin for the tools that are not plain top-level functions."""
-    origins: dict[str, ToolOrigin] = {}
-    for tool in tools or []:
+@dataclass
+class _ToolWalk:
+    """One pass over a request's tools, namespaces' members included."""
+
+    offered: list[dict[str, Any]] = field(default_factory=list)
+    origins: dict[str, ToolOrigin] = field(default_factory=dict)
+    hosted: list[tuple[str, str]] = field(default_factory=list)  # (param, type)
+
+    def add(self, tool: Any, where: str, namespace: str | None = None) -> None:
         if not isinstance(tool, dict):
-            continue
-        kind, name = tool.get("type"), tool.get("name")
-        if kind == "namespace" and isinstance(tool.get("tools"), list):
-            origins.update(tool_origins(tool["tools"], name if isinstance(name, str) else None))
-        elif kind in ("function", "custom") and isinstance(name, str):
-            if kind == "custom" or namespace is not None:
-                origins[name] = ToolOrigin(custom=kind == "custom", namespace=namespace)
-    return origins
-
-
-def _add_tool(tool: Any, where: str, out: list, hosted: list[tuple[str, str]]) -> None:
-    if not isinstance(tool, dict):
-        raise InvalidRequest(f"{where} must be an object.", param=where)
-    kind = tool.get("type")
-    if kind == "custom":
-        out.append({"type": "function", "function": custom_function(tool, where)})
-        return
-    if kind == "namespace":
-        members = tool.get("tools")
-        if not isinstance(members, list):
-            raise InvalidRequest(f"{where}.tools must be a list of tools.", param=f"{where}.tools")
-        for j, member in enumerate(members):
-            _add_tool(member, f"{where}.tools[{j}]", out, hosted)
-        return
-    if kind != "function":
-        hosted.append((where, str(kind)))
-        return
-    flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
-    function = {"name": _string(flat, "name", where)}
-    for key in ("description", "parameters"):
-        if flat.get(key) is not None:
-            function[key] = flat[key]
-    out.append({"type": "function", "function": function})
+            raise InvalidRequest(f"{where} must be an object.", param=where)
+        kind = tool.get("type")
+        if kind == "namespace":
+            members, name = tool.get("tools"), tool.get("name")
+            if not isinstance(members, list):
+                raise InvalidRequest(
+                    f"{where}.tools must be a list of tools.", param=f"{where}.tools"
+                )
+            for j, member in enumerate(members):
+                self.add(member, f"{where}.tools[{j}]", name if isinstance(name, str) else None)
+            return
+        if kind == "custom":
+            function = custom_function(tool, where)
+        elif kind == "function":
+            flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
+            function = {"name": _string(flat, "name", where)}
+            for key in ("description", "parameters"):
+                if flat.get(key) is not None:
+                    function[key] = flat[key]
+        else:
+            self.hosted.append((where, str(kind)))
+            return
+        self.offered.append({"type": "function", "function": function})
+        if kind == "custom" or namespace is not None:
+            self.origins[function["name"]] = ToolOrigin(kind == "custom", namespace)
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
