@@ -145,17 +145,18 @@ LEFT_OUT = {
 def _result(block: ToolResultBlock, where: str) -> dict[str, Any]:
     content = block.content
     if isinstance(content, list):
-        parts, texts = [], []
+        parts, left_out = [], False
         for k, part in enumerate(content):
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
-                texts.append(part["text"])
             elif kind in LEFT_OUT:
                 parts.append(LEFT_OUT[kind])
+                left_out = True
             elif kind == "tool_reference" and isinstance(part.get("tool_name"), str):
                 # every tool is offered whole here (defer_loading is not needed)
                 parts.append(f"[tool {part['tool_name']} loaded]")
+                left_out = True
             else:
                 raise InvalidRequest(
                     f"{where}.content[{k}] must be a text block: this server runs text models "
@@ -163,7 +164,7 @@ def _result(block: ToolResultBlock, where: str) -> dict[str, Any]:
                     param=f"{where}.content[{k}]",
                 )
         # text blocks run together as they always did; a line left out stands on its own
-        content = ("\n" if len(parts) > len(texts) else "").join(parts)
+        content = ("\n" if left_out else "").join(parts)
     if block.is_error:
         content = f"Error: {content}"
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
