@@ -15,6 +15,7 @@ import jinja2
 from .chat.templates import CHATML
 from .chat.tool_calls import parser_names
 from .fim import TEMPLATE_NAMES, TEMPLATES
+from .flag_values import memory_size, name_and_value, read_api_key, stream_gap
 from .platform import reexec_for_cpu
 from .settings import (
     DEFAULT_HOST,
@@ -29,7 +30,6 @@ from .settings import (
     Limits,
     Settings,
     default_prefix_cache_dir,
-    machine_memory_bytes,
     prefix_cache_dir,
 )
 
@@ -438,48 +438,6 @@ def serve(args: argparse.Namespace) -> int:
     return serve_forever(settings)
 
 
-def memory_size(text: str) -> int:
-    """--memory-budget: bytes, with a K/M/G/T suffix (powers of 1024), or a share of this
-    machine's memory (60%)."""
-    value = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        if value.endswith("%"):
-            share = float(value[:-1])
-            if not 0 < share <= 100:
-                raise ValueError
-            return int(machine_memory_bytes() * share / 100)
-        scale = 1024 ** ("KMGT".index(value[-1]) + 1) if value[-1:] in tuple("KMGT") else 1
-        number = float(value[:-1] if scale > 1 else value)
-    except (ValueError, IndexError) as error:
-        raise argparse.ArgumentTypeError(
-            f"not a size (12G, 800M) or a share (60%): {text}"
-        ) from error
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"a memory budget must be above 0: {text}")
-    return int(number * scale)
-
-
-def name_and_value(text: str) -> tuple[str, str]:
-    """--adapter and --alias: NAME=VALUE, both non-empty."""
-    name, sep, value = text.partition("=")
-    if not sep or not name.strip() or not value.strip():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name.strip(), value.strip()
-
-
-def stream_gap(text: str) -> float | None:
-    """--max-stream-gap: a number above 1, or 'off'."""
-    if text.strip().lower() in ("off", "none", "inf"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 1 or value != value:
-        raise argparse.ArgumentTypeError(f"must be a number above 1 or 'off' (got {text!r})")
-    return value
-
-
 def check_port_free(host: str, port: int) -> None:
     """Before the model loads (a minute, for some): a port another program listens on is a
     one-line error now, not a traceback after the load."""
@@ -523,22 +481,6 @@ def chat_settings(args: argparse.Namespace) -> ChatSettings:
         reasoning_format=args.reasoning_format,
         strict_tools=args.strict_tools,
     )
-
-
-def read_api_key(key: str | None, key_file: str | None) -> str | None:
-    """The key from --api-key, else the first line of --api-key-file; a file must hold one."""
-    if key:
-        return key
-    if not key_file:
-        return None
-    try:
-        with open(os.path.expanduser(key_file), encoding="utf-8") as file:
-            first = file.readline().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read the API key file {key_file}: {error}") from error
-    if not first:
-        raise ValueError(f"the API key file {key_file} is empty")
-    return first
 
 
 def request_limits(args: argparse.Namespace) -> Limits:
