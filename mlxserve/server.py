@@ -18,8 +18,8 @@ from hypercorn.config import Config
 from .api.admission import DRAINING
 from .api.app import create_app
 from .engine import Engine
-from .engine.model_host import model_id_for
-from .engine.pool import Adapter, ModelPool
+from .engine.models.host import model_id_for
+from .engine.models.pool import Adapter, ModelPool
 from .platform.blas import slow_blas_reason
 from .registry import read_json
 from .settings import Settings
@@ -126,7 +126,7 @@ def pool_for(settings: Settings, engine: Engine) -> ModelPool:
 async def start_served_models(pool: ModelPool, settings: Settings) -> None:
     """Load the models named at start besides the default (in the order given), and the
     pinned adapters; one that does not fit is said so and left for a request to load."""
-    from .engine.pool import NoRoom
+    from .engine.models.pool import NoRoom
 
     names = [model_id_for(s) for s in settings.models]
     names += [name for name in pool.pinned if name in pool.adapters]
@@ -212,10 +212,10 @@ def serve_forever(settings: Settings) -> int:
     """Run the server; returns the process exit code (1 when the model failed to load).
 
     With `settings.distributed` (under mlx.launch), rank 0 serves HTTP and every other rank
-    follows its engine in lock-step (engine/distributed.py)."""
+    follows its engine in lock-step (engine/cluster/lockstep.py)."""
     cluster = None
     if settings.distributed:
-        from .engine.distributed import Cluster
+        from .engine.cluster.lockstep import Cluster
 
         cluster = Cluster()
         log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())

@@ -1,6 +1,6 @@
 """What a decode pass costs when it carries a prompt chunk of k tokens (mixed batches), against
 the bare decode pass and against the same chunk in a pass of its own: the shape the pacer's
-spread chunks follow (engine/pacing.py, SPREAD_CHUNK).
+spread chunks follow (engine/scheduling/pacing.py, SPREAD_CHUNK).
 
 The model as the server prepares it (the platform's weights and attention); one decode row at
 depth `--decode-depth`, the prompt at depth `--prompt-depth`; each time the median of `--repeats`

@@ -81,7 +81,7 @@ def quality_rows(path: str, prompts: int, tokens: int) -> list[tuple[str, str]]:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxserve.engine.model_host import kv_bytes_per_token
+    from mlxserve.engine.models.host import kv_bytes_per_token
 
     def scored(model, ids: list[int]) -> mx.array:
         """Each position's logprobs, the whole text in one pass."""

@@ -48,7 +48,7 @@ HTTP_ERROR_CODES = {
 
 
 def create_app(settings: Settings, pool) -> Quart:
-    """`pool`: the served models' engines (engine/pool.py)."""
+    """`pool`: the served models' engines (engine/models/pool.py)."""
     app = Quart("mlxserve")
     limits = settings.limits
     app.config.update(
@@ -177,7 +177,7 @@ async def read_rest_of_body(response):
 def registry_for(settings: Settings) -> Registry:
     """The --model folders and the default model first, then --models-dir, HF cache, LM
     Studio."""
-    from ..engine.model_host import model_id_for
+    from ..engine.models.host import model_id_for
 
     pinned = []
     for source in (settings.model, *settings.models):

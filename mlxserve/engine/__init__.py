@@ -3,7 +3,7 @@ turn by the one thread that owns every MLX call."""
 
 from .engine import Engine, EngineError
 from .mlx_lm_compat import MAX_BATCH
-from .model_slot import LOADING_STATES
+from .models.slot import LOADING_STATES
 from .requests import (
     FinishReason,
     GenerationEvent,

@@ -3,8 +3,8 @@
 HTTP handlers call `submit`, which hands a group of GenerationRequests to the engine through a
 thread-safe inbox and yields GenerationEvents that the engine thread posts back onto the
 caller's event loop. Leaving the iterator early (a client that disconnects) cancels the group
-at the next step. Every engine's steps run on one `EngineThread` (turns.py), in turn with the
-other models' engines; the model's life is `ModelSlot`'s, a sequence's state
+at the next step. Every engine's steps run on one `EngineThread` (scheduling/thread.py), in
+turn with the other models' engines; the model's life is `ModelSlot`'s, a sequence's state
 `SequenceState`'s, lock-step across ranks `LockStep`'s.
 """
 
@@ -25,24 +25,25 @@ import mlx.core as mx
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP
 from . import faults
-from .distributed import Cluster, LockStep, follow
-from .doorbell import Doorbell
-from .followers import Follower, Followers
-from .inbox import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
-from .live import LiveSequences
+from .cluster.doorbell import Doorbell
+from .cluster.lockstep import Cluster, LockStep, follow
+from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
-from .model_host import LoadedModel, ModelLoadError, model_id_for
-from .model_slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
-from .pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
-from .prefix_cache import default_budget_bytes
-from .prefix_disk import default_budget_bytes as default_disk_budget_bytes
-from .prefix_keeper import PrefixKeeper
-from .recovery import FailedSteps
+from .models.host import LoadedModel, ModelLoadError, model_id_for
+from .models.slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
+from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
+from .prefix.keeper import PrefixKeeper
+from .prefix.memory import default_budget_bytes
 from .requests import GenerationEvent, GenerationRequest, kv_tokens
-from .sequence import SequenceState, read_logprob_rows
-from .starting import start_sequence
+from .scheduling.inbox import Inbox
+from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
+from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
+from .scheduling.thread import EngineThread
+from .sequences.followers import Follower, Followers
+from .sequences.live import LiveSequences
+from .sequences.starting import start_sequence
+from .sequences.state import SequenceState, read_logprob_rows
 from .stats import EngineStats, RateMeter
-from .turns import EngineThread, Inbox
 
 # An admitted request not submitted by then (it failed in between) no longer counts.
 RESERVATION_TTL_S = 30.0
@@ -289,7 +290,7 @@ class Engine:
             self.lockstep.hurry(rank_timeout_s)
 
     def follow(self) -> int:
-        """The loop of a rank other than 0 (engine/distributed.py); the process's exit code."""
+        """The loop of a rank other than 0 (engine/cluster/lockstep.py); the process's exit code."""
         return follow(self)
 
     def reserve(self, requests: Sequence[GenerationRequest]) -> int:
@@ -356,7 +357,7 @@ class Engine:
     def _busy(self) -> bool:
         return self.has_live_sequences or bool(self._followers)
 
-    # ---- the engine thread's turns (turns.py) ------------------------------------------------
+    # ---- the engine thread's turns (scheduling/thread.py) -------------------------------------
 
     def begin(self) -> bool:
         """The first load (and, distributed, the watchdog and the doorbell); False when it

@@ -16,7 +16,7 @@ class EngineStats:
     prompt_tokens: int = 0
     finished_sequences: int = 0
     cancelled_sequences: int = 0
-    failed_sequences: int = 0  # ended alone by a failure in their row (isolation.py)
+    failed_sequences: int = 0  # ended alone by a failure in their row (failures/row_guard.py)
     active_sequences: int = 0
     peak_batch: int = 0
     waiting_groups: int = 0

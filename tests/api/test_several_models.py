@@ -13,7 +13,7 @@ import ollama
 import openai
 import pytest
 
-from mlxserve.engine.pool import estimate_weight_bytes
+from mlxserve.engine.models.pool import estimate_weight_bytes
 from mlxserve.tiny_model import build_tiny_adapter, build_tiny_model
 
 from ..helpers import BackgroundStream, error_of, streamed_texts, wait_until

@@ -1,4 +1,4 @@
-"""Several engines on one EngineThread (engine/turns.py): each model's sequences come out
+"""Several engines on one EngineThread (scheduling/thread.py): each model's sequences come out
 exactly as they do alone, while both batches run; one engine stops without the other."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_running_stream_goes_on_while_another_model_loads(
 ):
     """A load on the shared thread reads its weights a slice at a time and times its passes
     one by one; the other models' running sequences step between them."""
-    from mlxserve.engine import model_host
+    from mlxserve.engine.models import host as model_host
 
     monkeypatch.setattr(model_host, "LOAD_SLICE_BYTES", 32 << 10)  # the tiny model in slices
     first = Engine(str(tiny_model)).start()

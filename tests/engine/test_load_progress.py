@@ -8,7 +8,7 @@ import logging
 import re
 
 from mlxserve.engine import Engine
-from mlxserve.engine.model_host import LoadProgress, load_model
+from mlxserve.engine.models.host import LoadProgress, load_model
 from mlxserve.platform import current_policy
 
 PHASE_LINE = re.compile(r"loading (\S+) \[(\d+\.\d) s\]: ([a-z ]+)(?: \((.*)\))?$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlxserve.engine.mlx_lm_compat import ServerBatchGenerator
-from mlxserve.engine.pacing import (
+from mlxserve.engine.scheduling.pacing import (
     CHUNK_COST_IN_DECODE_STEPS,
     COST_WINDOW,
     GAP_MARGIN,
@@ -214,7 +214,7 @@ def test_without_a_gap_bound_prompts_prefill_in_the_largest_chunks():
 
 def test_beside_another_models_streams_a_prompt_takes_its_share_of_their_wait():
     """No stream of its own, but another model's streams wait 0.1 s for their own step each
-    round: the chunk's time is bounded by the same cost, in that wait (engine/turns.py)."""
+    round: the chunk's time is bounded by the same cost, in that wait (scheduling/thread.py)."""
     pacer = PrefillPacer(calibrated=128)
     assert pacer.observe(0.4, prompt_tokens=1024, prompts=1, decoded=False) == MAX_CHUNK
     # 1024 tokens took 0.4 s with nothing decoding here: 0.39 ms a token

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from mlxserve.engine.prefix_disk import BLOCK, MIN_TOKENS, OUR_NAME, DiskPrefixStore
+from mlxserve.engine.prefix.disk import BLOCK, MIN_TOKENS, OUR_NAME, DiskPrefixStore
 
 FINGERPRINT = "ab" * 32
 LONG = MIN_TOKENS + 76  # four whole segments and a short last one

@@ -1,5 +1,5 @@
 """Copies of running prompts for the prefix cache, a few layers per engine step
-(`engine/prefix_cache.RunningPromptCopies`): the copy is the prompt's KV, in buffers of its own."""
+(`engine/prefix/memory.RunningPromptCopies`): the copy is the prompt's KV, in buffers of its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from mlxserve.engine.prefix_cache import RunningPromptCopies
+from mlxserve.engine.prefix.memory import RunningPromptCopies
 
 
 def test_a_running_prompt_is_copied_a_layer_a_step(tiny_lm):

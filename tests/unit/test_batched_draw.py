@@ -7,8 +7,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from mlxserve.engine.failures.row_guard import RowGuard
 from mlxserve.engine.faults import Fault
-from mlxserve.engine.isolation import RowGuard
 from mlxserve.engine.mlx_lm_compat.decode_step import _banned
 from mlxserve.sampling.batched import draw
 from mlxserve.sampling.chain import Ban, SequenceSampler

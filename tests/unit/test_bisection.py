@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mlxserve.engine.recovery import Bisection, Held
+from mlxserve.engine.failures.recovery import Bisection, Held
 
 
 class Row:

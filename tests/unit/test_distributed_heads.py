@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mlx_lm.utils import _get_classes
 
-from mlxserve.engine.distributed import DistributedError, sharding
+from mlxserve.engine.cluster.lockstep import DistributedError, sharding
 
 
 def model(model_type: str, heads: int, kv_heads: int, layers: int = 2):

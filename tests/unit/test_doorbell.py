@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 
-from mlxserve.engine.doorbell import Doorbell, rank0_host
+from mlxserve.engine.cluster.doorbell import Doorbell, rank0_host
 
 
 def test_rank_0s_address_comes_from_the_ring_host_file(tmp_path, monkeypatch):

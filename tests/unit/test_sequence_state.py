@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from mlxserve.engine import GenerationRequest, StopSpec
-from mlxserve.engine.sequence import SequenceState
+from mlxserve.engine.sequences.state import SequenceState
 from mlxserve.sampling.params import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""Every rank of a cluster continues from rank 0's sampled tokens (engine/distributed.py)."""
+"""Every rank of a cluster continues from rank 0's sampled tokens (engine/cluster/lockstep.py)."""
 
 from __future__ import annotations
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from mlx_lm.generate import StopSequences
 
-from .mlx_lm_compat import ServerBatchGenerator
-from .model_host import LoadedModel
-from .prefix_keeper import PrefixKeeper
+from ..mlx_lm_compat import ServerBatchGenerator
+from ..models.host import LoadedModel
+from ..prefix.keeper import PrefixKeeper
+from ..requests import GenerationEvent, GenerationRequest
 from .prompt_scoring import score_prompt
-from .requests import GenerationEvent, GenerationRequest
-from .sequence import SequenceState, sampling_setup
+from .state import SequenceState, sampling_setup
 
 
 def start_sequence(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .sequence import SequenceState
+from .state import SequenceState
 
 
 class LiveSequences:

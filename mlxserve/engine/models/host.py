@@ -12,13 +12,13 @@ from typing import Any
 
 import mlx.nn as nn
 
-from ..fim import CONFIG_KEY, Fim, FimError, model_fim
-from ..platform import PlatformPolicy, current_policy
-from ..registry import context_length_of
-from ..sampling.grammars import GrammarCompiler
-from ..sampling.token_healing import TokenTexts
-from .mlx_lm_compat.quantized_kv import install as install_quantized_kv
-from .prefix_disk import model_fingerprint
+from ...fim import CONFIG_KEY, Fim, FimError, model_fim
+from ...platform import PlatformPolicy, current_policy
+from ...registry import context_length_of
+from ...sampling.grammars import GrammarCompiler
+from ...sampling.token_healing import TokenTexts
+from ..mlx_lm_compat.quantized_kv import install as install_quantized_kv
+from ..prefix.fingerprint import model_fingerprint
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
@@ -59,7 +59,7 @@ class LoadedModel:
     _token_texts: TokenTexts | None = field(default=None, repr=False)
 
     def fingerprint(self) -> str | None:
-        """What its KV depends on (`prefix_disk.model_fingerprint`: reads blocks of every weight
+        """What its KV depends on (`prefix/fingerprint.py`: reads blocks of every weight
         file, so only the disk cache asks); None where its files are not on this machine."""
         if self.weights_folder is None:
             return None
@@ -234,7 +234,7 @@ def load_model(
     between: Callable[[], None] | None = None,
 ) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
-    detects it from the vocabulary. `cluster`: load this rank's shard (engine/distributed.py).
+    detects it from the vocabulary. `cluster`: load this rank's shard (engine/cluster/lockstep.py).
     `policy`: how this platform runs the model (None: `current_policy()`). `progress`: where
     the load says what it is doing (phase by phase, in the log too). `kv_quantization`: (bits,
     group size) of the KV caches, None for the model's own dtype. `between`: called between
@@ -333,10 +333,10 @@ def measure_prefill_chunk(
     model: nn.Module, between: Callable[[], None] | None = None, repeat: bool = True
 ) -> tuple[int, float]:
     """Prompt tokens per prefill chunk, sized on this machine from a decode step's time: the
-    pacer's starting point (`pacing.py` adjusts it step by step from then on); and that decode
-    step's seconds (one sequence, 64 tokens deep). `repeat`: time a cheap prompt chunk twice
-    (not on a rank of a split model: each rank would decide on its own timing, and their
-    passes' collectives would pair up wrongly).
+    pacer's starting point (`scheduling/pacing.py` adjusts it step by step from then on); and
+    that decode step's seconds (one sequence, 64 tokens deep). `repeat`: time a cheap prompt
+    chunk twice (not on a rank of a split model: each rank would decide on its own timing, and
+    their passes' collectives would pair up wrongly).
 
     Measured rather than fixed: on a CPU one prompt token costs a sizeable share of a decode
     step, on a GPU a tiny one, so a fixed chunk either stalls streams or slows prefill.
@@ -344,7 +344,7 @@ def measure_prefill_chunk(
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from .pacing import CHUNK_COST_IN_DECODE_STEPS, clamp_chunk
+    from ..scheduling.pacing import CHUNK_COST_IN_DECODE_STEPS, clamp_chunk
 
     def timed(tokens: int, cache) -> float:
         start = time.perf_counter()

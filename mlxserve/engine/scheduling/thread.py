@@ -9,33 +9,14 @@ prefill pacer is told how long the other models' streams already wait (`others_s
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 log = logging.getLogger("mlxserve.engine")
 THREAD_NAME = "mlxserve-engine"
-
-
-class Inbox:
-    """An engine's queue of messages; a message wakes the thread the engine runs on."""
-
-    def __init__(self, wake: threading.Event):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = wake
-
-    def put(self, message) -> None:
-        self._queue.put(message)
-        self._wake.set()
-
-    def get_nowait(self):
-        return self._queue.get_nowait()
-
-    def qsize(self) -> int:
-        return self._queue.qsize()
 
 
 class EngineThread:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..platform import current_policy
-from ..registry import read_json
-from .engine import Engine, EngineError
-from .model_host import size_text
+from ...platform import current_policy
+from ...registry import read_json
+from ..engine import Engine, EngineError
+from .host import size_text
 
 log = logging.getLogger("mlxserve.engine")
 UNLOAD_POLL_S = 0.02  # how often a load waiting for room looks whether an eviction is done

@@ -25,12 +25,12 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
+from ..models.host import ModelLoadError
+from ..scheduling.messages import Add
 from .doorbell import Doorbell
-from .inbox import Add
-from .model_host import ModelLoadError
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 log = logging.getLogger("mlxserve.engine")
 

@@ -19,12 +19,12 @@ import logging
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from .inbox import Group
-from .mlx_lm_compat import failed_step
-from .mlx_lm_compat.failed_step import PausedRow, StepCheckpoint
-from .requests import GenerationEvent
-from .sequence import SequenceState, read_logprob_rows
-from .starting import insert_sequence
+from ..mlx_lm_compat import failed_step
+from ..mlx_lm_compat.failed_step import PausedRow, StepCheckpoint
+from ..requests import GenerationEvent
+from ..scheduling.messages import Group
+from ..sequences.starting import insert_sequence
+from ..sequences.state import SequenceState, read_logprob_rows
 
 log = logging.getLogger("mlxserve.engine")
 

@@ -20,12 +20,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..settings import DEFAULT_MAX_STREAM_GAP
+from ...settings import DEFAULT_MAX_STREAM_GAP
 
 # The share of the bound's room above one decode step that a chunk is planned to take: the
 # stray slow steps of a busy machine take the rest (scripts/bench_gap_curve.py measures it).
 GAP_MARGIN = 0.6
-# Beside other models' streams only (turns.py), the share of the bound's room a chunk takes: their
+# Beside other models' streams only (thread.py), the share of the bound's room a chunk takes: their
 # usual gap is a round of several models' steps, whose stray slow steps vary less against it
 # (scripts/bench_models.py measures both sides).
 OTHERS_MARGIN = 0.8
@@ -122,7 +122,7 @@ class PrefillPacer:
     ) -> int:
         """Record a step: its wall time, the prompt tokens and prompts it prefilled, whether it
         decoded. `others_s`: how long other models' streams already wait for their own steps
-        each round (turns.py). Their usual gap is a round of every busy model's decode step,
+        each round (thread.py). Their usual gap is a round of every busy model's decode step,
         this one's included (its prompts decode next): a chunk may add the bound's share of
         that round, as beside its own streams. Returns the chunk for the next step."""
         if decoded and not prompt_tokens:

@@ -40,9 +40,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from ..versions import mlxserve_version
-from .mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache, packing_of
-from .prefix_cache import COPY_BUDGET_BYTES
+from ...versions import mlxserve_version
+from ..mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache, packing_of
+from .memory import COPY_BUDGET_BYTES
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -61,8 +61,6 @@ MAX_QUEUED = 4  # prompts waiting to be written; beyond, the oldest is dropped
 DEFAULT_SHARE_OF_FREE_DISK = 10  # the default budget: a tenth of the disk's free space,
 MAX_DEFAULT_BYTES = 16 << 30  # at most this
 MAX_HEADER_BYTES = 64 << 20
-FINGERPRINT_BLOCKS = 16  # blocks sampled across each weight file
-FINGERPRINT_BLOCK_BYTES = 64 << 10
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a crash
 # Our files, the only ones counted against the budget and removed: the folder may hold others.
 OUR_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]{32}\.safetensors")
@@ -78,26 +76,6 @@ def default_budget_bytes(folder: Path) -> int:
     except OSError:
         return 0
     return min(free // DEFAULT_SHARE_OF_FREE_DISK, MAX_DEFAULT_BYTES)
-
-
-def model_fingerprint(folder: Path, how_it_runs: str) -> str | None:
-    """What the KV of a token sequence depends on: the config, the weights (each file's size and
-    blocks sampled across it: hashing gigabytes would slow every start), and how the platform
-    runs them (`how_it_runs`: weights converted or not). None where there is no folder to read."""
-    digest = hashlib.sha256(how_it_runs.encode())
-    try:
-        digest.update((folder / "config.json").read_bytes())
-        weights = sorted(folder.glob("*.safetensors"))
-        for path in weights:
-            size = path.stat().st_size
-            digest.update(f"{path.name}:{size}".encode())
-            with path.open("rb") as file:
-                for i in range(FINGERPRINT_BLOCKS):
-                    file.seek(size * i // FINGERPRINT_BLOCKS)
-                    digest.update(file.read(FINGERPRINT_BLOCK_BYTES))
-    except OSError:
-        return None
-    return digest.hexdigest() if weights else None
 
 
 def segment_key(parent: str, tokens: np.ndarray) -> str:

@@ -13,14 +13,14 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from ..sampling.chain import SequenceSampler, make_processors
-from ..sampling.grammar_mask import GrammarMask
-from ..sampling.logprobs import LogprobReader, LogprobRow
-from ..sampling.token_healing import HealingMask
-from ..text import IncrementalDetokenizer, LineRules, StopMatcher
-from .isolation import RowGuard
-from .model_host import LoadedModel
-from .requests import GenerationEvent, GenerationRequest, PromptProgress, Timings, TokenLogprob
+from ...sampling.chain import SequenceSampler, make_processors
+from ...sampling.grammar_mask import GrammarMask
+from ...sampling.logprobs import LogprobReader, LogprobRow
+from ...sampling.token_healing import HealingMask
+from ...text import IncrementalDetokenizer, LineRules, StopMatcher
+from ..failures.row_guard import RowGuard
+from ..models.host import LoadedModel
+from ..requests import GenerationEvent, GenerationRequest, PromptProgress, Timings, TokenLogprob
 
 
 class TokenResponse(Protocol):
@@ -51,7 +51,7 @@ class SequenceState:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     unsent: int = 0  # characters of the healed text still to drop from the generated text
-    guard: RowGuard | None = None  # its sampler's and processors' failures (isolation.py)
+    guard: RowGuard | None = None  # its sampler's and processors' failures (failures/row_guard.py)
 
     @classmethod
     def start(

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from ..sampling.chain import Ban
-from .faults import Fault
+from ...sampling.chain import Ban
+from ..faults import Fault
 
 log = logging.getLogger("mlxserve.engine")
 

@@ -11,9 +11,9 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import trim_prompt_cache
 
-from .prefix_cache import COPY_BUDGET_BYTES, PrefixCache, RunningPromptCopies
-from .prefix_disk import DiskPrefixStore
-from .stats import EngineStats
+from ..stats import EngineStats
+from .disk import DiskPrefixStore
+from .memory import COPY_BUDGET_BYTES, PrefixCache, RunningPromptCopies
 
 log = logging.getLogger("mlxserve.engine")
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..platform import PlatformPolicy
-from .model_host import LoadedModel, LoadProgress, ModelLoadError, load_model, model_id_for
+from ...platform import PlatformPolicy
+from .host import LoadedModel, LoadProgress, ModelLoadError, load_model, model_id_for
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -77,7 +77,7 @@ class ModelSlot:
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
         self._loader = loader or load_model
-        # Called between slices of a load: the other models' streams step (turns.py)
+        # Called between slices of a load: the other models' streams step (scheduling/thread.py)
         self.between: Callable[[], None] | None = None
 
     # ---- the engine thread ------------------------------------------------------------------

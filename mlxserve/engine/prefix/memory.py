@@ -17,9 +17,9 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..settings import machine_memory_bytes
-from .mlx_lm_compat.batch_join import row_view
-from .mlx_lm_compat.quantized_kv import empty_like
+from ...settings import machine_memory_bytes
+from ..mlx_lm_compat.batch_join import row_view
+from ..mlx_lm_compat.quantized_kv import empty_like
 
 MODEL_KEY = "active"  # one model per engine: the cache is dropped with it
 MAX_ENTRIES = 256

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .requests import GenerationEvent, GenerationRequest
+from ..requests import GenerationEvent, GenerationRequest
 
 _held = threading.local()  # the events of the posts held on this thread, by loop
 

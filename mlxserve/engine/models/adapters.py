@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from .model_host import LoadedModel, ModelLoadError, weight_bytes
+from .host import LoadedModel, ModelLoadError, weight_bytes
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 

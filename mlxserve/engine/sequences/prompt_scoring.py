@@ -6,11 +6,11 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..sampling.logprobs import LogprobReader
-from ..text import IncrementalDetokenizer
-from .model_host import LoadedModel
-from .requests import TokenLogprob
-from .sequence import describe
+from ...sampling.logprobs import LogprobReader
+from ...text import IncrementalDetokenizer
+from ..models.host import LoadedModel
+from ..requests import TokenLogprob
+from .state import describe
 
 SCORING_CHUNK = 512  # prompt tokens per forward pass
 

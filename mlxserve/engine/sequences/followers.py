@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .inbox import Group
-from .requests import GenerationRequest
+from ..requests import GenerationRequest
+from ..scheduling.messages import Group
 
 
 @dataclass
