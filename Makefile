@@ -56,7 +56,8 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 
 bench: $(VENV)/.installed-dev
-	$(BIN)/python scripts/bench.py
+	$(BIN)/python benchmarks/single_stream.py
+	$(BIN)/python benchmarks/concurrency.py
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev

@@ -202,7 +202,7 @@ def set_switch_interval() -> None:
     """`$MLXSERVE_SWITCH_INTERVAL_MS`: how long a thread may hold Python's interpreter lock
     while another waits for it (Python's default: 5 ms). The engine thread, back from a device
     pass, waits that long at most while the server's loop writes streams; benchmarks compare
-    settings (`bench_batch_limit.py --switch-interval-ms`)."""
+    settings (`benchmarks/concurrency.py --switch-interval-ms`)."""
     milliseconds = os.environ.get(SWITCH_INTERVAL_ENV)
     if milliseconds:
         sys.setswitchinterval(float(milliseconds) / 1000)

@@ -53,8 +53,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ServerDidNotStart, demo_model, served, sse_chunk, start_server  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import ServerDidNotStart, demo_model, served, sse_chunk, start_server  # noqa: E402
 
 from mlxserve.engine.faults import ENVIRONMENT  # noqa: E402
 

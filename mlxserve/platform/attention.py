@@ -150,7 +150,7 @@ def _numpy_softmax(scores: mx.array) -> tuple[mx.array, mx.array]:
 
 # Below this many scores (batch x heads x queries x keys) MLX's own kernel is as fast: the
 # compiled loop's fixed cost is then most of its time. A batch of decode rows passes it long
-# before each row's keys would (scripts/bench_attention.py).
+# before each row's keys would (measured at 218ddc8: docs/benchmarks.md, past experiments).
 MIN_SCORES = 1 << 11
 # A compiled reduction over one key crashes MLX 0.32 when traced shapeless.
 MIN_KEYS = 2

@@ -2,10 +2,10 @@
 OpenBLAS's `sgemm`.
 
 Its kernels work on blocks of rows, so a pass of 12 rows costs more than one of 16: the last,
-partial block takes a slower path (`scripts/bench_matmul_rows.py` measures each count). Our own
-forward passes (mixed batches) pad their rows with zeros up to the next multiple of the block,
-unless only a few rows spill over it, and drop the padding at the end; everything but attention
-works row by row, and attention reads only the real rows.
+partial block takes a slower path (measured at 11cc27f: docs/benchmarks.md, past experiments).
+Our own forward passes (mixed batches) pad their rows with zeros up to the next multiple of the
+block, unless only a few rows spill over it, and drop the padding at the end; everything but
+attention works row by row, and attention reads only the real rows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The prefill pacer's arithmetic: chunks sized so a decode step plus a chunk stays within
-(1 + CHUNK_COST_IN_DECODE_STEPS) decode steps. The gap itself is measured by scripts/bench.py."""
+(1 + CHUNK_COST_IN_DECODE_STEPS) decode steps. The gap itself is measured by
+benchmarks/prefill_beside_streams.py."""
 
 from __future__ import annotations
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from ...settings import DEFAULT_MAX_STREAM_GAP
 
 # The share of the bound's room above one decode step that a chunk is planned to take: the
-# stray slow steps of a busy machine take the rest (scripts/bench_gap_curve.py measures it).
+# stray slow steps of a busy machine take the rest (benchmarks/prefill_beside_streams.py
+# measures it).
 GAP_MARGIN = 0.6
 # Beside other models' streams only (thread.py), the share of the bound's room a chunk takes: their
 # usual gap is a round of several models' steps, whose stray slow steps vary less against it
-# (scripts/bench_models.py measures both sides).
+# (benchmarks/two_models.py measures both sides).
 OTHERS_MARGIN = 0.8
 # Deep in a long prompt on a CPU the bound allows a token or two a step; on a GPU far more.
 MIN_CHUNK, MAX_CHUNK = 1, 2048
@@ -50,9 +51,9 @@ COST_WINDOW = 3
 # that deepens meanwhile would spend the budget on its own attention and starve the prompt.
 MIN_LAYER_SHARE = 0.1
 # A spread chunk is at least this wide, and a multiple of it: a forward pass's matmuls cost
-# about as much for a few rows as for this many (scripts/bench_carried_chunk.py), so a narrower
-# chunk pays that for fewer tokens. A spread chunk is as wide as the budget allows over its
-# passes.
+# about as much for a few rows as for this many (measured at 9ae4df5: docs/benchmarks.md, past
+# experiments), so a narrower chunk pays that for fewer tokens. A spread chunk is as wide as the
+# budget allows over its passes.
 SPREAD_CHUNK = 16
 
 

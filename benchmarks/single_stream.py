@@ -1,9 +1,10 @@
-"""Single-stream decode speed: a bare mlx-lm loop versus mlxserve over streaming HTTP.
+"""Single-stream decode: mlxserve over streaming HTTP against a bare mlx-lm loop.
 
 Both sides use the same model, prompt and token budget, greedy, with EOS banned so every run
 decodes exactly `--max-tokens` tokens:
 
-- bare: `mlx_lm.generate.stream_generate` in this process (detokenizing, as the server does);
+- bare: `mlx_lm.generate.stream_generate` in this process (detokenizing, as the server does),
+  on the model prepared as the server prepares it (`current_policy().prepare_model`);
 - http: `python -m mlxserve serve` in a subprocess, `POST /v1/completions` with `stream: true`,
   `ignore_eos: true` and `stream_options.include_usage`, read as server-sent events.
 
@@ -11,30 +12,24 @@ Only the decode rate counts, prompt processing and the first token are left out:
 (tokens - 1) / (time of the last token - time of the first token). The two measurements are
 interleaved (bare, http, bare, http, ...) so machine noise hits both alike, and the medians are
 compared. The server is idle while the bare loop runs, and holds its own copy of the model.
+Target: HTTP / bare >= 0.95 for a model of >= 100M parameters (the server's per-token work
+should be small next to one forward pass of a real model).
 
 A second table compares decode tok/s through HTTP with penalties + DRY + mirostat on against
 plain seeded sampling (target >= 0.90), and with a JSON-schema grammar mask (llguidance) against
 the same plain sampling (target >= 0.85).
 
-Then (scripts/bench_engine.py) mlxserve beside mlx_lm.server on the same model: aggregate
-tokens/s and time to first token at concurrency 1, 4 and 16, a repeated ~2k-token prompt cold
-and warm, and a running stream's inter-token gaps while another request prefills ~7.5k tokens.
+One stream against `mlx_lm.server` (time to first token and tokens/s) is the first row of
+benchmarks/concurrency.py (`--concurrency 1`). This script only prints; it asserts nothing.
 
-Target: HTTP/bare >= 0.95 for a model of >= 100M parameters (the server's per-token overhead
-should be small next to one forward pass of a real model). This script only prints; it asserts
-nothing. A row whose server does not start (or fails under it) prints `row NAME: server did not
-start: ...` with the last lines of its log instead of its numbers, and the next row runs.
-The scripts share their server, stream and table code in scripts/bench_common.py.
-
-    python scripts/bench.py [--model PATH] [--max-tokens 128] [--repeats 3] [--prompt TEXT]
-                            [--skip-engine | --engine-only] [--prefill-tokens 8000]
-                            [--engine-temperature 0.8 [--engine-seeded]]
-                            [--engine-concurrency-only]
+    python benchmarks/single_stream.py [--model PATH] [--max-tokens 128] [--repeats 3]
+                                       [--prompt TEXT] [--skip-samplers]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -42,18 +37,17 @@ from functools import partial
 from typing import Any
 
 import httpx
-from bench_common import (
+from common import (
     ROW_ERRORS,
+    ServerFailed,
     bench_parser,
     default_model,
-    http_decode_rate,
-    median_cell,
     print_table,
-    ratio_cell,
     reexec_for_cpu,
     row_failed,
     served,
     start_server,
+    stream_completion,
 )
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -61,51 +55,41 @@ DEFAULT_PROMPT = "def fibonacci(n):\n"
 
 def parse_args() -> argparse.Namespace:
     parser = bench_parser(
-        "Compare bare mlx-lm decode speed with mlxserve's streaming HTTP decode speed."
+        "Single-stream decode tok/s: mlxserve over streaming HTTP against a bare mlx-lm loop "
+        "(and the sampler chain and a grammar against plain sampling)."
     )
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
     parser.add_argument(
-        "--skip-samplers", action="store_true", help="leave out the sampler-chain row"
-    )
-    parser.add_argument(
-        "--skip-engine", action="store_true", help="leave out the mlx_lm.server comparison"
-    )
-    parser.add_argument(
-        "--engine-only", action="store_true", help="only the mlx_lm.server comparison"
-    )
-    parser.add_argument("--engine-max-tokens", type=int, default=64, help="tokens per request")
-    parser.add_argument(
-        "--engine-temperature",
-        type=float,
-        default=0.0,
-        help="the concurrency rows sample at this temperature with top_p 0.95 (0: greedy)",
-    )
-    parser.add_argument(
-        "--engine-seeded",
-        action="store_true",
-        help="sampled requests carry a seed each (mlx_lm.server then runs them one at a time)",
-    )
-    parser.add_argument(
-        "--engine-concurrency-only",
-        action="store_true",
-        help="of the mlx_lm.server comparison, only the concurrency rows",
-    )
-    parser.add_argument("--prefix-tokens", type=int, default=2000, help="repeated prompt length")
-    parser.add_argument(
-        "--prefill-tokens", type=int, default=8000, help="prompt prefilled beside a stream"
-    )
-    parser.add_argument(
-        "--warm-rows",
-        action="store_true",
-        help="run each concurrency row once unmeasured first (GPU backends compile per shape)",
-    )
-    parser.add_argument("--skip-distributed", action="store_true", help="leave out the 2-rank row")
-    parser.add_argument(
-        "--distributed-only", action="store_true", help="only the 1 process vs 2 ranks row"
+        "--skip-samplers", action="store_true", help="leave out the sampler and grammar rows"
     )
     return parser.parse_args()
+
+
+def http_decode_rate(
+    client: httpx.Client, base_url: str, prompt: str, max_tokens: int, sampling: dict | None = None
+) -> tuple[float, int]:
+    """Decode tokens/s seen by a streaming client, greedy with EOS ignored unless `sampling`
+    says otherwise: (usage's tokens - 1) over first text chunk to last, and usage's tokens."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        **(sampling or {}),
+    }
+    result = stream_completion(client, base_url, body)
+    if not result.done:
+        raise ServerFailed("stream ended without data: [DONE]")
+    if len(result.stamps) < 2 or result.stamps[-1] <= result.stamps[0]:
+        raise ServerFailed("stream carried fewer than two text chunks")
+    if result.usage_tokens is None:
+        raise ServerFailed("no usage chunk despite stream_options.include_usage")
+    tokens = result.usage_tokens
+    return (tokens - 1) / (result.stamps[-1] - result.stamps[0]), tokens
 
 
 def count_parameters(model: Any) -> int:
@@ -194,33 +178,7 @@ GRAMMAR = {**PLAIN_SAMPLING, "json_schema": JSON_SCHEMA}
 def main() -> int:
     args = parse_args()
     reexec_for_cpu()  # the process settings `mlxserve serve` runs under, for the bare loop too
-    model_path = args.model or default_model()
-    if args.distributed_only:
-        return distributed_row(args, model_path)
-    if not args.engine_only:
-        decode_and_sampler_rows(args, model_path)
-    if not args.skip_engine:
-        import bench_engine
-
-        bench_engine.run(
-            model_path,
-            args.engine_max_tokens,
-            args.prefix_tokens,
-            args.prefill_tokens,
-            args.warm_rows,
-            args.engine_temperature,
-            args.engine_concurrency_only,
-            args.engine_seeded,
-        )
-    if not args.skip_distributed and not args.engine_only:
-        distributed_row(args, model_path)
-    return 0
-
-
-def distributed_row(args: argparse.Namespace, model_path: str) -> int:
-    import bench_distributed
-
-    bench_distributed.run(model_path, args.prompt, args.max_tokens, args.repeats)
+    decode_and_sampler_rows(args, args.model or default_model())
     return 0
 
 
@@ -298,6 +256,20 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
                 ("ratio grammar/plain", ratio_cell(grammar, plain, ">= 0.85")),
             ]
         )
+
+
+def runs_text(rates: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in rates)
+
+
+def median_cell(rates: list[float]) -> str:
+    """`12.34  runs: 12.00, 12.34, 13.10`"""
+    return f"{statistics.median(rates):.2f}  runs: {runs_text(rates)}"
+
+
+def ratio_cell(rates: list[float], baseline: list[float], target: str) -> str:
+    """The ratio of two medians: `0.987  (target >= 0.95)`"""
+    return f"{statistics.median(rates) / statistics.median(baseline):.3f}  (target {target})"
 
 
 if __name__ == "__main__":

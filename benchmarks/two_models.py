@@ -1,23 +1,35 @@
-"""Two models at once: an editor's infill on a code model beside a chat stream on another.
+"""Two models on one server: an editor's infill on one model beside a chat stream on the other
+against the same infill alone (`infill`), or a running stream's gaps while the server loads
+another model beside it against its gaps before (`load`).
 
-One server serves both (`--model CODE --model CHAT`). An infill request goes to the code model
-every 300 ms (llama.vim's /infill body, typing a line one character a request, so each request
-shares its prompt with the one before, as an editor's do; a new line's first is a prompt the
-prefix cache has not seen), streamed so its time to first token can be read. Each repeat runs
-two trains of as many lines and characters, side by side in time:
+`infill` (the default): one server serves both (`--model CODE --model CHAT`). An infill request
+goes to the code model (`--model`, default the demo model) every 300 ms (llama.vim's /infill
+body, typing a line one character a request, so each request shares its prompt with the one
+before, as an editor's do; a new line's first is a prompt the prefix cache has not seen: the 32
+lines before it and the 8 after, from a held-out standard-library file), streamed so its time to
+first token can be read. Each repeat runs two trains of as many lines and characters, one after
+the other: the infill train alone, then the next lines' train while a chat stream runs on the
+other model (`--other-model`, default SmolLM2), whose own gaps are first taken alone for
+`--chat-alone-s`. It reports the infill's time to first token (p50, p95) in each phase and
+their ratio (target: p95 beside <= 2x alone), and the chat stream's gaps while the infill train
+ran, against its gaps with no infill (median, p95, max).
 
-- alone: the infill train with nothing else running;
-- beside: the next lines' train while a chat stream runs on the other model.
+`load`: one server serves `--model` (default the demo model); a chat stream runs on it. Each
+repeat loads `--other-model` (`POST /admin/load`, not made the default), waits until it is
+ready, then unloads it again. A load runs on the one MLX thread, a slice of weights (or a timed
+pass) at a time, and the stream steps between the slices: its worst gap during a load is
+reported against the load's length and against its own median gap.
 
-It reports the infill's time to first token (p50, p95) in each phase and their ratio (the
-target: p95 beside <= 2x alone), and the chat stream's gaps between tokens while the infill
-train ran, against the same stream's gaps with no infill (median, p95, max).
+This script only prints; it asserts nothing.
 
-    python scripts/bench_models.py [--repeats 3] [--lines 3] [--chars 16]
+    python benchmarks/two_models.py [infill] [--repeats 3] [--lines 3] [--chars 16]
+                                    [--model CODE] [--other-model CHAT]
+    python benchmarks/two_models.py load [--repeats 3] [--model PATH] [--other-model PATH]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -26,9 +38,8 @@ import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (
+from common import (
+    REPO_ROOT,
     SHARED_MODEL,
     ServerFailed,
     bench_parser,
@@ -38,7 +49,8 @@ from bench_common import (
     sse_chunks,
     start_server,
 )
-from demo_data import split_files
+
+# -- an editor's infill beside a chat stream ------------------------------------------------------
 
 INTERVAL_S = 0.3  # an editor's request a keystroke, about as fast as people type
 CHAT_PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters."
@@ -53,6 +65,9 @@ def typed_lines(prefix_lines: int, suffix_lines: int, chars: int) -> list[list]:
     """Per line of a held-out standard-library file, what an editor sends as a user types its
     first `chars` characters: (prefix, line typed so far, suffix), one character more each.
     The first of a line is a prompt the prefix cache has not seen; the rest extend it."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))  # the demo model's held-out files
+    from demo_data import split_files
+
     text = next(f.text for f in split_files()[1] if f.text.count("\n") > 200)
     lines = text.split("\n")
     typed = []
@@ -190,24 +205,64 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.0f} / {quantile(values, 0.95) * 1000:.0f}"
 
 
-def main() -> int:
-    parser = bench_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--code-model", default=None, help="infill's model (default: the demo)")
-    parser.add_argument("--chat-model", default=None, help="chat's model (default: SmolLM2)")
+# -- a model loaded beside a stream ---------------------------------------------------------------
+
+POLL_S = 0.02
+
+
+def state_of(client: httpx.Client, url: str, name: str) -> dict:
+    models = client.get(f"{url}/admin/status").json()["models"]
+    return next((m for m in models if m["model"] == name), {"state": "unloaded", "memory_bytes": 0})
+
+
+def wait_state(client: httpx.Client, url: str, name: str, done, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not done(state_of(client, url, name)):
+        if time.monotonic() > deadline:
+            raise ServerFailed(f"{name}: {state_of(client, url, name)}")
+        time.sleep(POLL_S)
+
+
+def one_load(client: httpx.Client, url: str, name: str, stream: ChatStream) -> dict:
+    """Load `name` beside the stream, then unload it: the load's seconds and the stream's gaps
+    during it."""
+    began = time.perf_counter()
+    response = client.post(f"{url}/admin/load", json={"model": name, "default": False})
+    if response.status_code not in (200, 202):
+        raise ServerFailed(f"/admin/load: HTTP {response.status_code}: {response.text}")
+    wait_state(client, url, name, lambda m: m["state"] == "ready" and m["memory_bytes"] > 0)
+    ended = time.perf_counter()
+    time.sleep(0.5)  # the stream's first gap after the load counts too
+    gaps = stream.gaps_between(began, time.perf_counter())
+    client.post(f"{url}/admin/unload", json={"model": name})
+    wait_state(client, url, name, lambda m: m["memory_bytes"] == 0)
+    time.sleep(1.0)
+    return {"load_s": ended - began, "gaps": gaps}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = bench_parser(
+        "Two models on one server: an editor's infill beside a chat stream on another model "
+        "against the infill alone (infill), or a stream's gaps while another model loads "
+        "against its gaps before (load).",
+        model_help="the infill's model, or the stream's in load (default: the demo model)",
+    )
+    parser.add_argument("what", nargs="?", choices=("infill", "load"), default="infill")
+    parser.add_argument(
+        "--other-model", default=None, help="the chat's model, or the one loaded (default: SmolLM2)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--lines", type=int, default=3, help="lines typed in each train")
-    parser.add_argument("--chars", type=int, default=16, help="characters typed of each line")
-    parser.add_argument("--chat-alone-s", type=float, default=10.0, help="the chat's own gaps")
+    parser.add_argument("--lines", type=int, default=3, help="infill: lines typed in each train")
+    parser.add_argument("--chars", type=int, default=16, help="infill: characters typed a line")
+    parser.add_argument("--chat-alone-s", type=float, default=10.0, help="infill: the chat alone")
     parser.add_argument("--n-predict", type=int, default=16, help="tokens an infill asks for")
     parser.add_argument("--prefix-lines", type=int, default=32)
     parser.add_argument("--suffix-lines", type=int, default=8)
-    parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
-    args = parser.parse_args()
-    code = args.code_model or demo_model()
-    chat = args.chat_model or str(SHARED_MODEL)
-    if not Path(chat).is_dir():
-        print(f"no chat model at {chat}: pass --chat-model", file=sys.stderr)
-        return 2
+    parser.add_argument("--json", type=Path, default=None, help="infill: every run's figures")
+    return parser.parse_args()
+
+
+def infill(args: argparse.Namespace, code: str, chat: str) -> int:
     names = [Path(code).name, Path(chat).name]
     typed = iter(typed_lines(args.prefix_lines, args.suffix_lines, args.chars))
     extra = ["--model", chat, "--memory-budget", "90%"]
@@ -242,6 +297,54 @@ def main() -> int:
             json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": runs})
         )
     return 0
+
+
+def load(args: argparse.Namespace, model: str, other_model: str) -> int:
+    other = Path(other_model)
+    extra = ["--models-dir", str(other.parent), "--memory-budget", "90%"]
+    rows = []
+    with served(lambda port, log: start_server(model, port, log, extra=extra), "load") as server:
+        stream = ChatStream(server.url, Path(model).name)
+        try:
+            stream.wait_for_tokens(8)
+            time.sleep(3.0)
+            quiet = stream.gaps_between(0.0, time.perf_counter())
+            with httpx.Client(timeout=300) as client:
+                for repeat in range(args.repeats):
+                    run = one_load(client, server.url, other.name, stream)
+                    worst = max(run["gaps"])
+                    median = statistics.median(quiet)
+                    print(
+                        f"repeat {repeat + 1}: load {run['load_s']:.2f} s; the stream's worst gap "
+                        f"{worst * 1000:.0f} ms = {worst / run['load_s']:.2f} of the load, "
+                        f"{worst / median:.1f}x its median gap ({median * 1000:.0f} ms)",
+                        flush=True,
+                    )
+                    rows.append((run["load_s"], worst, median))
+            if stream.error is not None:
+                raise stream.error
+        finally:
+            stream.close()
+    print_table(
+        [
+            ("stream on", Path(model).name),
+            ("model loaded beside it", other.name),
+            ("load, s", ", ".join(f"{r[0]:.2f}" for r in rows)),
+            ("worst gap / load", ", ".join(f"{r[1] / r[0]:.2f}" for r in rows)),
+            ("worst gap / median gap", ", ".join(f"{r[1] / r[2]:.1f}" for r in rows)),
+        ]
+    )
+    return 0
+
+
+def main() -> int:
+    args = parse_args()
+    model = args.model or demo_model()
+    other = args.other_model or str(SHARED_MODEL)
+    if not Path(other).is_dir():
+        print(f"no model at {other}: pass --other-model", file=sys.stderr)
+        return 2
+    return (infill if args.what == "infill" else load)(args, model, other)
 
 
 if __name__ == "__main__":

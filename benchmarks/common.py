@@ -1,10 +1,12 @@
-"""What the bench scripts (bench.py, bench_engine.py, bench_distributed.py, soak.py) share:
-the default model, a server subprocess in its own process group on a free port, waiting for its
-/health, stopping it (whatever is left of it), reading its server-sent events, the decode rate
-of one stream, and the two-column tables with medians and ratios.
+"""What the benchmarks share (and scripts/soak.py): the default model, a server subprocess in
+its own process group on a free port, waiting for its /health, stopping it (whatever is left of
+it), reading its server-sent events, a streamed completion timed chunk by chunk, a long prompt
+of an exact token count, a long prompt sent beside a running stream, and the two-column table
+every benchmark prints.
 
-A row whose server does not start, or fails under it, prints `row NAME: ...` and the bench goes
-on with its next row (`row_failed`, `ROW_ERRORS`).
+A row whose server does not start, or fails under it, prints `row NAME: ...` and the benchmark
+goes on with its next row (`row_failed`, `ROW_ERRORS`). The entry points import this module,
+never each other.
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-# The one place the bench scripts name the module of the CPU process settings mlxserve runs
-# under (OpenBLAS preloaded, huge pages): they import these from here.
+# The one place the benchmarks name the module of the CPU process settings mlxserve runs under
+# (OpenBLAS preloaded, huge pages): they import these from here.
 from mlxserve.platform import cpu_environment, openblas_library, reexec_for_cpu  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +43,6 @@ SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-4
 HEALTH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_LINES = 15
-MLX_LAUNCH = Path(sys.executable).with_name("mlx.launch")
 
 
 def demo_model() -> str:
@@ -51,47 +52,23 @@ def demo_model() -> str:
     return str(DEFAULT_MODEL)
 
 
-def bench_parser(description: str) -> argparse.ArgumentParser:
-    """A bench script's command line: its description, defaults shown in --help, and `--model`
-    (None: `default_model()`)."""
+def bench_parser(
+    description: str,
+    model_help: str = "model folder (default: the shared SmolLM2 if present, else the demo model)",
+) -> argparse.ArgumentParser:
+    """A benchmark's command line: `description` (what it compares against what), defaults
+    shown in --help, and `--model` (None: the benchmark's default, `default_model()` unless
+    `model_help` says otherwise)."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--model", default=None, help="model folder (default: shared SmolLM2)")
+    parser.add_argument("--model", default=None, help=model_help)
     return parser
 
 
 def default_model() -> str:
     """The shared SmolLM2 if present (a real >= 100M model), else the embedded demo model."""
     return str(SHARED_MODEL) if SHARED_MODEL.is_dir() else demo_model()
-
-
-def mixed_batch_model(model: str | None):
-    """(path, model, policy): `model` (None: `default_model()`) loaded and prepared as the server
-    prepares it, for a bench that runs mixed batches' forward pass; None, with why printed,
-    where they do not support its architecture."""
-    from mlx_lm import load
-
-    from mlxserve.engine.mlx_lm_compat.mixed_batch import supports
-    from mlxserve.platform import current_policy
-
-    path = model or default_model()
-    loaded, _ = load(path)
-    policy = current_policy()
-    policy.prepare_model(loaded)
-    if not supports(loaded):
-        print("this model's architecture has no mixed batches", file=sys.stderr)
-        return None
-    return path, loaded, policy
-
-
-def rewind(caches, depth: int) -> None:
-    """Each of a decode batch's caches (`BatchKVCache`) back at `depth` tokens, every row: each
-    timed pass then runs at the same depth, over what the last one wrote."""
-    import mlx.core as mx
-
-    for cache in caches:
-        cache._idx, cache.offset = depth, mx.array([depth] * cache.offset.size)
 
 
 def stretched_context(model: str, tokens: int) -> str:
@@ -167,9 +144,9 @@ def spawn(
     command: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
 ) -> subprocess.Popen:
     """Run `command` from the repository root in a session (and process group) of its own, so
-    `stop_server` ends it and everything it started (mlx.launch's ranks) and the terminal's
-    Ctrl-C reaches only the bench. Its output goes to `log_path`, so a full pipe cannot stall it;
-    its stdin is /dev/null (mlx.launch would otherwise set the terminal's stdin non-blocking)."""
+    `stop_server` ends it and everything it started (`make serve`'s server) and the terminal's
+    Ctrl-C reaches only the benchmark. Its output goes to `log_path`, so a full pipe cannot stall
+    it; its stdin is /dev/null."""
     with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
             list(command),
@@ -182,21 +159,15 @@ def spawn(
         )
 
 
-def mlxserve_command(
-    model: str, port: int, distributed: bool = False, extra: Sequence[str] = ()
-) -> list[str]:
-    """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags; `distributed`: as 2
-    local ranks under mlx.launch (ring backend over loopback)."""
+def mlxserve_command(model: str, port: int, extra: Sequence[str] = ()) -> list[str]:
+    """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags."""
     command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     if "--log-level" not in extra:  # quiet unless the caller asks for a step log
         command += ["--log-level", "warning"]
     if "--prefix-cache-dir" not in extra:  # as by default, but not in the user's cache folder
         command += ["--prefix-cache-dir", bench_prefix_cache_dir()]
-    if not distributed:
-        return command
-    launch = [str(MLX_LAUNCH), "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--"]
-    return [*launch, *command, "--distributed"]
+    return command
 
 
 @functools.cache
@@ -212,13 +183,12 @@ def start_server(
     model: str,
     port: int,
     log_path: Path,
-    distributed: bool = False,
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
     """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`;
     `env`: its environment (default: this process's)."""
-    return spawn(mlxserve_command(model, port, distributed, extra), log_path, env)
+    return spawn(mlxserve_command(model, port, extra), log_path, env)
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
@@ -267,9 +237,9 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 def stop_server(server: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:
     """End a `spawn`ed server and its process group: SIGTERM to the group, `timeout` seconds for
-    the process and up to 5 more for the rest of its group (mlx.launch's ranks), then SIGKILL to
+    the process and up to 5 more for the rest of its group (what it started), then SIGKILL to
     whatever is left. Quiet when the process has already exited or its group is gone (a server
-    that died on its own, or a launcher that took its ranks with it)."""
+    that died on its own, or a launcher that took its children with it)."""
     pgid = server.pid  # a session leader: its process group's id is its own pid
     _signal_group(pgid, signal.SIGTERM)
     try:
@@ -317,28 +287,6 @@ def served(
         yield Server(process, port, log_path)
     finally:
         stop_server(process)
-
-
-def warm_and_cold(
-    name: str, tag: str, model: str, repeats: int, run: Callable[[str, str, int], Any]
-) -> list[Any] | None:
-    """`run(warm_url, cold_url, number)` for numbers 1..`repeats` on two servers of `model` side
-    by side: one as users run it, one with the prefix cache off (`--prefix-cache-mb 0`), which
-    sees every prompt cold. None, the row's failure printed, when a server fails."""
-    cold_start = partial(start_server, model, extra=["--prefix-cache-mb", "0"])
-    try:
-        with (
-            served(partial(start_server, model), f"{tag}-warm") as warm,
-            served(cold_start, f"{tag}-cold") as cold,
-        ):
-            runs = []
-            for number in range(1, repeats + 1):
-                runs.append(run(warm.url, cold.url, number))
-                print(f"{name}: {number} of {repeats} done", file=sys.stderr)
-            return runs
-    except ROW_ERRORS as error:
-        row_failed(name, error)
-        return None
 
 
 def row_failed(name: str, error: BaseException) -> None:
@@ -432,43 +380,131 @@ def stream_completion(
     return result
 
 
-def http_decode_rate(
-    client: httpx.Client, base_url: str, prompt: str, max_tokens: int, sampling: dict | None = None
-) -> tuple[float, int]:
-    """Decode tokens/s seen by a streaming client, greedy with EOS ignored unless `sampling`
-    says otherwise: (usage's tokens - 1) over first text chunk to last, and usage's tokens."""
-    body = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-        **(sampling or {}),
-    }
-    result = stream_completion(client, base_url, body)
-    if not result.done:
-        raise ServerFailed("stream ended without data: [DONE]")
-    if len(result.stamps) < 2 or result.stamps[-1] <= result.stamps[0]:
-        raise ServerFailed("stream carried fewer than two text chunks")
-    if result.usage_tokens is None:
-        raise ServerFailed("no usage chunk despite stream_options.include_usage")
-    tokens = result.usage_tokens
-    return (tokens - 1) / (result.stamps[-1] - result.stamps[0]), tokens
+def stream(
+    base_url: str, prompt: str, max_tokens: int, on_token=None, sampling: dict | None = None
+) -> Streamed:
+    """One streamed completion on a client of its own, greedy unless `sampling` says otherwise:
+    time to first text chunk (the client's setup included), tokens (the usage chunk's count,
+    else text chunks), and each text chunk's time. `on_token(count)` may return True to stop
+    reading (the client leaves)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body |= sampling or {}
+    body["ignore_eos"] = True  # mlxserve: every run decodes max_tokens (mlx_lm.server ignores it)
+    body["stream_options"] = {"include_usage": True}
+    sent = time.perf_counter()
+    with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0)) as client:
+        result = stream_completion(client, base_url, body, on_token)
+    result.sent = sent
+    if not result.stamps:
+        raise ServerFailed(f"{base_url} streamed no text")
+    return result
+
+
+# -- long prompts beside running streams ------------------------------------------------------
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+# The measured stream may run this long: it stops a few tokens after the long prompt is
+# answered, and it must outlive the whole prefill, join included. With 1024 it ended 60-84% into
+# a 7,500-token prompt's wait, so the deepest chunks and the join (the worst step) went
+# unmeasured.
+GAP_STREAM_MAX_TOKENS = 7000  # under SmolLM2's 8192-token context with the short stream prompt
+# The stream's tokens before the long prompt is sent: its median gap, the yardstick, is taken
+# over these. Over 16 (one second) it measured 0.050-0.072 s from run to run on the 2-core VM,
+# whose speed drifts, and moved the ratio as much as the worst gap did.
+GAP_TOKENS_BEFORE = 64
+GAP_STREAM_PROMPT = "Count slowly: one, two, three,"
+
+
+def load_tokenizer(model: str):
+    """`model`'s tokenizer, for prompts cut to an exact token count (any length)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.model_max_length = 10**9
+    return tokenizer
+
+
+def long_prompt(tokenizer, tokens: int, tag: str) -> str:
+    """Varied text of about `tokens` tokens of `tokenizer`, starting with `tag` (a unique tag
+    makes a prompt that no prefix cache holds)."""
+    words = [f"{WORDS[(i * 7 + len(tag)) % len(WORDS)]}{i % 97}" for i in range(tokens)]
+    text = f"{tag}: " + " ".join(words)
+    ids = tokenizer.encode(text, add_special_tokens=False)[: tokens - 8]
+    return tokenizer.decode(ids) + "\n"
+
+
+def unique_tag(kind: str) -> str:
+    return f"{kind}-{time.time_ns()}"
+
+
+@dataclass
+class Beside:
+    """A long prompt sent while streams run: what it waited and what the streams saw."""
+
+    waited: float  # the prompt's time to first token beside the streams
+    worst: float  # the measured stream's longest gap while the prompt waited
+    median: float  # its median gap before the prompt was sent (the yardstick)
+    # the share of the prompt's wait the stream lasted: under 1, the stream reached its token
+    # limit first, so the end of the prefill (the prompt joining the batch) went unmeasured
+    covered: float
+    median_after: float  # its median gap after the prompt's answer (nan: not measured)
+
+
+def beside(base_url: str, prompt: str, streams: int = 1, tokens_after: int = 0) -> Beside:
+    """Send `prompt` (`max_tokens` 1) once the first of `streams` greedy streams has run
+    GAP_TOKENS_BEFORE tokens; the streams stop when it is answered, the first `tokens_after`
+    tokens later (its own decode step afterwards, at the depth it reached). Build `prompt`
+    before: tokenizing it (~30 ms of this client's CPU) inside the window, as it was, landed in
+    a server step on a 2-core machine and was measured as a gap."""
+    started, finished = threading.Event(), threading.Event()
+    window: list[float] = []
+    after_finish = [0]
+
+    def measured_token(n: int) -> bool:
+        if n == GAP_TOKENS_BEFORE:
+            started.set()
+        if finished.is_set():
+            after_finish[0] += 1
+        return after_finish[0] >= max(tokens_after, 1)
+
+    def other_token(n: int) -> bool:
+        return finished.is_set()
+
+    def prompt_beside() -> None:
+        started.wait()
+        window.append(time.perf_counter())
+        stream(base_url, prompt, 1)
+        window.append(time.perf_counter())
+        finished.set()
+
+    limit = GAP_STREAM_MAX_TOKENS
+    others = [
+        threading.Thread(
+            target=stream, args=(base_url, f"{GAP_STREAM_PROMPT} ({i})", limit, other_token)
+        )
+        for i in range(streams - 1)
+    ]
+    helper = threading.Thread(target=prompt_beside)
+    with no_client_gc():
+        for thread in [*others, helper]:
+            thread.start()
+        result = stream(base_url, GAP_STREAM_PROMPT, limit, measured_token)
+        for thread in [*others, helper]:
+            thread.join()
+    pairs = list(zip(result.stamps, result.stamps[1:]))
+    before = [b - a for a, b in pairs if b < window[0]]
+    during = [b - a for a, b in pairs if b >= window[0] and a <= window[1]]
+    after = [b - a for a, b in pairs if a > window[1]]
+    return Beside(
+        waited=window[1] - window[0],
+        worst=max(during),
+        median=statistics.median(before),
+        covered=min(1.0, (result.stamps[-1] - window[0]) / (window[1] - window[0])),
+        median_after=statistics.median(after) if after else float("nan"),
+    )
 
 
 # -- tables -----------------------------------------------------------------------------------
-
-
-def call_times_ms(run: Callable[[], None], repeats: int) -> list[float]:
-    """`run()`'s wall times in ms, sorted: `repeats` calls after an unmeasured one (warm-up)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1000)
-    return sorted(times)
 
 
 def print_table(rows: list[tuple[str, str]]) -> None:
@@ -476,17 +512,3 @@ def print_table(rows: list[tuple[str, str]]) -> None:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
-
-
-def runs_text(rates: list[float]) -> str:
-    return ", ".join(f"{r:.2f}" for r in rates)
-
-
-def median_cell(rates: list[float]) -> str:
-    """`12.34  runs: 12.00, 12.34, 13.10`"""
-    return f"{statistics.median(rates):.2f}  runs: {runs_text(rates)}"
-
-
-def ratio_cell(rates: list[float], baseline: list[float], target: str) -> str:
-    """The ratio of two medians: `0.987  (target >= 0.95)`"""
-    return f"{statistics.median(rates) / statistics.median(baseline):.3f}  (target {target})"

@@ -1,4 +1,5 @@
-"""Quantized KV (`--kv-bits`): what it saves and what it costs, against the platform's float KV.
+"""KV memory: quantized KV (`--kv-bits` 8 and 4) against the platform's float KV: bytes per
+token, quality, and the long sequences admitted at once within one KV budget.
 
 - KV bytes per token, float / 8-bit / 4-bit, measured on the loaded model as the server measures
   it (what admission and `--kv-budget-mb` count);
@@ -6,15 +7,17 @@
   tokens; the whole text then scored in one forward pass with each KV (teacher-forced): the
   share of positions whose top token is the float run's, and the mean absolute difference of
   that token's logprob;
-- the most 4k-token sequences admitted at once within one `--kv-budget-mb`: a server per
-  setting, `--requests` distinct streamed requests (`--sequence-tokens` prompt tokens, 1 to
+- the most `--sequence-tokens` sequences admitted at once within one `--kv-budget-mb`: a server
+  per setting, `--requests` distinct streamed requests (`--sequence-tokens` prompt tokens, 1 to
   generate) sent together and held open until all are answered, counted by their answer (200
   admitted, 503 busy).
 
-This script only prints; it asserts nothing.
+The float KV is in the dtype of the model's activations: float32 under the CPU policy, 16-bit
+for a bfloat16 model under MLXSERVE_PORTABLE=1 (as a Mac runs it). This script only prints; it
+asserts nothing.
 
-    python scripts/bench_kv.py [--model PATH] [--prompts 8] [--tokens 64]
-                               [--kv-budget-mb 1024] [--sequence-tokens 4096] [--requests 48]
+    python benchmarks/memory.py [--model PATH] [--prompts 8] [--tokens 64]
+                                [--kv-budget-mb 1024] [--sequence-tokens 4096] [--requests 48]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import httpx
-from bench_common import (
+from common import (
     ROW_ERRORS,
     bench_parser,
     default_model,
@@ -54,7 +57,10 @@ PROMPTS = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = bench_parser("Quantized KV against float KV: memory, quality, admission.")
+    parser = bench_parser(
+        "KV memory: quantized KV (--kv-bits 8, 4) against the platform's float KV: bytes per "
+        "token, top-token agreement, long sequences admitted within one KV budget."
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64, help="continued per prompt")
     parser.add_argument("--kv-budget-mb", type=int, default=1024)
