@@ -183,11 +183,16 @@ def spawn(
 
 
 def mlxserve_command(
-    model: str, port: int, distributed: bool = False, extra: Sequence[str] = ()
+    model: str,
+    port: int,
+    distributed: bool = False,
+    extra: Sequence[str] = (),
+    module: str = "mlxserve",
 ) -> list[str]:
     """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags; `distributed`: as 2
-    local ranks under mlx.launch (ring backend over loopback)."""
-    command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
+    local ranks under mlx.launch (ring backend over loopback). `module`: another entry point
+    to `mlxserve serve` (tests.faults: with the tests' faults on purpose)."""
+    command = [sys.executable, "-m", module, "serve", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     if "--log-level" not in extra:  # quiet unless the caller asks for a step log
         command += ["--log-level", "warning"]
@@ -215,10 +220,12 @@ def start_server(
     distributed: bool = False,
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    module: str = "mlxserve",
 ) -> subprocess.Popen:
     """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`;
     `env`: its environment (default: this process's)."""
-    return spawn(mlxserve_command(model, port, distributed, extra), log_path, env)
+    command = mlxserve_command(model, port, distributed, extra, module)
+    return spawn(command, log_path, env)
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
