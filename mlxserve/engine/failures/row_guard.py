@@ -93,7 +93,7 @@ class GuardedSampler:
 
     def draw_rows(self, members: list[GuardedSampler], logprobs: mx.array) -> mx.array:
         """The rows of `members` (which share this `group_key`) drawn together; if that fails,
-        each on its own, so the guard of the row at fault names it."""
+        each on its own, so the guard of the failing row names it."""
         try:
             tokens = self.sample.draw_rows([m.sample for m in members], logprobs)
         except Exception:
