@@ -159,9 +159,12 @@ def spawn(
         )
 
 
-def mlxserve_command(model: str, port: int, extra: Sequence[str] = ()) -> list[str]:
-    """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags."""
-    command = [sys.executable, "-m", "mlxserve", "serve", "--model", model, *extra]
+def mlxserve_command(
+    model: str, port: int, extra: Sequence[str] = (), module: str = "mlxserve"
+) -> list[str]:
+    """`python -m mlxserve serve` on 127.0.0.1:`port` with `extra` flags. `module`: another
+    entry point to `mlxserve serve` (tests.faults: with the tests' faults on purpose)."""
+    command = [sys.executable, "-m", module, "serve", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     if "--log-level" not in extra:  # quiet unless the caller asks for a step log
         command += ["--log-level", "warning"]
@@ -185,10 +188,11 @@ def start_server(
     log_path: Path,
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    module: str = "mlxserve",
 ) -> subprocess.Popen:
     """mlxserve serving `model` on `port` (see `mlxserve_command`), logging to `log_path`;
     `env`: its environment (default: this process's)."""
-    return spawn(mlxserve_command(model, port, extra), log_path, env)
+    return spawn(mlxserve_command(model, port, extra, module), log_path, env)
 
 
 def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:

@@ -21,11 +21,13 @@ then:
 Exit status 1 if any 5xx, lost or cross-talked answer, unfreed sequence or memory
 growth of 10 % or more.
 
-With --fault-rate, that share of requests is made to fail mid-step in its own row (the server
-runs with MLXSERVE_FAULTS=1; the request's `user` names a stage: sampler, detokenizer, the
-batch's decode pass (forward) or a pass carrying its prompt (prefill), or the grammar for the
-JSON-schema template; engine/faults.py): each must end in a 500 or an error in its stream
-("faults reported"), and every other answer must still equal its solo run.
+With --fault-rate, that share of requests is made to fail mid-step in its own row: the request's
+`user` names a stage (sampler, detokenizer, the batch's decode pass (forward) or a pass carrying
+its prompt (prefill), or the grammar for the JSON-schema template), which soak's own server
+honours because it runs through the tests' fault injection (`python -m tests.faults serve`,
+tests/faults.py; mlxserve itself never reads `user` for this, so --fault-rate cannot go with
+--url). Each must end in a 500 or an error in its stream ("faults reported"), and every other
+answer must still equal its solo run.
 
 With --second-model, the server serves that model too and every template but infill is sent to
 it as well (naming it): two models' batches on one thread, each answer against its own model's.
@@ -39,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -55,8 +56,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from common import ServerDidNotStart, demo_model, served, sse_chunk, start_server  # noqa: E402
-
-from mlxserve.engine.faults import ENVIRONMENT  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -467,7 +466,8 @@ def main() -> int:
         "--fault-rate",
         type=float,
         default=0.0,
-        help="share of requests made to fail mid-step in their own row (MLXSERVE_FAULTS=1)",
+        help="share of requests made to fail mid-step in their own row; soak's own server only "
+        "(it then runs through tests/faults.py's fault injection), not with --url",
     )
     parser.add_argument(
         "--warmup-s",
@@ -484,13 +484,18 @@ def main() -> int:
         help="serve this model too and send every request to it as well (requests name it)",
     )
     args = parser.parse_args()
+    if args.url and args.fault_rate:
+        parser.error(
+            "--fault-rate needs soak's own server: faults on purpose come from the tests' "
+            "wrappers (tests/faults.py) around the engine, which a server at --url does not run"
+        )
     if args.url:
         port = int(args.url.rsplit(":", 1)[1].strip("/"))
         return asyncio.run(soak(args, args.url.rstrip("/"), port, None))
     try:
-        env = {**os.environ, ENVIRONMENT: "1"} if args.fault_rate else None
         extra = ["--model", args.second_model] if args.second_model else []
-        start = partial(start_server, args.model or demo_model(), env=env, extra=extra)
+        module = "tests.faults" if args.fault_rate else "mlxserve"
+        start = partial(start_server, args.model or demo_model(), extra=extra, module=module)
         with served(start, "soak") as server:
             try:
                 return asyncio.run(soak(args, server.url, server.port, server.process.pid))

@@ -183,6 +183,15 @@ def http(server):
         yield c
 
 
+@pytest.fixture
+def faults(monkeypatch):
+    """Faults on purpose for this test (tests/faults.py): FaultyRequests, and bodies whose
+    `user` asks for one, fail where they say; undone when the test ends."""
+    from .faults import install
+
+    install(monkeypatch.setattr)
+
+
 @pytest.fixture(scope="session")
 def smollm2_engine():
     """SmolLM2-135M's engine, loaded once for the engine tier's tests on it and the SmolLM2

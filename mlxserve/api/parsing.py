@@ -140,7 +140,7 @@ def _check_unicode(data: Any) -> None:
 
 
 def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = None) -> Model:
-    """`data` as a `model`, or a 400 naming the first field at fault."""
+    """`data` as a `model`, or a 400 naming the first invalid field."""
     try:
         body = model.model_validate(data, context={"limits": limits})
     except ValidationError as error:
@@ -150,7 +150,7 @@ def validate(model: type[Model], data: dict[str, Any], limits: Limits | None = N
 
 
 def refusal(error: ValidationError) -> InvalidRequest:
-    """The 400 for the first field at fault: its name, what it must be, and what it was."""
+    """The 400 for the first invalid field: its name, what it must be, and what it was."""
     errors = error.errors()
     rule = errors[0].get("ctx", {}).get("error")
     if isinstance(rule, FieldError):

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from quart import current_app
 
 from ..engine import LOADING_STATES, EngineError, GenerationEvent, GenerationRequest, StopSpec
-from ..engine.faults import fault_of
 from ..fim import FimError, InfillParts, build_infill, fim_token_names
 from ..prompt import (
     Prompt,
@@ -212,7 +211,6 @@ def _make_plan(
                     report_timings=body.timings_per_token and body.stream,
                     report_progress=body.return_progress and body.stream,
                     healed=healed,
-                    fault=fault_of(body.user),
                 )
             )
     return plan

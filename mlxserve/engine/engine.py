@@ -24,7 +24,6 @@ import mlx.core as mx
 
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP
-from . import faults
 from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
 from .failures.recovery import FailedSteps
@@ -151,7 +150,6 @@ class Engine:
         self.live = LiveSequences()
         self._followers = Followers()
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
-        self._fault_rows: list[SequenceState] = []  # tests: rows whose passes must fail
         # Submitted and not finished, counted on the event loop's thread (admission control).
         self.pending_sequences = 0
         self.pending_kv_tokens = 0
@@ -545,8 +543,6 @@ class Engine:
         started = time.perf_counter()
         self.prefixes.advance_copies(generator.decode_batch)
         grown = generator.reserve_kv()
-        if self._fault_rows:
-            self._arm_faults()
         point = failed_step.checkpoint(generator) if self.lockstep is None else None
         try:
             with generator.stats() as work:
@@ -607,17 +603,6 @@ class Engine:
                     continue
                 if isinstance(progress, tuple) and len(progress) == 2:
                     seq.post(seq.progress(*progress))
-
-    def _arm_faults(self) -> None:
-        """Tests: the passes of this step that hold a row with a pass fault due raise."""
-        rows = [s for s in self._fault_rows if self.live.get(s.uid) is s or self._failed.holds(s)]
-        self._fault_rows = rows
-        due = {stage: set() for stage in faults.PASS_STAGES}
-        for seq in rows:
-            fault = seq.request.fault
-            if fault.due(fault.stage, seq.generated):
-                due[fault.stage].add(seq.uid)
-        self.generator.arm_faults(faults.tripwire(self.slot.loaded.model), due)
 
     def _emit(self, responses) -> None:
         """Each decoded token to its sequence; events posted, finished sequences removed."""
@@ -814,7 +799,4 @@ class Engine:
 
     def _start_sequence(self, index: int, request: GenerationRequest, post) -> SequenceState:
         self.stats.prompt_tokens += len(request.prompt_ids)
-        seq = start_sequence(index, request, post, self.slot.loaded, self.generator, self.prefixes)
-        if request.fault is not None and request.fault.stage in faults.PASS_STAGES:
-            self._fault_rows.append(seq)
-        return seq
+        return start_sequence(index, request, post, self.slot.loaded, self.generator, self.prefixes)

@@ -7,7 +7,6 @@ from typing import Literal
 
 from ..sampling.logprobs import Alternative
 from ..sampling.params import SamplingParams
-from .faults import Fault
 
 FinishReason = Literal["stop", "length"]
 
@@ -46,7 +45,6 @@ class GenerationRequest:
     report_timings: bool = False  # every event carries the timings so far, not the last alone
     report_progress: bool = False  # events while the prompt is read (PromptProgress)
     healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
-    fault: Fault | None = None  # tests only: where this sequence is made to fail (faults.py)
 
 
 def kv_tokens(requests) -> int:

@@ -1,5 +1,6 @@
-"""A request whose row fails mid-step (engine/faults.py) gets a 500 in its protocol's shape, or
-an error at the end of its stream; a request beside it answers exactly as it does alone."""
+"""A request whose row fails mid-step (tests/faults.py, the `faults` fixture) gets a 500 in its
+protocol's shape, or an error at the end of its stream; a request beside it answers exactly as
+it does alone."""
 
 from __future__ import annotations
 
@@ -7,16 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mlxserve.engine.faults import ENVIRONMENT
-
 from ..helpers import error_of, stream_chunks
 
 BODY = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 5}
-
-
-@pytest.fixture
-def faults(monkeypatch):
-    monkeypatch.setenv(ENVIRONMENT, "1")
 
 
 def test_a_failing_request_fails_alone(http, faults):
@@ -35,7 +29,8 @@ def test_a_failing_request_fails_alone(http, faults):
     assert http.post("/v1/completions", json=BODY).json()["choices"][0]["text"] == alone
 
 
-def test_without_the_switch_a_user_label_is_only_a_label(http):
+def test_without_the_tests_faults_a_user_label_is_only_a_label(http):
+    """The server never reads `user` for faults: only the tests' wrappers do."""
     body = {**BODY, "user": "mlxserve-fault:sampler:0"}
     assert http.post("/v1/completions", json=body).status_code == 200
 

@@ -1,6 +1,7 @@
-"""One failing sequence fails alone: a row made to fail in its sampler, its grammar or its
-detokenizer (engine/faults.py) gets an error event naming the cause, while the sequences beside
-it in the batch produce exactly what they produce alone, and the engine goes on serving."""
+"""One failing sequence fails alone: a row made to fail in its sampler, its grammar, its
+detokenizer or the batch's pass (tests/faults.py) gets an error event naming the cause, while
+the sequences beside it in the batch produce exactly what they produce alone, and the engine
+goes on serving."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from dataclasses import replace
 import pytest
 
 from mlxserve.engine import Engine
-from mlxserve.engine.faults import Fault
 from mlxserve.sampling.grammars import Constraint
 from mlxserve.sampling.params import SamplingParams
 
+from ..faults import Fault, with_fault
 from .test_engine import collect, request, token_ids
+
+pytestmark = pytest.mark.usefixtures("faults")
 
 SAMPLED = SamplingParams(temperature=1.0)
 PROMPTS = [(1, 5, 9, 13, 17), (2, 4, 6, 8), (3, 7, 11, 15, 19, 23)]
@@ -44,7 +47,9 @@ def failing(engine: Engine, stage: str):
     if stage == "grammar":
         schema = Constraint("test", "json_schema", '{"type": "object"}')
         sampling = replace(SAMPLED, grammar=engine.loaded.grammars.compile(schema))
-    return request((5, 6, 7, 8, 9), max_tokens=16, sampling=sampling, seed=3, fault=Fault(stage, 3))
+    return with_fault(
+        request((5, 6, 7, 8, 9), max_tokens=16, sampling=sampling, seed=3), Fault(stage, 3)
+    )
 
 
 @pytest.mark.parametrize("stage", ["sampler", "grammar", "detokenizer", "forward", "prefill"])
@@ -94,7 +99,8 @@ def test_the_failing_row_is_found_among_many(engine, stage):
     alone = [asyncio.run(collect(engine, [r]))[0] for r in others]
     failed_before = engine.stats.failed_sequences
     groups = [[r] for r in many_neighbours(8)]
-    groups.insert(5, [request((90, 91, 92, 93), max_tokens=12, seed=1, fault=Fault(stage, 5))])
+    faulty = with_fault(request((90, 91, 92, 93), max_tokens=12, seed=1), Fault(stage, 5))
+    groups.insert(5, [faulty])
     results = asyncio.run(side_by_side(engine, groups))
     failed = results.pop(5)[0]
     assert "injected fault" in failed[-1].error
@@ -111,7 +117,7 @@ def test_a_long_prompt_failing_in_its_prefill_fails_alone(engine):
     alone = [asyncio.run(collect(engine, [r]))[0] for r in streams]
     long_prompt = tuple(range(100, 700))
     groups = [[r] for r in many_neighbours(3)]
-    groups.append([request(long_prompt, max_tokens=4, seed=2, fault=Fault("prefill"))])
+    groups.append([with_fault(request(long_prompt, max_tokens=4, seed=2), Fault("prefill"))])
     results = asyncio.run(side_by_side(engine, groups))
     assert "prefill" in results.pop()[0][-1].error
     for group, solo in zip(results, alone):

@@ -8,11 +8,12 @@ import mlx.core as mx
 import pytest
 
 from mlxserve.engine.failures.row_guard import RowGuard
-from mlxserve.engine.faults import Fault
 from mlxserve.engine.mlx_lm_compat.decode_step import _banned
 from mlxserve.sampling.batched import draw
 from mlxserve.sampling.chain import Ban, SequenceSampler
 from mlxserve.sampling.params import SamplingParams
+
+from ..faults import Fault, Tripping
 
 VOCAB = 300
 STEPS = 4
@@ -100,8 +101,10 @@ def test_a_group_that_fails_draws_each_row_alone_behind_its_guard():
 
 def test_a_row_with_a_fault_leaves_the_group_and_fails_alone():
     params, seeds = [CHAINS["temperature"]] * 3, [5, 6, 7]
-    guards = [RowGuard(), RowGuard(Fault("sampler", after=2)), RowGuard()]
-    guarded = [g.sampler(SequenceSampler(p, VOCAB, s)) for g, p, s in zip(guards, params, seeds)]
+    guards = [RowGuard(), RowGuard(), RowGuard()]
+    samplers = [SequenceSampler(p, VOCAB, s) for p, s in zip(params, seeds)]
+    samplers[1] = Tripping(samplers[1], "sampler", Fault("sampler", after=2), guards[1])
+    guarded = [g.sampler(s) for g, s in zip(guards, samplers)]
     assert guarded[1].group_key is None and guarded[0].group_key == guarded[2].group_key
     drawn = together(guarded, 3)
     expected = alone(params, seeds)
@@ -112,8 +115,9 @@ def test_a_row_with_a_fault_leaves_the_group_and_fails_alone():
 
 
 def test_bans_of_the_same_ids_are_applied_to_all_their_rows_at_once():
-    guard, faulty = RowGuard(), RowGuard(Fault("logits processor", after=99))
+    guard, faulty = RowGuard(), RowGuard()
     eos, other = Ban([0, 7]), Ban([5])
+    tripping = Tripping(eos, "logits processor", Fault("logits processor", after=99), faulty)
 
     def bias(_tokens, logits):
         return logits + 1.0
@@ -123,7 +127,7 @@ def test_bans_of_the_same_ids_are_applied_to_all_their_rows_at_once():
         [],
         [guard.processor(bias, "logits processor"), guard.processor(eos, "logits processor")],
         [guard.processor(other, "logits processor")],
-        [faulty.processor(eos, "logits processor")],  # plays its fault: stays the row's own
+        [faulty.processor(tripping, "logits processor")],  # plays its fault: stays the row's own
         None,
     ]
     logits = mx.random.normal((6, 10), key=mx.random.key(0))

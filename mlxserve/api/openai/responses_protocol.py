@@ -116,7 +116,7 @@ class ResponsesRequest(BaseModel):
 def chat_request(
     body: ResponsesRequest, limits: Limits, strict_tools: bool = False
 ) -> tuple[ChatCompletionRequest, dict[str, ToolOrigin]]:
-    """The chat request that answers `body`, or a 400 naming the Responses field at fault; and
+    """The chat request that answers `body`, or a 400 naming the invalid Responses field; and
     where each offered function that is not a plain top-level one came from (ToolOrigin)."""
     _refuse_stateful(body)
     fields: dict[str, Any] = {"model": body.model, "messages": _messages(body)}

@@ -123,9 +123,6 @@ class FailedSteps:
         for seq in seqs:
             self.resuming.pop(id(seq), None)
 
-    def holds(self, seq: SequenceState) -> bool:
-        return any(h.seq is seq for half in self.bisection.held for h in half)
-
     def recover(self, error: Exception, point: StepCheckpoint) -> None:
         engine = self.engine
         generator, live = engine.generator, engine.live

@@ -11,14 +11,12 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from ...sampling.chain import Ban
-from ..faults import Fault
 
 log = logging.getLogger("mlxserve.engine")
 
 
 class RowGuard:
-    def __init__(self, fault: Fault | None = None):
-        self.fault = fault
+    def __init__(self) -> None:
         self.error: str | None = None  # the first failure, once the row failed
         self.steps = 0  # tokens sampled so far
 
@@ -29,9 +27,9 @@ class RowGuard:
 
     @property
     def alone(self) -> bool:
-        """Whether the row must be handled on its own, not with rows like it: it has a fault to
-        play (the failure must be its own) or it failed."""
-        return self.fault is not None or self.error is not None
+        """Whether the row must be handled on its own, not with rows like it: it failed, and its
+        stand-in (logits untouched, a greedy token) is its own."""
+        return self.error is not None
 
     def processor(self, process: Callable, stage: str) -> GuardedProcessor:
         return GuardedProcessor(self, process, stage)
@@ -60,8 +58,6 @@ class GuardedProcessor:
         if guard.error is not None:
             return logits
         try:
-            if guard.fault is not None:
-                guard.fault.check(self.stage, guard.steps)
             return self.process(tokens, logits)
         except Exception as error:
             guard.fail(self.stage, error)
@@ -70,7 +66,7 @@ class GuardedProcessor:
 
 class GuardedSampler:
     """A row's sampler behind its guard. Rows drawn together (sampling/batched.py) share a
-    `group_key`; a row with a fault to play, or one that failed, draws alone."""
+    `group_key`; a row that failed draws alone."""
 
     def __init__(self, guard: RowGuard, sample: Callable):
         self.guard = guard
@@ -88,8 +84,6 @@ class GuardedSampler:
         guard = self.guard
         if guard.error is None:
             try:
-                if guard.fault is not None:
-                    guard.fault.check("sampler", guard.steps)
                 token = self.sample(logprobs)
                 guard.steps += 1
                 return token
@@ -99,7 +93,7 @@ class GuardedSampler:
 
     def draw_rows(self, members: list[GuardedSampler], logprobs: mx.array) -> mx.array:
         """The rows of `members` (which share this `group_key`) drawn together; if that fails,
-        each on its own, so the guard of the row at fault names it."""
+        each on its own, so the guard of the failing row names it."""
         try:
             tokens = self.sample.draw_rows([m.sample for m in members], logprobs)
         except Exception:

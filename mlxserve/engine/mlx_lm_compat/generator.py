@@ -67,23 +67,14 @@ class ServerBatchGenerator(BatchGenerator):
         self.decoded: list | None = None
         decode = self._generation_batch
         decode.next = self._recorded(decode.next)
-        # Tests only (engine/faults.py): rows whose passes must fail, by stage
-        self._tripwire = None
-        self.faults_due: dict[str, set[int]] = {}
-        self._stepping = False  # inside `next()`, where a failed pass is recovered from
-        self._joining: list[int] = []  # prompts moving to the decode batch in this step
 
     # ---- mlx-lm's methods, with the mixed batches' bookkeeping -----------------------------
 
     def _next(self):
         self.decoded = None
-        self._stepping, self._joining = True, []
-        try:
-            if self.mixed is None:
-                return super()._next()
-            return self.mixed.step(super()._next)
-        finally:
-            self._stepping = False
+        if self.mixed is None:
+            return super()._next()
+        return self.mixed.step(super()._next)
 
     def _recorded(self, decode_next):
         def recorded_next():
@@ -133,54 +124,6 @@ class ServerBatchGenerator(BatchGenerator):
     def paid_tokens(self, scheduled: int) -> float:
         """Prompt tokens computed in the step just ended, of `scheduled` given to it."""
         return scheduled if self.mixed is None else self.mixed.paid_tokens(scheduled)
-
-    def arm_faults(self, tripwire, due: dict[str, set[int]]) -> None:
-        """Tests: the decode pass raises when it holds a row of `due["forward"]` or carries a
-        prompt of `due["prefill"]`; a prompt pass when it holds one of `due["prefill"]`, or a
-        join's pass one of either."""
-        if self._tripwire is None:
-            self._tripwire = tripwire
-            decode, prompts = self._generation_batch, self._prompt_batch
-            decode.model = self._armed(decode.model, self._decode_fault)
-            prompts.model = self._armed(prompts.model, self._prompt_fault)
-            if self.mixed is not None:  # a kept chunk run alone
-                self.mixed.flush = self._armed(self.mixed.flush, self._prompt_fault)
-            prompts.split = self._noting_joins(prompts.split)
-        self.faults_due = due
-
-    def _decode_fault(self) -> str | None:
-        if self.faults_due.get("forward", set()) & set(self._generation_batch.uids):
-            return "forward"
-        carried = self.mixed is not None and self.mixed.pending is not None
-        return "prefill" if carried and self._prompt_fault() else None
-
-    def _prompt_fault(self) -> str | None:
-        rows = {*self._prompt_batch.uids, *self._joining}
-        if self.faults_due.get("prefill", set()) & rows:
-            return "prefill"
-        # a decode row back from a failed step computes its next token in a join's pass
-        return "forward" if self.faults_due.get("forward", set()) & set(self._joining) else None
-
-    def _noting_joins(self, split):
-        """The prompt batch's `split` (which mlx-lm calls only to move prompts to the decode
-        batch), noting the rows whose last token the join's pass computes."""
-
-        def noting_split(indices):
-            moving = split(indices)
-            self._joining = list(moving.uids)
-            return moving
-
-        return noting_split
-
-    def _armed(self, forward, stage_due):
-        def armed(*args, **kwargs):
-            self._tripwire.armed = stage_due() if self._stepping else None
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self._tripwire.armed = None
-
-        return armed
 
     def set_layers_per_pass(self, layers: int | None) -> None:
         if self.mixed is not None:

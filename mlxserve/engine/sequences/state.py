@@ -92,8 +92,6 @@ class SequenceState:
         """Feed one generated token (and its logprob row, if asked for); the event to post.
         `event.finish_reason` is set when the sequence ends."""
         request = self.request
-        if request.fault is not None:
-            request.fault.check("detokenizer", self.generated)
         self.generated += 1
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
@@ -204,7 +202,7 @@ def sampling_setup(request: GenerationRequest, loaded: LoadedModel) -> SamplingS
         keep_final=request.post_sampling_probs and request.logprobs is not None,
         reports_logprobs=request.logprobs is not None,
     )
-    guard = RowGuard(request.fault)
+    guard = RowGuard()
     guarded = [
         guard.processor(p, "grammar" if p is mask else "logits processor") for p in processors
     ]
