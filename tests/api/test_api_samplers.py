@@ -121,8 +121,8 @@ REPETITIVE = (
 
 @pytest.mark.slow
 def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
-    body = dict(prompt=REPETITIVE, max_tokens=120, temperature=0.7, ignore_eos=True, logprobs=0)
-    seeds = tuple(range(5, 13))  # a seed alone may or may not fall into a loop
+    body = dict(prompt=REPETITIVE, max_tokens=64, temperature=0.7, ignore_eos=True, logprobs=0)
+    seeds = tuple(range(5, 11))  # a seed alone may or may not fall into a loop
 
     def repeats(extra: dict) -> int:
         tokens = complete(smollm2, **body, **extra)["choices"][0]["logprobs"]["tokens"]
@@ -133,7 +133,7 @@ def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
     with concurrent.futures.ThreadPoolExecutor(len(extras)) as pool:
         counts = list(pool.map(repeats, extras))
     plain, dry = sum(counts[: len(seeds)]), sum(counts[len(seeds) :])
-    print(f"repeated 4-grams in 120 tokens, seeds {seeds}: {counts}")
+    print(f"repeated 4-grams in 64 tokens, seeds {seeds}: {counts}")
     assert plain >= 5, counts  # the prompt makes the model repeat itself
     assert dry < 0.7 * plain, counts
 
@@ -145,7 +145,7 @@ def test_mirostat_v2_holds_the_surprise_near_tau_on_a_real_model(smollm2):
     tau = 2.5
     body = dict(
         prompt="Once upon a time,",
-        max_tokens=200,
+        max_tokens=100,
         mirostat=2,
         mirostat_tau=tau,
         mirostat_eta=0.1,
