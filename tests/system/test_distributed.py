@@ -115,9 +115,11 @@ def three_heads(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture
-def cluster(ring, tiny_model, tmp_path):
-    with running_cluster(tiny_model, tmp_path) as running:
+@pytest.fixture(scope="module")
+def cluster(ring, tiny_model, tmp_path_factory):
+    """Two ranks serving the tiny model, started once for this module's tests on it: each start
+    is three processes loading MLX. The last test on it (in file order) kills a rank."""
+    with running_cluster(tiny_model, tmp_path_factory.mktemp("cluster")) as running:
         yield running
 
 
