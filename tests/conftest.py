@@ -25,8 +25,14 @@ os.environ["MLXSERVE_PREFIX_CACHE_DIR"] = "none"
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 SMOLLM2 = "smollm2-135m-instruct-4bit"
 SMOLLM2_ID = "SmolLM2"  # in the ids of the tests on it, for pytest_xdist_make_scheduler
-# Modules whose tests share one worker under `--dist loadgroup`: their module fixtures are dear.
-ONE_WORKER_MODULES = {"tests/system/test_distributed.py"}  # the ring probe (mlx.launch)
+# Modules whose tests share one worker under `--dist loadgroup`, by group: what they share is
+# dear. The ring probe and cluster (mlx.launch); the default model's server, whose 4-bit weights
+# are widened at load.
+WORKER_GROUPS = {
+    "tests/system/test_distributed.py": "distributed",
+    "tests/api/test_demo_model.py": "default model",
+    "tests/api/test_editor_replays.py": "default model",
+}
 
 # Over Quart's 60 s default; MLXSERVE_LONG_STREAM_SECONDS=190 makes it the 3-minute check.
 LONG_STREAM_SECONDS = float(os.environ.get("MLXSERVE_LONG_STREAM_SECONDS", "65"))
@@ -69,7 +75,7 @@ def pytest_collection_modifyitems(items):
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: tests go one by one to whichever worker is free, except those that
     must share a worker: the tests on SmolLM2 (one load, and the long stream beside them), and
-    ONE_WORKER_MODULES. pytest-xdist's own loadgroup reads `xdist_group` marks from the node
+    WORKER_GROUPS' modules. pytest-xdist's own loadgroup reads `xdist_group` marks from the node
     ids, which pytest 9.2 no longer lets it rename (pytest-xdist issue 1386); the SmolLM2
     tests carry the model's id instead (the smollm2_server fixture's parameter)."""
     if config.getvalue("dist") != "loadgroup":
@@ -80,8 +86,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.endswith("]") and SMOLLM2_ID in nodeid.rpartition("[")[2][:-1].split("-"):
                 return SMOLLM2_ID
-            module = nodeid.partition("::")[0]
-            return module if module in ONE_WORKER_MODULES else nodeid
+            return WORKER_GROUPS.get(nodeid.partition("::")[0], nodeid)
 
     return SharedWorkers(config, log)
 

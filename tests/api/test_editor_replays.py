@@ -29,9 +29,9 @@ OTHER_FILE = {
 
 @pytest.fixture(scope="module")
 def demo(live_servers):
-    with live_servers.own(DEFAULT_MODEL) as live:
-        with httpx.Client(base_url=live.url, timeout=120) as http:
-            yield http
+    """The session's default-model server, test_demo_model.py's too (one worker runs both)."""
+    with httpx.Client(base_url=live_servers.shared(DEFAULT_MODEL).url, timeout=120) as http:
+        yield http
 
 
 def test_llama_vscode_checks_the_model_then_completes(demo):
