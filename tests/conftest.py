@@ -53,22 +53,28 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests on SmolLM2 run one after the other: the engine tier's first, then the server's,
+    """The tests that share a worker come first, the longest group first, so that under
+    `--dist loadgroup` no group starts late and runs alone at the end while the other core idles:
+    SmolLM2's, then WORKER_GROUPS' (in that order), then every other test as collected.
+
+    The tests on SmolLM2 run one after the other: the engine tier's first, then the server's,
     the long stream last, so that the minute it streams in the background (it starts with the
     server, see smollm2_server) overlaps the others on that server, and no test of another
     server's memory or timing, nor the engine tier's comparison with mlx-lm."""
     on_smollm2 = [item for item in items if "smollm2_engine" in item.fixturenames]
-    if not on_smollm2:
-        return
-    first = items.index(on_smollm2[0])
-    others = [item for item in items if item not in on_smollm2]
     on_smollm2.sort(
         key=lambda item: (
             "smollm2_server" in item.fixturenames,
             item.originalname == LONG_STREAM_TEST,
         )
     )
-    items[:] = others[:first] + on_smollm2 + others[first:]
+    groups = list(dict.fromkeys(WORKER_GROUPS.values()))
+    grouped = sorted(
+        (item for item in items if item.nodeid.partition("::")[0] in WORKER_GROUPS),
+        key=lambda item: groups.index(WORKER_GROUPS[item.nodeid.partition("::")[0]]),
+    )
+    first = {id(item) for item in (*on_smollm2, *grouped)}
+    items[:] = [*on_smollm2, *grouped, *(item for item in items if id(item) not in first)]
 
 
 @pytest.hookimpl(optionalhook=True)
