@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
+from .planning.defaults import fills_context
+
 
 class PromptError(ValueError):
     """A prompt the model cannot take; `code` says why for the API's error body, `details` the
@@ -126,7 +128,7 @@ def fit_context(
             )
         ids, truncated = ids[-max_prompt_tokens:], True
     room = context_length - len(ids)
-    if max_tokens is None or max_tokens < 0:
+    if fills_context(max_tokens):
         if room >= 1:
             return Budget(ids, min(room, max_new_tokens or room), truncated)
         max_tokens = 1

@@ -8,7 +8,6 @@ become one GenerationRequest per sequence.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,7 @@ from quart import current_app
 from ..engine import LOADING_STATES, EngineError, GenerationEvent, GenerationRequest, StopSpec
 from ..engine.faults import fault_of
 from ..fim import FimError, InfillParts, build_infill, fim_token_names
+from ..planning.defaults import random_seed
 from ..prompt import (
     Prompt,
     PromptError,
@@ -170,7 +170,7 @@ def _make_plan(
     stop = body.to_stop_spec(_deadline(settings.limits.request_timeout_s))
     needs_scores = body.best_of is not None and body.best_of > body.n
     logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
-    base_seed = body.seed if body.seed not in (None, -1) else secrets.randbits(64)
+    base_seed = random_seed(body.seed)
     document_start = (
         loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_ids[0]
     )
@@ -277,14 +277,13 @@ def _fill_in_the_middle(
             ids = ids[len(leading) :]
         before = piece if isinstance(piece, str) else ids
         infill = InfillParts(prefix=before, suffix=body.suffix or "")
-    max_tokens = body.max_tokens if body.max_tokens is not None else -1
     try:
         built = build_infill(
             loaded.fim,
             lambda text: _plain_ids(loaded, text),
             infill,
             loaded.context_length,
-            max_tokens,
+            body.max_tokens,
             leading,
             (lambda ids: heal(ids, loaded.token_texts)) if healing else None,
         )

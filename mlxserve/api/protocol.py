@@ -25,14 +25,9 @@ from pydantic import (
 )
 
 from ..engine import StopSpec
-from ..sampling.breakers import DEFAULT_BREAKERS, resolve_breakers
-from ..sampling.params import (
-    DEFAULT_SAMPLERS,
-    SAMPLER_ALIASES,
-    SAMPLER_LETTERS,
-    DryParams,
-    SamplingParams,
-)
+from ..planning import defaults
+from ..sampling.breakers import resolve_breakers
+from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS, SamplingParams
 from ..settings import Limits
 from .constraints import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, TypedGrammar
 from .errors import FieldError, InvalidRequest
@@ -47,7 +42,7 @@ from .schema_docs import (
     documented,
 )
 
-DEFAULT_MAX_TOKENS = 16
+SAMPLING, DRY = defaults.SAMPLING, defaults.DRY
 MAX_TOKENS_FIELD = 2**31 - 1  # llama.cpp reads n_predict as a 32-bit int; more is a client bug
 MAX_BREAKERS = 32
 MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
@@ -116,17 +111,19 @@ class CompletionRequest(BaseModel):
         "fill-in-the-middle prompt (prompt = the text before it)",
     )
     max_tokens: StrictInt | None = Field(
-        DEFAULT_MAX_TOKENS,
+        defaults.MAX_TOKENS,
         ge=-1,
         le=MAX_TOKENS_FIELD,
         validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
         description="-1 or null: until the context window is full; more than the context "
         "leaves, or than the server's limit, is lowered to it (400 under --strict-context)",
     )
-    temperature: StrictFloat = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
-    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(0, ge=-1, description="0 or -1 = off")
-    min_p: StrictFloat = Field(0.0, ge=0.0, le=1.0)
+    temperature: StrictFloat = Field(
+        SAMPLING.temperature, ge=0.0, le=10.0, description="0 = greedy"
+    )
+    top_p: StrictFloat = Field(SAMPLING.top_p, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(SAMPLING.top_k, ge=-1, description="0 or -1 = off")
+    min_p: StrictFloat = Field(SAMPLING.min_p, ge=0.0, le=1.0)
     n: StrictInt = Field(1, ge=1, validation_alias=alias("n", "n_cmpl"))
     best_of: StrictInt | None = Field(None, ge=1)
     stream: StrictBool = False
@@ -138,29 +135,34 @@ class CompletionRequest(BaseModel):
     include_stop_str_in_output: StrictBool = False
     min_tokens: StrictInt = Field(0, ge=0)
     ignore_eos: StrictBool = False
-    typical_p: StrictFloat = Field(1.0, gt=0.0, le=1.0, description="1 = off")
-    top_n_sigma: StrictFloat = Field(-1.0, ge=-1.0, le=100.0, description="<= 0 = off")
-    xtc_probability: StrictFloat = Field(0.0, ge=0.0, le=1.0)
-    xtc_threshold: StrictFloat = Field(0.1, ge=0.0, le=1.0)
-    dynatemp_range: StrictFloat = Field(0.0, ge=0.0, le=10.0)
-    dynatemp_exponent: StrictFloat = Field(1.0, gt=0.0, le=100.0)
+    typical_p: StrictFloat = Field(SAMPLING.typical_p, gt=0.0, le=1.0, description="1 = off")
+    top_n_sigma: StrictFloat = Field(
+        SAMPLING.top_n_sigma, ge=-1.0, le=100.0, description="<= 0 = off"
+    )
+    xtc_probability: StrictFloat = Field(SAMPLING.xtc_probability, ge=0.0, le=1.0)
+    xtc_threshold: StrictFloat = Field(SAMPLING.xtc_threshold, ge=0.0, le=1.0)
+    dynatemp_range: StrictFloat = Field(SAMPLING.dynatemp_range, ge=0.0, le=10.0)
+    dynatemp_exponent: StrictFloat = Field(SAMPLING.dynatemp_exponent, gt=0.0, le=100.0)
     mirostat: StrictInt = Field(
-        0, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0"
+        SAMPLING.mirostat, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0"
     )
     mirostat_tau: StrictFloat = Field(
-        5.0, gt=0.0, le=100.0, validation_alias=alias("mirostat_tau", "mirostat_target")
+        SAMPLING.mirostat_tau,
+        gt=0.0,
+        le=100.0,
+        validation_alias=alias("mirostat_tau", "mirostat_target"),
     )
     mirostat_eta: StrictFloat = Field(
-        0.1, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
+        SAMPLING.mirostat_eta, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
     )
-    dry_multiplier: StrictFloat = Field(0.0, ge=0.0, le=100.0, description="0 = off")
-    dry_base: StrictFloat = Field(1.75, ge=0.0, le=100.0)
-    dry_allowed_length: StrictInt = Field(2, ge=0, le=10_000)
+    dry_multiplier: StrictFloat = Field(DRY.multiplier, ge=0.0, le=100.0, description="0 = off")
+    dry_base: StrictFloat = Field(DRY.base, ge=0.0, le=100.0)
+    dry_allowed_length: StrictInt = Field(DRY.allowed_length, ge=0, le=10_000)
     dry_penalty_last_n: StrictInt = Field(
-        64, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
+        DRY.penalty_last_n, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
     )
     dry_sequence_breakers: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_BREAKERS), max_length=MAX_BREAKERS
+        default_factory=lambda: list(DRY.breakers), max_length=MAX_BREAKERS
     )
     samplers: list[str] | str | None = Field(
         None,
@@ -174,13 +176,16 @@ class CompletionRequest(BaseModel):
         | None
     ) = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
     seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
-    presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: StrictFloat = Field(SAMPLING.presence_penalty, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat = Field(SAMPLING.frequency_penalty, ge=-2.0, le=2.0)
     repetition_penalty: StrictFloat = Field(
-        1.0, gt=0.0, le=10.0, validation_alias=alias("repetition_penalty", "repeat_penalty")
+        SAMPLING.repetition_penalty,
+        gt=0.0,
+        le=10.0,
+        validation_alias=alias("repetition_penalty", "repeat_penalty"),
     )
     repeat_last_n: StrictInt = Field(
-        64,
+        SAMPLING.repeat_last_n,
         ge=-1,
         le=MAX_WINDOW,
         description="penalty window in tokens, prompt included; -1 = all, 0 = off",
@@ -381,18 +386,16 @@ class CompletionRequest(BaseModel):
     ) -> SamplingParams:
         """The sampler chain's settings. The loaded model's `tokenizer` resolves DRY's breakers;
         `infill_end_ids` end the middle for the "infill" sampler; `grammar` is compiled."""
-        dry = None
-        if self.dry_multiplier > 0 and self.dry_penalty_last_n != 0:
-            dry = DryParams(
-                multiplier=self.dry_multiplier,
-                base=self.dry_base,
-                allowed_length=self.dry_allowed_length,
-                penalty_last_n=self.dry_penalty_last_n,
-                breakers=tuple(self.dry_sequence_breakers),
-            )
+        dry = defaults.dry(
+            self.dry_multiplier,
+            self.dry_base,
+            self.dry_allowed_length,
+            self.dry_penalty_last_n,
+            self.dry_sequence_breakers,
+        )
         return SamplingParams(
             temperature=self.temperature,
-            top_k=max(self.top_k, 0),
+            top_k=defaults.top_k(self.top_k),
             top_p=self.top_p,
             min_p=self.min_p,
             typical_p=self.typical_p,

@@ -16,6 +16,7 @@ from quart_schema import document_request
 
 from ...engine import EngineError, GenerationEvent
 from ...fim import InfillParts
+from ...planning.defaults import fills_context
 from ..errors import InvalidRequest
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_request, submit
@@ -103,7 +104,7 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
 def generation_settings(body: NativeCompletionRequest, loaded) -> dict[str, Any]:
     return {
         "n_ctx": loaded.context_length,
-        "n_predict": body.max_tokens if body.max_tokens is not None else -1,
+        "n_predict": -1 if fills_context(body.max_tokens) else body.max_tokens,
         "seed": body.seed if body.seed is not None else -1,
         "temperature": body.temperature,
         "top_k": body.top_k,

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from ...planning.defaults import LLAMACPP_MAX_TOKENS, LLAMACPP_SAMPLING
 from ..protocol import LIMITED_FIELDS, MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
@@ -26,16 +27,16 @@ class NativeCompletionRequest(CompletionRequest):
     limited_fields: ClassVar[dict[str, str]] = {**LIMITED_FIELDS, "logprobs": "max_n_probs"}
 
     max_tokens: StrictInt | None = Field(
-        -1,
+        LLAMACPP_MAX_TOKENS,
         ge=-1,
         le=MAX_TOKENS_FIELD,
         validation_alias=alias("n_predict", "max_tokens"),
         description="-1: until the context window is full",
     )
-    temperature: StrictFloat = Field(0.8, ge=0.0, le=10.0)
-    top_k: StrictInt = Field(40, ge=-1)
-    top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
-    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
+    temperature: StrictFloat = Field(LLAMACPP_SAMPLING.temperature, ge=0.0, le=10.0)
+    top_k: StrictInt = Field(LLAMACPP_SAMPLING.top_k, ge=-1)
+    top_p: StrictFloat = Field(LLAMACPP_SAMPLING.top_p, gt=0.0, le=1.0)
+    min_p: StrictFloat = Field(LLAMACPP_SAMPLING.min_p, ge=0.0, le=1.0)
     post_sampling_probs: StrictBool = Field(
         False, description="n_probs as probabilities after the sampler chain (prob, top_probs)"
     )

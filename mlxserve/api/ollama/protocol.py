@@ -18,12 +18,11 @@ from pydantic import (
     field_validator,
 )
 
+from ...planning.defaults import OLLAMA_SAMPLING, until_full
 from ..constraints import Tool
 from ..protocol import MAX_TEXT_CHARS, CompletionRequest
 
 MAX_TOP_LOGPROBS = 20  # Ollama's bound
-# Ollama's DefaultOptions (its api/types.go): what a request without `options` samples with.
-OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
 # Options under Ollama's name -> the shared request's field.
 SAMPLING_OPTIONS = {
     "num_predict": "max_tokens",
@@ -87,13 +86,16 @@ class Options(BaseModel):
 
     def sampling_fields(self) -> dict[str, Any]:
         """The shared request's fields these options set, Ollama's defaults under them."""
-        fields: dict[str, Any] = dict(OLLAMA_DEFAULTS)
+        fields: dict[str, Any] = {
+            name: getattr(OLLAMA_SAMPLING, name)
+            for name in SAMPLING_OPTIONS.values()
+            if hasattr(OLLAMA_SAMPLING, name)
+        }
         for option, name in SAMPLING_OPTIONS.items():
             value = getattr(self, option)
             if value is not None:
                 fields[name] = value
-        if fields.get("max_tokens", -1) < 0:
-            fields["max_tokens"] = None  # until the model ends or the context is full
+        fields["max_tokens"] = until_full(self.num_predict)
         return fields
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...engine import EngineError
+from ...planning.defaults import logprobs_k
 from ..errors import InvalidRequest
 from ..models import pool
 from ..planning import ready_model, submit
@@ -50,7 +51,7 @@ async def answer(engine, plan, body: GenerationFields, reply_fields: dict[str, A
         model=body.model,
         plan=plan,
         after=keeper(engine, body.keep_alive),
-        logprobs=body.top_logprobs if body.logprobs else None,
+        logprobs=logprobs_k(body.logprobs, body.top_logprobs),
         **reply_fields,
     )
     events = submit(engine, plan)

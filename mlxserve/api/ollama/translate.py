@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ...planning.defaults import logprobs_k
 from ...sampling.grammars import Constraint
 from ...settings import Limits
 from ..constraints import schema_constraint
@@ -67,7 +68,7 @@ def completion_request(body: GenerateRequest, limits: Limits) -> CompletionReque
     fields = {
         "prompt": prompt,
         "suffix": body.suffix or None,
-        "logprobs": body.top_logprobs if body.logprobs else None,
+        "logprobs": logprobs_k(body.logprobs, body.top_logprobs),
         **_shared_fields(body, filling),
     }
     return validate(CompletionRequest, fields, limits)

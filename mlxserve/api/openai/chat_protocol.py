@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from ...chat.templates import RESERVED_KWARGS
+from ...planning.defaults import logprobs_k
 from ...settings import Limits
 from ..errors import FieldError
 from ..protocol import MAX_TOKENS_FIELD, CompletionRequest, alias
@@ -224,7 +225,7 @@ class ChatCompletionRequest(CompletionRequest):
     @property
     def top_k_logprobs(self) -> int | None:
         """The engine's logprobs: None (off), or how many alternatives per token."""
-        return (self.top_logprobs or 0) if self.logprobs else None
+        return logprobs_k(self.logprobs, self.top_logprobs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.for_template() for m in self.messages]
