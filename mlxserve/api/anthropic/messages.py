@@ -10,7 +10,7 @@ from quart import Blueprint, current_app
 from quart_schema import document_request
 
 from ...chat.output import split_answer
-from ..openai.chat_prompt import prepare
+from ...planning.chat import prepare
 from ..parsing import read_json_object, validate
 from ..planning import plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, collect

@@ -9,7 +9,7 @@ import asyncio
 from quart import Blueprint, current_app
 from quart_schema import document_request
 
-from ..openai.chat_prompt import prepare
+from ...planning.chat import prepare
 from ..parsing import read_json_object, validate
 from ..planning import plan_on
 from .protocol import GenerateRequest

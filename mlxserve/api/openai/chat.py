@@ -1,5 +1,5 @@
 """POST /v1/chat/completions (and llama.cpp's /chat/completions): OpenAI's chat, shaped from the
-shared plan and results. The messages become a prompt (chat_prompt.py); the answer is split into
+shared plan and results. The messages become a prompt (planning/chat.py); the answer is split into
 content, reasoning and tool calls (mlxserve/chat/output.py), whole or as it streams."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from quart_schema import document_request
 
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...engine import EngineError, GenerationEvent
+from ...planning.chat import ChatPrompt, prepare
 from ...settings import ChatSettings
 from ..parsing import read_completion_request
 from ..planning import Plan, plan_on, ready_model, submit
@@ -32,7 +33,6 @@ from ..responses import (
     usage,
     whole_response,
 )
-from .chat_prompt import ChatPrompt, prepare
 from .chat_protocol import ChatCompletionRequest
 from .completions import FINGERPRINT
 

@@ -19,10 +19,10 @@ from quart_schema import document_request
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
+from ...planning.chat import prepare
 from ..parsing import read_json_object, validate
 from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
-from .chat_prompt import prepare
 from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request
 
 blueprint = Blueprint("openai_responses", __name__)

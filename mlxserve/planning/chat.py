@@ -8,15 +8,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...chat.output import THINK_TAGS, OutputSpec
-from ...chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
-from ...chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
-from ...sampling.grammars import Constraint
-from ...settings import ChatSettings
-from ..constraints import NamedToolChoice, constraint_of
-from ..errors import InvalidRequest
-from ..protocol import CompletionRequest
-from .chat_protocol import ChatCompletionRequest
+from ..api.constraints import NamedToolChoice, constraint_of
+from ..api.errors import InvalidRequest
+from ..api.openai.chat_protocol import ChatCompletionRequest
+from ..api.protocol import CompletionRequest
+from ..chat.output import THINK_TAGS, OutputSpec
+from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
+from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
+from ..sampling.grammars import Constraint
+from ..settings import ChatSettings
 
 
 @dataclass(frozen=True)
