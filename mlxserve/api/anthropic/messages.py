@@ -11,8 +11,8 @@ from quart_schema import document_request
 
 from ...chat.output import split_answer
 from ...planning.chat import prepare
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_json_object, validate
-from ..planning import plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, collect
 from .protocol import CountTokensRequest, MessagesRequest
 from .replies import Reply, stream

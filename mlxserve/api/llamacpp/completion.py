@@ -17,9 +17,10 @@ from quart_schema import document_request
 from ...engine import EngineError, GenerationEvent
 from ...fim import InfillParts
 from ...planning.defaults import fills_context
+from ...planning.plan import Plan
+from ..dispatch import plan_request, submit
 from ..errors import InvalidRequest
 from ..parsing import read_completion_request
-from ..planning import Plan, plan_request, submit
 from ..responses import (
     SSE_HEADERS,
     SequenceResult,

@@ -14,8 +14,8 @@ from quart_schema import document_querystring
 
 from ...engine import MAX_BATCH, GenerationRequest
 from ...planning.defaults import DRY
+from ..dispatch import ready_model
 from ..errors import APIError, NotSupported, ServiceUnavailable
-from ..planning import ready_model
 from .protocol import SlotActionQuery, SlotsQuery
 
 blueprint = Blueprint("llamacpp_slots", __name__)

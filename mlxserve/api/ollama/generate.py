@@ -10,8 +10,8 @@ from quart import Blueprint, current_app
 from quart_schema import document_request
 
 from ...planning.chat import prepare
+from ..dispatch import plan_on
 from ..parsing import read_json_object, validate
-from ..planning import plan_on
 from .protocol import GenerateRequest
 from .serving import Clock, answer, check_thinking, load_or_unload, ready
 from .translate import completion_request, format_constraint, generate_as_chat, refuse_unsupported

@@ -10,9 +10,9 @@ from typing import Any
 
 from ...engine import EngineError
 from ...planning.defaults import logprobs_k
+from ..dispatch import ready_model, submit
 from ..errors import InvalidRequest
 from ..models import pool
-from ..planning import ready_model, submit
 from .models import requested_model
 from .protocol import FOREVER, GenerationFields
 from .replies import NDJSON_HEADERS, Clock, Reply, stream, whole

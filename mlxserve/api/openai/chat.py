@@ -16,9 +16,10 @@ from quart_schema import document_request
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...engine import EngineError, GenerationEvent
 from ...planning.chat import ChatPrompt, prepare
+from ...planning.plan import Plan
 from ...settings import ChatSettings
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_completion_request
-from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import (
     SSE_DONE,
     SSE_HEADERS,

@@ -11,8 +11,9 @@ from quart import Blueprint
 from quart_schema import document_request
 
 from ...engine import EngineError, GenerationEvent
+from ...planning.plan import Plan
+from ..dispatch import plan_request, submit
 from ..parsing import read_completion_request
-from ..planning import Plan, plan_request, submit
 from ..protocol import CompletionRequest
 from ..responses import (
     SSE_DONE,

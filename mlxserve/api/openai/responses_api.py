@@ -20,8 +20,9 @@ from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
 from ...planning.chat import prepare
+from ...planning.plan import Plan
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_json_object, validate
-from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
 from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request
 
