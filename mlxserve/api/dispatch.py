@@ -10,25 +10,22 @@ from collections.abc import AsyncIterator
 from quart import current_app
 
 from ..engine import LOADING_STATES, EngineError, GenerationEvent
-from ..fim import InfillParts
 from ..planning.plan import Plan, compile_constraint, make_plan
-from ..sampling.grammars import Constraint
+from ..planning.request import Request
 from .admission import admit, refuse_if_draining
-from .constraints import constraint_of
 from .errors import ServiceUnavailable
 from .metrics import timed
 from .models import engine_for, pool
-from .protocol import CompletionRequest
 
 # A request waits this long for a model being (re)loaded, then gets 503: longer than a small
 # model's load on a slow machine, shorter than clients' own timeouts (openai's: 600 s).
 LOAD_WAIT_S = 120.0
 
 
-async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
+async def plan_request(request: Request):
     """The checks and planning every front door shares: (engine, loaded model, plan)."""
-    engine, loaded = await ready_model(body.model)
-    plan = await plan_on(engine, loaded, body, constraint_of(body), infill)
+    engine, loaded = await ready_model(request.model)
+    plan = await plan_on(engine, loaded, request)
     return engine, loaded, plan
 
 
@@ -49,18 +46,13 @@ async def ready_model(model: str | None):
     return engine, loaded
 
 
-async def plan_on(
-    engine,
-    loaded,
-    body: CompletionRequest,
-    constraint: Constraint | None,
-    infill: InfillParts | None = None,
-) -> Plan:
-    """The plan for `body` on the loaded model, its `constraint` compiled, admitted."""
+async def plan_on(engine, loaded, request: Request) -> Plan:
+    """The plan for `request` on the loaded model, its constraint compiled, admitted."""
     settings = current_app.config["SETTINGS"]
     timeout = settings.limits.grammar_timeout_s
+    constraint = request.constraint
     grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
-    plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
+    plan = await asyncio.to_thread(make_plan, request, loaded, settings, grammar)
     others = sum(e.admitted_kv_bytes() for e in pool().engines if e is not engine)
     plan.reservation = admit(engine, loaded, plan.sequences, settings, others)
     return plan

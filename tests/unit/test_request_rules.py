@@ -1,6 +1,6 @@
 """The shared request model owns its rules and the engine's settings: a rule that spans fields
 answers with its own message, param and code, `samplers` is canonical once parsed, and
-SamplingParams and StopSpec are built from the model."""
+SamplingParams and StopSpec come from the canonical request it translates into."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from mlxserve.api.llamacpp.protocol import NativeCompletionRequest
 from mlxserve.api.parsing import validate
 from mlxserve.api.protocol import CompletionRequest
 from mlxserve.engine import StopSpec
+from mlxserve.planning.plan import sampling_for
 from mlxserve.sampling.params import DEFAULT_SAMPLERS
 
 
@@ -94,7 +95,8 @@ def test_sampling_params_come_from_the_request():
         "allowed_token_ids": [1, 2],
         "mirostat_lr": 0.2,
     }
-    params = validate(CompletionRequest, body).to_sampling_params(None, (0, 9), grammar="g")
+    request = validate(CompletionRequest, body).to_request()
+    params = sampling_for(request, None, (0, 9), grammar="g")
     assert (params.temperature, params.top_k, params.mirostat_eta) == (0.5, 0, 0.2)
     assert params.logit_bias == {7: 2.5} and params.allowed_token_ids == (1, 2)
     assert params.samplers == ("top_k", "temperature", "infill")
@@ -102,7 +104,8 @@ def test_sampling_params_come_from_the_request():
 
 
 def test_infill_ends_reach_the_sampler_only_when_it_runs():
-    params = validate(CompletionRequest, {"prompt": "x"}).to_sampling_params(None, (0, 9))
+    request = validate(CompletionRequest, {"prompt": "x"}).to_request()
+    params = sampling_for(request, None, (0, 9), grammar=None)
     assert params.infill_end_ids == ()
 
 
@@ -116,7 +119,7 @@ def test_stop_spec_comes_from_the_request():
         "ignore_eos": True,
         "include_stop_str_in_output": True,
     }
-    stop = validate(NativeCompletionRequest, body).to_stop_spec(deadline=12.5)
+    stop = validate(NativeCompletionRequest, body).to_request().stop
     assert stop == StopSpec(
         strings=("\n",),
         token_ids=(3,),
@@ -125,5 +128,5 @@ def test_stop_spec_comes_from_the_request():
         ignore_eos=True,
         min_indent=4,
         max_predict_ms=None,
-        deadline=12.5,
+        deadline=None,  # the server's request timeout, which planning adds
     )

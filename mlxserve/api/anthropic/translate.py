@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ...planning.request import Request
 from ...settings import Limits
 from ..errors import InvalidRequest
 from ..hosted_tools import leave_out
@@ -25,9 +26,7 @@ from .protocol import (
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def chat_request(
-    body: CountTokensRequest, limits: Limits, strict_tools: bool = False
-) -> ChatCompletionRequest:
+def chat_request(body: CountTokensRequest, limits: Limits, strict_tools: bool = False) -> Request:
     """The chat request these messages, tools and settings make (count_tokens: no sampling)."""
     messages = chat_messages(body)
     fields: dict[str, Any] = {"messages": messages}
@@ -70,7 +69,7 @@ def chat_request(
         for name in ("temperature", "top_p", "top_k"):
             if getattr(body, name) is not None:
                 fields[name] = getattr(body, name)
-    return validate(ChatCompletionRequest, fields, limits)
+    return validate(ChatCompletionRequest, fields, limits).to_request()
 
 
 def _tool(tool) -> dict[str, Any]:

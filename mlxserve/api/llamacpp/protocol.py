@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from ...fim import InfillParts
 from ...planning.defaults import LLAMACPP_MAX_TOKENS, LLAMACPP_SAMPLING
+from ...planning.request import Request
 from ..protocol import LIMITED_FIELDS, MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
@@ -44,9 +47,10 @@ class NativeCompletionRequest(CompletionRequest):
         None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
     )
 
-    @property
-    def probs_after_sampling(self) -> bool:
-        return self.post_sampling_probs
+    def to_request(self) -> Request:
+        request = super().to_request()
+        output = replace(request.output, post_sampling_probs=self.post_sampling_probs)
+        return replace(request, output=output)
 
 
 class InfillChunk(BaseModel):
@@ -82,6 +86,17 @@ class InfillRequest(NativeCompletionRequest):
     input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
+
+    def to_request(self) -> Request:
+        """The prefix, suffix, current line and other files' chunks: the parts of the model's
+        fill-in-the-middle prompt."""
+        parts = InfillParts(
+            prefix=self.input_prefix,
+            suffix=self.input_suffix,
+            prompt=self.prompt,
+            extra=[(chunk.filename, chunk.text) for chunk in self.input_extra],
+        )
+        return replace(super().to_request(), prompt=None, infill=parts)
 
 
 class TokenizeRequest(BaseModel):

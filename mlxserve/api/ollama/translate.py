@@ -5,9 +5,11 @@ reading of answers are then the other front doors'."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from ...planning.defaults import logprobs_k
+from ...planning.request import Request
 from ...sampling.grammars import Constraint
 from ...settings import Limits
 from ..constraints import schema_constraint
@@ -58,7 +60,7 @@ def _shared_fields(body: GenerationFields, filling: bool) -> dict[str, Any]:
     return fields
 
 
-def completion_request(body: GenerateRequest, limits: Limits) -> CompletionRequest:
+def completion_request(body: GenerateRequest, limits: Limits) -> Request:
     """/api/generate with `raw` or a `suffix`: the prompt as it is, or the model's FIM prompt
     around the cursor; a `context` from an earlier answer goes first."""
     filling = bool(body.suffix)
@@ -71,17 +73,18 @@ def completion_request(body: GenerateRequest, limits: Limits) -> CompletionReque
         "logprobs": logprobs_k(body.logprobs, body.top_logprobs),
         **_shared_fields(body, filling),
     }
-    return validate(CompletionRequest, fields, limits)
+    request = validate(CompletionRequest, fields, limits).to_request()
+    return replace(request, constraint=format_constraint(body.format))
 
 
-def generate_as_chat(body: GenerateRequest, limits: Limits) -> ChatCompletionRequest:
+def generate_as_chat(body: GenerateRequest, limits: Limits) -> Request:
     """/api/generate otherwise: `system` and `prompt` rendered by the model's chat template."""
     messages = [{"role": "system", "content": body.system}] if body.system else []
     messages.append({"role": "user", "content": body.prompt})
     return _chat(body, messages, None, limits)
 
 
-def chat_request(body: ChatRequest, limits: Limits) -> ChatCompletionRequest:
+def chat_request(body: ChatRequest, limits: Limits) -> Request:
     """/api/chat's messages and tools in OpenAI chat's shapes."""
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     return _chat(body, openai_messages(body.messages), tools, limits)
@@ -89,7 +92,7 @@ def chat_request(body: ChatRequest, limits: Limits) -> ChatCompletionRequest:
 
 def _chat(
     body: GenerationFields, messages: list[dict], tools: list | None, limits: Limits
-) -> ChatCompletionRequest:
+) -> Request:
     fields: dict[str, Any] = {
         "messages": messages,
         "tools": tools,
@@ -101,7 +104,8 @@ def _chat(
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     elif isinstance(body.think, str):
         fields["chat_template_kwargs"] = {"reasoning_effort": body.think}
-    return validate(ChatCompletionRequest, fields, limits)
+    request = validate(ChatCompletionRequest, fields, limits).to_request()
+    return replace(request, constraint=format_constraint(body.format))
 
 
 def openai_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ async def create_response():
     chat, origins = chat_request(body, settings.limits, settings.chat.strict_tools)
     engine, loaded = await ready_model(chat.model)
     prompt = await asyncio.to_thread(prepare, chat, loaded.tokenizer, settings.chat)
-    plan = await plan_on(engine, loaded, prompt.request, prompt.constraint)
+    plan = await plan_on(engine, loaded, prompt.request)
     response = {
         "id": new_id("resp"),
         "object": "response",

@@ -10,12 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from ...planning.messages import MEDIA_PARTS
+from ...planning.request import Request
 from ...settings import Limits
 from ..errors import InvalidRequest
 from ..hosted_tools import leave_out
 from ..parsing import validate
 from ..protocol import MAX_TOKENS_FIELD
-from .chat_protocol import MEDIA_PARTS, ChatCompletionRequest
+from .chat_protocol import ChatCompletionRequest
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -115,7 +117,7 @@ class ResponsesRequest(BaseModel):
 
 def chat_request(
     body: ResponsesRequest, limits: Limits, strict_tools: bool = False
-) -> tuple[ChatCompletionRequest, dict[str, ToolOrigin]]:
+) -> tuple[Request, dict[str, ToolOrigin]]:
     """The chat request that answers `body`, or a 400 naming the Responses field at fault; and
     where each offered function that is not a plain top-level one came from (ToolOrigin)."""
     _refuse_stateful(body)
@@ -139,7 +141,7 @@ def chat_request(
         "user": body.user,
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
-    return validate(ChatCompletionRequest, fields, limits), origins
+    return validate(ChatCompletionRequest, fields, limits).to_request(), origins
 
 
 def _refuse_stateful(body: ResponsesRequest) -> None:
