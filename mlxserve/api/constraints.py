@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..planning.defaults import no_parameters
 from ..sampling.grammars import Constraint
 from .errors import InvalidRequest
 
@@ -49,7 +50,7 @@ class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
     description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    parameters: dict[str, Any] = Field(default_factory=no_parameters)
 
 
 class Tool(BaseModel):

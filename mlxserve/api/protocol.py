@@ -75,6 +75,15 @@ LIMITED_FIELDS = {"n": "max_n", "best_of": "max_n"}
 LIMITABLE = (*LIMITED_FIELDS, "logprobs", "top_logprobs")
 
 
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    """A `stop` field's strings as a list, the empty ones dropped (a ValueError past
+    MAX_STOP_STRINGS: the field's validator names the field)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
+    return [s for s in stops if s]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: StrictBool = False
@@ -254,10 +263,7 @@ class GenerationOptions(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, stop: str | list[str] | None) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
-        return [s for s in stops if s]
+        return stop_strings(stop)
 
     @field_validator("samplers")
     @classmethod

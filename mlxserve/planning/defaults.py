@@ -26,6 +26,11 @@ MAX_TOKENS = 16  # OpenAI's /v1/completions; chat and the other doors fill the c
 LLAMACPP_MAX_TOKENS = -1  # llama.cpp's n_predict: until the context window is full
 
 
+def no_parameters() -> dict[str, object]:
+    """The parameters' schema of a tool that declares none: an object."""
+    return {"type": "object"}
+
+
 def fills_context(max_tokens: int | None) -> bool:
     """null, llama.cpp's -1 and Ollama's num_predict -1 or -2: generate until the model ends or
     the context window is full."""

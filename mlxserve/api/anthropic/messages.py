@@ -25,7 +25,7 @@ async def rendered(model: type[CountTokensRequest]):
     """The request, the engine and model that serve it, and its messages as a chat prompt."""
     settings = current_app.config["SETTINGS"]
     body = validate(model, await read_json_object(), settings.limits)
-    request = chat_request(body, settings.limits, settings.chat.strict_tools)
+    request = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(body.model)
     prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
     return body, engine, loaded, prompt

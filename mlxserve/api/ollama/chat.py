@@ -27,7 +27,7 @@ async def chat():
     refuse_unsupported(body)
     if not body.messages:
         return await load_or_unload(body, {"message": {"role": "assistant", "content": ""}})
-    request = chat_request(body, settings.limits)
+    request = chat_request(body)
     engine, loaded = await ready(body, clock)
     check_thinking(body, loaded)
     prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)

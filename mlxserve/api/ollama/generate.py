@@ -31,9 +31,9 @@ async def generate():
         return await load_or_unload(body, {"response": ""})
     templated = not (body.raw or body.suffix)
     if templated:
-        request = generate_as_chat(body, settings.limits)
+        request = generate_as_chat(body)
     else:
-        request = completion_request(body, settings.limits)
+        request = completion_request(body)
     output = None
     engine, loaded = await ready(body, clock)
     if templated:

@@ -49,7 +49,7 @@ ID_PREFIXES = {"reasoning": "rs", "message": "msg"}
 async def create_response():
     settings = current_app.config["SETTINGS"]
     body = validate(ResponsesRequest, await read_json_object(), settings.limits)
-    chat, origins = chat_request(body, settings.limits, settings.chat.strict_tools)
+    chat, origins = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(chat.model)
     prompt = await asyncio.to_thread(prepare, chat, loaded.tokenizer, settings.chat)
     plan = await plan_on(engine, loaded, prompt.request)
