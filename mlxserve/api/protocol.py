@@ -182,6 +182,13 @@ class GenerationOptions(BaseModel):
     context_length_exceeded_behavior: Literal["truncate", "error"] = "error"
     truncate_sequence: StrictBool = False
     truncate_prompt_tokens: StrictInt | None = Field(None, ge=1)
+    n_keep: StrictInt = Field(
+        0,
+        ge=-1,
+        le=MAX_WINDOW,
+        description="llama.cpp: where the prompt is cut, its first n_keep tokens (after BOS) "
+        "stay; -1: all of them that fit",
+    )
     cache_prompt: StrictBool = True
     n_indent: StrictInt = Field(
         0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"
@@ -370,6 +377,7 @@ class GenerationOptions(BaseModel):
                 or self.truncate_sequence
                 or self.truncate_prompt_tokens is not None,
                 keep_last=self.truncate_prompt_tokens,
+                keep_first=defaults.kept_tokens(self.n_keep),
             ),
             cache_prompt=self.cache_prompt,
             user=self.user,

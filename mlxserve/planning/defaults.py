@@ -22,6 +22,9 @@ LLAMACPP_SAMPLING = replace(SAMPLING, temperature=0.8, top_k=40, top_p=0.95, min
 # Ollama's DefaultOptions (its api/types.go): what a request without `options` samples with.
 OLLAMA_SAMPLING = replace(SAMPLING, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
 
+# Ollama's num_keep: a cut prompt keeps its first 4 tokens (after BOS), as Ollama's runner does.
+OLLAMA_NUM_KEEP = 4
+
 MAX_TOKENS = 16  # OpenAI's /v1/completions; chat and the other doors fill the context
 LLAMACPP_MAX_TOKENS = -1  # llama.cpp's n_predict: until the context window is full
 
@@ -40,6 +43,12 @@ def fills_context(max_tokens: int | None) -> bool:
 def until_full(max_tokens: int | None) -> int | None:
     """A client's max_tokens as planning reads it: None where it fills the context."""
     return None if fills_context(max_tokens) else max_tokens
+
+
+def kept_tokens(n_keep: int) -> int | None:
+    """llama.cpp's n_keep and Ollama's num_keep: the prompt's first tokens that stay when it is
+    cut; -1 (any negative) keeps all it can (None)."""
+    return None if n_keep < 0 else n_keep
 
 
 def logprobs_k(logprobs: bool | None, top_logprobs: int | None) -> int | None:

@@ -133,6 +133,7 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
             settings.limits.max_prompt_tokens,
             settings.limits.max_tokens,
             strict=settings.strict_context,
+            keep_first=_kept_head(loaded, prompt.ids, body.fit.keep_first),
         )
         prompt_stop = _stop_for(loaded, stop, budget.ids, budget.max_tokens, filling)
         plan.prompts.append(Prompt(budget.ids, prompt.text))
@@ -246,6 +247,15 @@ def _is_fim_prompt(fim, ids: tuple[int, ...]) -> bool:
     """A raw FIM prompt (Continue, Twinny): the template's last token is in it."""
     marker = fim.middle if fim.middle is not None else fim.prefix
     return marker in ids
+
+
+def _kept_head(loaded, ids: tuple[int, ...], keep_first: int | None) -> int:
+    """The prompt's tokens that stay in front where it is cut: `keep_first` after its BOS (as
+    llama.cpp and Ollama count them), or all (None)."""
+    if keep_first is None:
+        return len(ids)
+    starts_with_bos = loaded.bos_token_id is not None and ids[:1] == (loaded.bos_token_id,)
+    return keep_first + starts_with_bos
 
 
 def _end_of_infill(loaded) -> tuple[int, ...]:

@@ -43,6 +43,7 @@ class ContextFit:
 
     truncate: bool = False  # its oldest tokens go (else a 400 naming the numbers)
     keep_last: int | None = None  # only its last tokens, up front (vLLM, Ollama's num_ctx)
+    keep_first: int | None = 0  # its first tokens (after BOS) stay where it is cut; None: all
 
 
 @dataclass(frozen=True)

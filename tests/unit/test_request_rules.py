@@ -8,6 +8,8 @@ import pytest
 
 from mlxserve.api.errors import InvalidRequest
 from mlxserve.api.llamacpp.protocol import NativeCompletionRequest
+from mlxserve.api.ollama.protocol import GenerateRequest
+from mlxserve.api.ollama.translate import completion_request
 from mlxserve.api.parsing import validate
 from mlxserve.api.protocol import CompletionRequest
 from mlxserve.engine import StopSpec
@@ -130,3 +132,17 @@ def test_stop_spec_comes_from_the_request():
         max_predict_ms=None,
         deadline=None,  # the server's request timeout, which planning adds
     )
+
+
+@pytest.mark.parametrize(("n_keep", "kept"), [(None, 0), (5, 5), (-1, None)])
+def test_n_keep_is_what_a_cut_prompt_keeps_in_front(n_keep, kept):
+    """llama.cpp's n_keep: -1 keeps every token that fits (None); unset, none."""
+    body = {"prompt": "x"} if n_keep is None else {"prompt": "x", "n_keep": n_keep}
+    assert validate(NativeCompletionRequest, body).to_request().fit.keep_first == kept
+
+
+@pytest.mark.parametrize(("num_keep", "kept"), [(None, 4), (0, 0), (-1, None)])
+def test_ollamas_num_keep_is_the_same_with_ollamas_default(num_keep, kept):
+    options = {} if num_keep is None else {"num_keep": num_keep}
+    body = validate(GenerateRequest, {"model": "m", "prompt": "x", "raw": True, "options": options})
+    assert completion_request(body).fit.keep_first == kept

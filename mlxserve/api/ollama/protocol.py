@@ -72,7 +72,11 @@ class Options(BaseModel):
     num_ctx: StrictInt | None = Field(
         None, ge=1, description="the prompt keeps its last num_ctx tokens (the context window)"
     )
-    num_keep: StrictInt | None = Field(None, description="accepted; the prompt's end is kept")
+    num_keep: StrictInt | None = Field(
+        None,
+        description="where the prompt is cut, its first num_keep tokens (after BOS) stay "
+        f"(default {defaults.OLLAMA_NUM_KEEP}); -1: all of them that fit",
+    )
     temperature: StrictFloat | None = _bounded("temperature", "default 0.8")
     top_k: StrictInt | None = _bounded("top_k", "default 40; 0 = off")
     top_p: StrictFloat | None = _bounded("top_p", "default 0.9")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...engine import StopSpec
-from ...planning.defaults import logprobs_k, until_full
+from ...planning.defaults import OLLAMA_NUM_KEEP, kept_tokens, logprobs_k, until_full
 from ...planning.messages import Call, Message, check_messages
 from ...planning.request import Chat, ContextFit, Output, Request
 from ...sampling.grammars import Constraint
@@ -91,7 +91,13 @@ def _request(body: GenerationFields, filling: bool, **door: Any) -> Request:
         seed=options.seed,
         constraint=format_constraint(body.format),
         output=Output(logprobs=logprobs_k(body.logprobs, body.top_logprobs)),
-        fit=ContextFit(truncate=True, keep_last=None if filling else options.num_ctx),
+        fit=ContextFit(
+            truncate=True,
+            keep_last=None if filling else options.num_ctx,
+            keep_first=kept_tokens(
+                OLLAMA_NUM_KEEP if options.num_keep is None else options.num_keep
+            ),
+        ),
         **door,
     )
 
