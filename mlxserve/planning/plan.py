@@ -39,7 +39,7 @@ from .request import LogitBias, Request
 class Plan:
     """What one HTTP request asks of the engine: per prompt, `per_prompt` sequences."""
 
-    body: Request
+    body: Request  # the canonical request (a chat's with its prompt rendered)
     prompts: list[Prompt]
     sequences: list[GenerationRequest]
     per_prompt: int
