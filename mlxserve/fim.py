@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .planning.defaults import fills_context
+
 # llama.cpp's batch size: the prefix keeps up to 3/4 of it, the suffix up to 1/4.
 INFILL_BATCH_TOKENS = 2048
 EXTRA_RESERVE_TOKENS = 128  # llama.vim's n_predict: other files leave room for twice this
@@ -234,7 +236,7 @@ def build_infill(
     encode: Callable[[str], list[int]],
     parts: InfillParts,
     context_length: int,
-    max_tokens: int,
+    max_tokens: int | None,
     leading: Sequence[int] = (),
     heal: Callable[[list[int]], tuple[list[int], str]] | None = None,
 ) -> InfillPrompt:
@@ -245,7 +247,8 @@ def build_infill(
     tokens. That share does not depend on the request's max_tokens, so llama.vim's warm-up
     (n_predict 0) leaves in the prefix cache exactly the tokens its next request starts with.
     Of what remains after the completion, the prefix keeps its last 3/4, the suffix its first
-    1/4 less the current line's tokens. `encode` must not parse special tokens; `leading` is
+    1/4 less the current line's tokens; a completion that fills the context reserves a quarter
+    of it. `encode` must not parse special tokens; `leading` is
     the tokenizer's BOS, when it adds one; `heal` takes trailing spaces off the prefix
     (sampling/token_healing.py).
     """
@@ -253,7 +256,7 @@ def build_infill(
     half = min(INFILL_BATCH_TOKENS, context_length // 2)
     extra_share = context_length - half - 2 * min(EXTRA_RESERVE_TOKENS, context_length // 8)
     take_extra = min(len(extra), max(0, extra_share))
-    reserve = max_tokens if max_tokens >= 0 else context_length // 4
+    reserve = context_length // 4 if fills_context(max_tokens) else max_tokens
     room = context_length - take_extra - max(reserve, 1) - len(leading) - 4
     batch = max(8, min(INFILL_BATCH_TOKENS, room))
     suffix, prompt = encode(parts.suffix), encode(parts.prompt)

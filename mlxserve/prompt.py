@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
+from .planning.defaults import fills_context
+
 
 class PromptError(ValueError):
     """A prompt the model cannot take; `code` says why for the API's error body, `details` the
@@ -102,6 +104,7 @@ def fit_context(
     max_prompt_tokens: int | None = None,
     max_new_tokens: int | None = None,
     strict: bool = False,
+    keep_first: int = 0,
 ) -> Budget:
     """Make prompt + completion fit the context window and the server's limits.
 
@@ -110,11 +113,12 @@ def fit_context(
     it, as llama.cpp, LM Studio and Ollama do; `strict` makes it an error naming the numbers,
     as OpenAI does. A prompt that leaves no room is an error unless `truncate`: then the oldest
     prompt tokens go. `keep_last` (vLLM's truncate_prompt_tokens) keeps only the prompt's last
-    N tokens up front; so does `max_prompt_tokens` with `truncate`.
+    N tokens up front; so does `max_prompt_tokens` with `truncate`. Wherever the prompt is cut,
+    its first `keep_first` tokens stay (llama.cpp's n_keep, Ollama's num_keep), before its end.
     """
     truncated = False
     if keep_last is not None and len(ids) > keep_last:
-        ids, truncated = ids[-keep_last:], True
+        ids, truncated = _cut(ids, keep_last, keep_first), True
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
         if not truncate:
             raise PromptError(
@@ -124,9 +128,9 @@ def fit_context(
                 code="prompt_too_long",
                 details={"n_prompt_tokens": len(ids), "n_ctx": context_length},
             )
-        ids, truncated = ids[-max_prompt_tokens:], True
+        ids, truncated = _cut(ids, max_prompt_tokens, keep_first), True
     room = context_length - len(ids)
-    if max_tokens is None or max_tokens < 0:
+    if fills_context(max_tokens):
         if room >= 1:
             return Budget(ids, min(room, max_new_tokens or room), truncated)
         max_tokens = 1
@@ -146,7 +150,14 @@ def fit_context(
     if not truncate:
         raise _overflow(len(ids), max_tokens, context_length, strict)
     max_tokens = min(max_tokens, 1)
-    return Budget(ids[len(ids) - (context_length - max_tokens) :], max_tokens, True)
+    return Budget(_cut(ids, context_length - max_tokens, keep_first), max_tokens, True)
+
+
+def _cut(ids: tuple[int, ...], limit: int, keep_first: int) -> tuple[int, ...]:
+    """`limit` tokens of the prompt: its first `keep_first` (at most all but one of them), then
+    its end."""
+    head = min(keep_first, limit - 1)
+    return ids[:head] + ids[len(ids) - (limit - head) :]
 
 
 def _overflow(prompt_tokens: int, max_tokens: int, context_length: int, strict: bool):

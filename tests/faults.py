@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 import mlx.nn as nn
 
-from mlxserve.api import planning
+from mlxserve.api import dispatch
 from mlxserve.engine import Engine
 from mlxserve.engine.failures.row_guard import RowGuard
 from mlxserve.engine.mlx_lm_compat import ServerBatchGenerator
@@ -259,7 +259,8 @@ def _stepping(next_step: Callable) -> Callable:
 
 
 def _planning_faults(make_plan: Callable) -> Callable:
-    """`planning.make_plan` whose sequences fail as the body's `user` asks."""
+    """`make_plan` (as api/dispatch.py calls it) whose sequences fail as the request's `user`
+    asks."""
 
     def make_faulty_plan(body, *args, **kwargs):
         plan = make_plan(body, *args, **kwargs)
@@ -274,7 +275,7 @@ def _planning_faults(make_plan: Callable) -> Callable:
 def install(set_attribute: Callable[[object, str, object], None] = setattr) -> None:
     """Wrap the engine's functions so that FaultyRequests fail: `set_attribute` is pytest's
     `monkeypatch.setattr` (undone after the test), or `setattr` for a server's whole life."""
-    set_attribute(planning, "make_plan", _planning_faults(planning.make_plan))
+    set_attribute(dispatch, "make_plan", _planning_faults(dispatch.make_plan))
     set_attribute(starting, "sampling_setup", _tripping_setup(starting.sampling_setup))
     set_attribute(SequenceState, "advance", _failing_detokenizer(SequenceState.advance))
     set_attribute(Engine, "step", _arming(Engine.step))

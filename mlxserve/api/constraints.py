@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..planning.defaults import no_parameters
 from ..sampling.grammars import Constraint
 from .errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from .protocol import CompletionRequest
+    from .protocol import GenerationOptions
 
 
 class ResponseFormat(BaseModel):
@@ -49,7 +50,7 @@ class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
     description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    parameters: dict[str, Any] = Field(default_factory=no_parameters)
 
 
 class Tool(BaseModel):
@@ -62,9 +63,11 @@ class NamedToolChoice(BaseModel):
     function: dict[str, str]
 
 
-def constraint_of(request: CompletionRequest) -> Constraint | None:
-    """The request's one constraint; two at once is a 400 naming both fields."""
-    found = [c for c in _candidates(request) if c is not None]
+def constraint_of(request: GenerationOptions, calls: bool = True) -> Constraint | None:
+    """The request's one constraint; two at once is a 400 naming both fields. `calls`: its
+    tools + tool_choice force a call (mistral.rs's completions); chat's tools are the template's
+    instead (planning/chat.py)."""
+    found = [c for c in _candidates(request, calls) if c is not None]
     if len(found) > 1:
         first, second = found[0].field, found[1].field
         raise InvalidRequest(
@@ -75,7 +78,7 @@ def constraint_of(request: CompletionRequest) -> Constraint | None:
     return found[0] if found else None
 
 
-def _candidates(r: CompletionRequest) -> list[Constraint | None]:
+def _candidates(r: GenerationOptions, calls: bool) -> list[Constraint | None]:
     return [
         _grammar(r.grammar),
         schema_constraint("json_schema", r.json_schema) if r.json_schema is not None else None,
@@ -85,7 +88,7 @@ def _candidates(r: CompletionRequest) -> list[Constraint | None]:
         _choice("guided_choice", r.guided_choice) if r.guided_choice else None,
         Constraint("guided_grammar", "grammar", r.guided_grammar) if r.guided_grammar else None,
         *_structured_outputs(r),
-        _tools(r.tools, r.tool_choice),
+        _tools(r.tools, r.tool_choice) if calls else None,
     ]
 
 
@@ -121,7 +124,7 @@ def _choice(field: str, choices: list[str]) -> Constraint:
     return Constraint(field, "choice", json.dumps(choices))
 
 
-def _response_format(r: CompletionRequest) -> Constraint | None:
+def _response_format(r: GenerationOptions) -> Constraint | None:
     fmt = r.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -136,7 +139,7 @@ def _response_format(r: CompletionRequest) -> Constraint | None:
     return schema_constraint("response_format", schema)
 
 
-def _structured_outputs(r: CompletionRequest) -> list[Constraint | None]:
+def _structured_outputs(r: GenerationOptions) -> list[Constraint | None]:
     so = r.structured_outputs
     if so is None:
         return []

@@ -19,7 +19,7 @@ from .errors import APIError, FieldError, InvalidRequest
 from .llamacpp.protocol import InfillRequest, NativeCompletionRequest
 from .log_once import FirstSight
 from .openai.chat_protocol import ChatCompletionRequest
-from .protocol import CompletionRequest
+from .protocol import CompletionRequest, GenerationOptions
 
 Model = TypeVar("Model", bound=BaseModel)
 log = logging.getLogger("mlxserve.api")
@@ -81,10 +81,10 @@ async def read_json_object() -> dict[str, Any]:
 
 
 async def read_completion_request(
-    model: type[CompletionRequest] = CompletionRequest,
-) -> CompletionRequest:
-    """A completion route's body (`model`: its request class), validated against this server's
-    limits."""
+    model: type[GenerationOptions] = CompletionRequest,
+) -> GenerationOptions:
+    """A completion or chat route's body (`model`: its request class), validated against this
+    server's limits."""
     data = await read_json_object()
     return validate(model, data, current_app.config["SETTINGS"].limits)
 

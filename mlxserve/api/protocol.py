@@ -1,14 +1,18 @@
-"""The shared request model: every dialect's field names mapped onto one canonical shape.
+"""The OpenAI doors' request models: every dialect's field names, each validated once and
+translated once into the canonical request (mlxserve/planning/request.py).
 
-Each alias sits next to the field it maps to (OpenAI first, then llama.cpp, mistral.rs, Fireworks,
-vLLM). Unknown fields are accepted and ignored; known fields whose feature has not landed yet are
-refused by name when they would change the output (see NOT_YET_SUPPORTED). Every rule, the ones
-spanning fields included, is checked here, so a front door gets a request that is whole or a 400.
+`GenerationOptions` holds what /v1/completions and /v1/chat/completions share (sampling, stop,
+output options, constraints, and the rules spanning them); `CompletionRequest` adds the prompt,
+llama.cpp's routes subclass it (llamacpp/protocol.py), and chat adds its messages
+(openai/chat_protocol.py). Each alias sits next to the field it maps to (OpenAI first, then
+llama.cpp, mistral.rs, Fireworks, vLLM). Unknown fields are accepted and ignored; known fields
+whose feature has not landed yet are refused by name when they would change the output (see
+NOT_YET_SUPPORTED). Every rule is checked here, so a front door gets a request that is whole or
+a 400.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -25,17 +29,20 @@ from pydantic import (
 )
 
 from ..engine import StopSpec
-from ..sampling.breakers import DEFAULT_BREAKERS, resolve_breakers
-from ..sampling.params import (
-    DEFAULT_SAMPLERS,
-    SAMPLER_ALIASES,
-    SAMPLER_LETTERS,
-    DryParams,
-    SamplingParams,
-)
+from ..planning import defaults
+from ..planning.request import ContextFit, Output, Request
+from ..sampling.grammars import Constraint
+from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS, SamplingParams
 from ..settings import Limits
-from .constraints import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, TypedGrammar
-from .errors import FieldError, InvalidRequest
+from .constraints import (
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputs,
+    Tool,
+    TypedGrammar,
+    constraint_of,
+)
+from .errors import FieldError
 from .schema_docs import (
     KNOWN_SAMPLERS,
     LOGIT_BIAS_SCHEMA,
@@ -47,7 +54,7 @@ from .schema_docs import (
     documented,
 )
 
-DEFAULT_MAX_TOKENS = 16
+SAMPLING, DRY = defaults.SAMPLING, defaults.DRY
 MAX_TOKENS_FIELD = 2**31 - 1  # llama.cpp reads n_predict as a 32-bit int; more is a client bug
 MAX_BREAKERS = 32
 MAX_TEXT_CHARS = 4_000_000  # a suffix or infill piece; the body limit bounds them all anyway
@@ -63,11 +70,18 @@ def alias(*names: str) -> AliasChoices:
 
 # Limits a server's flags set (settings.Limits) on OpenAI's routes; a request model may set its
 # own (`limited_fields`). /openapi.json shows the values the server runs with.
-LIMITED_FIELDS = {
-    "n": "max_n",
-    "best_of": "max_n",
-    "logprobs": "max_logprobs",
-}
+LIMITED_FIELDS = {"n": "max_n", "best_of": "max_n"}
+# The fields a door's model may limit: the shared ones and the doors' logprobs.
+LIMITABLE = (*LIMITED_FIELDS, "logprobs", "top_logprobs")
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    """A `stop` field's strings as a list, the empty ones dropped (a ValueError past
+    MAX_STOP_STRINGS: the field's validator names the field)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
+    return [s for s in stops if s]
 
 
 class StreamOptions(BaseModel):
@@ -76,91 +90,66 @@ class StreamOptions(BaseModel):
 
 
 # Fields whose feature is not built yet, with the values that mean "off" (accepted as such).
-# They are declared on CompletionRequest with only those values, so the schema says so too.
+# They are declared on GenerationOptions with only those values, so the schema says so too.
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "use_beam_search": (None, False),
 }
 
 
-class CompletionRequest(BaseModel):
-    """POST /v1/completions, in OpenAI's, llama.cpp's, mistral.rs's, Fireworks' and vLLM's names."""
+class GenerationOptions(BaseModel):
+    """What OpenAI's completions and chat share, in OpenAI's, llama.cpp's, mistral.rs's,
+    Fireworks' and vLLM's names: sampling, stop, output options and constraints."""
 
-    model_config = ConfigDict(
-        extra="allow",
-        allow_inf_nan=False,
-        populate_by_name=True,
-        json_schema_extra=documented(
-            {"prompt": "def add(a, b):\n", "max_tokens": 16, "temperature": 0, "stop": ["\n\n"]},
-            {"prompt": [[1, 2, 3], [4, 5]], "n": 2, "logprobs": 2, "echo": True, "max_tokens": 4},
-            {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}, "seed": 1},
-            {"prompt": "def f(", "suffix": "\n    return x\n", "max_tokens": 8},
-            {
-                "prompt": "Answer: ",
-                "max_tokens": 8,
-                "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
-            },
-            {"prompt": "x", "max_tokens": 8, "mirostat": 2, "dry_multiplier": 0.8, "top_k": 40},
-        ),
-    )
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
     limited_fields: ClassVar[dict[str, str]] = LIMITED_FIELDS
 
     model: str | None = None
-    prompt: PromptInput = Field(
-        description="text, token ids, or a list of either", json_schema_extra=PROMPT_SCHEMA
+    # Each door declares its own: its default, and which of its names wins.
+    max_tokens: StrictInt | None = Field(None, ge=-1, le=MAX_TOKENS_FIELD)
+    temperature: StrictFloat = Field(
+        SAMPLING.temperature, ge=0.0, le=10.0, description="0 = greedy"
     )
-    suffix: str | None = Field(
-        None,
-        max_length=MAX_TEXT_CHARS,
-        description="text after the insertion point: the server builds the model's "
-        "fill-in-the-middle prompt (prompt = the text before it)",
-    )
-    max_tokens: StrictInt | None = Field(
-        DEFAULT_MAX_TOKENS,
-        ge=-1,
-        le=MAX_TOKENS_FIELD,
-        validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
-        description="-1 or null: until the context window is full; more than the context "
-        "leaves, or than the server's limit, is lowered to it (400 under --strict-context)",
-    )
-    temperature: StrictFloat = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
-    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(0, ge=-1, description="0 or -1 = off")
-    min_p: StrictFloat = Field(0.0, ge=0.0, le=1.0)
+    top_p: StrictFloat = Field(SAMPLING.top_p, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(SAMPLING.top_k, ge=-1, description="0 or -1 = off")
+    min_p: StrictFloat = Field(SAMPLING.min_p, ge=0.0, le=1.0)
     n: StrictInt = Field(1, ge=1, validation_alias=alias("n", "n_cmpl"))
     best_of: StrictInt | None = Field(None, ge=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: StrictInt | None = Field(None, ge=0, validation_alias=alias("logprobs", "n_probs"))
-    echo: StrictBool = False
     stop: str | list[str] | None = Field(None, validate_default=True, json_schema_extra=STOP_SCHEMA)
     stop_token_ids: list[StrictInt] | None = None
     include_stop_str_in_output: StrictBool = False
     min_tokens: StrictInt = Field(0, ge=0)
     ignore_eos: StrictBool = False
-    typical_p: StrictFloat = Field(1.0, gt=0.0, le=1.0, description="1 = off")
-    top_n_sigma: StrictFloat = Field(-1.0, ge=-1.0, le=100.0, description="<= 0 = off")
-    xtc_probability: StrictFloat = Field(0.0, ge=0.0, le=1.0)
-    xtc_threshold: StrictFloat = Field(0.1, ge=0.0, le=1.0)
-    dynatemp_range: StrictFloat = Field(0.0, ge=0.0, le=10.0)
-    dynatemp_exponent: StrictFloat = Field(1.0, gt=0.0, le=100.0)
+    typical_p: StrictFloat = Field(SAMPLING.typical_p, gt=0.0, le=1.0, description="1 = off")
+    top_n_sigma: StrictFloat = Field(
+        SAMPLING.top_n_sigma, ge=-1.0, le=100.0, description="<= 0 = off"
+    )
+    xtc_probability: StrictFloat = Field(SAMPLING.xtc_probability, ge=0.0, le=1.0)
+    xtc_threshold: StrictFloat = Field(SAMPLING.xtc_threshold, ge=0.0, le=1.0)
+    dynatemp_range: StrictFloat = Field(SAMPLING.dynatemp_range, ge=0.0, le=10.0)
+    dynatemp_exponent: StrictFloat = Field(SAMPLING.dynatemp_exponent, gt=0.0, le=100.0)
     mirostat: StrictInt = Field(
-        0, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0"
+        SAMPLING.mirostat, ge=0, le=2, description="0 = off, 1 = Mirostat, 2 = Mirostat 2.0"
     )
     mirostat_tau: StrictFloat = Field(
-        5.0, gt=0.0, le=100.0, validation_alias=alias("mirostat_tau", "mirostat_target")
+        SAMPLING.mirostat_tau,
+        gt=0.0,
+        le=100.0,
+        validation_alias=alias("mirostat_tau", "mirostat_target"),
     )
     mirostat_eta: StrictFloat = Field(
-        0.1, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
+        SAMPLING.mirostat_eta, gt=0.0, le=1.0, validation_alias=alias("mirostat_eta", "mirostat_lr")
     )
-    dry_multiplier: StrictFloat = Field(0.0, ge=0.0, le=100.0, description="0 = off")
-    dry_base: StrictFloat = Field(1.75, ge=0.0, le=100.0)
-    dry_allowed_length: StrictInt = Field(2, ge=0, le=10_000)
+    dry_multiplier: StrictFloat = Field(DRY.multiplier, ge=0.0, le=100.0, description="0 = off")
+    dry_base: StrictFloat = Field(DRY.base, ge=0.0, le=100.0)
+    dry_allowed_length: StrictInt = Field(DRY.allowed_length, ge=0, le=10_000)
     dry_penalty_last_n: StrictInt = Field(
-        64, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
+        DRY.penalty_last_n, ge=-1, le=MAX_WINDOW, description="-1 = whole context, 0 = off"
     )
     dry_sequence_breakers: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_BREAKERS), max_length=MAX_BREAKERS
+        default_factory=lambda: list(DRY.breakers), max_length=MAX_BREAKERS
     )
     samplers: list[str] | str | None = Field(
         None,
@@ -174,13 +163,16 @@ class CompletionRequest(BaseModel):
         | None
     ) = Field(None, json_schema_extra=LOGIT_BIAS_SCHEMA)
     seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="-1 = random")
-    presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: StrictFloat = Field(SAMPLING.presence_penalty, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat = Field(SAMPLING.frequency_penalty, ge=-2.0, le=2.0)
     repetition_penalty: StrictFloat = Field(
-        1.0, gt=0.0, le=10.0, validation_alias=alias("repetition_penalty", "repeat_penalty")
+        SAMPLING.repetition_penalty,
+        gt=0.0,
+        le=10.0,
+        validation_alias=alias("repetition_penalty", "repeat_penalty"),
     )
     repeat_last_n: StrictInt = Field(
-        64,
+        SAMPLING.repeat_last_n,
         ge=-1,
         le=MAX_WINDOW,
         description="penalty window in tokens, prompt included; -1 = all, 0 = off",
@@ -190,6 +182,13 @@ class CompletionRequest(BaseModel):
     context_length_exceeded_behavior: Literal["truncate", "error"] = "error"
     truncate_sequence: StrictBool = False
     truncate_prompt_tokens: StrictInt | None = Field(None, ge=1)
+    n_keep: StrictInt = Field(
+        0,
+        ge=-1,
+        le=MAX_WINDOW,
+        description="llama.cpp: where the prompt is cut, its first n_keep tokens (after BOS) "
+        "stay; -1: all of them that fit",
+    )
     cache_prompt: StrictBool = True
     n_indent: StrictInt = Field(
         0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"
@@ -253,21 +252,17 @@ class CompletionRequest(BaseModel):
                     param=name,
                     code="unsupported_parameter",
                 )
-        return {k: v for k, v in data.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+        nulls = cls.null_is_default()
+        return {k: v for k, v in data.items() if not (v is None and k in nulls)}
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_not_empty(cls, prompt: PromptInput) -> PromptInput:
-        if isinstance(prompt, list) and (not prompt or any(p == [] for p in prompt)):
-            raise ValueError("prompt must not be an empty list")
-        return prompt
-
-    @field_validator(*LIMITED_FIELDS)
+    @field_validator(*LIMITABLE, check_fields=False)
     @classmethod
     def _within_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
         """This server's limits (its flags), passed as the validation context."""
-        limits = (info.context or {}).get("limits") or Limits()
-        limit = getattr(limits, cls.limited_fields[info.field_name])
+        name = cls.limited_fields.get(info.field_name)
+        if name is None:
+            return value
+        limit = getattr((info.context or {}).get("limits") or Limits(), name)
         if value is not None and value > limit:
             raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
         return value
@@ -275,10 +270,7 @@ class CompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, stop: str | list[str] | None) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
-        return [s for s in stops if s]
+        return stop_strings(stop)
 
     @field_validator("samplers")
     @classmethod
@@ -302,7 +294,7 @@ class CompletionRequest(BaseModel):
         return bias
 
     @model_validator(mode="after")
-    def _fields_agree(self) -> CompletionRequest:
+    def _fields_agree(self) -> GenerationOptions:
         """The rules that span fields, each naming the field to change."""
         if self.best_of is not None and self.best_of < self.n:
             raise FieldError(
@@ -336,63 +328,68 @@ class CompletionRequest(BaseModel):
     @classmethod
     def null_is_default(cls) -> frozenset[str]:
         """The names (aliases too) whose `null` means the field's default, for every dialect."""
-        return _NULL_IS_DEFAULT
+        return _SHARED_NULL_IS_DEFAULT
 
     @property
     def stop_strings(self) -> list[str]:
         return self.stop  # normalised to a list by the validator
 
-    @property
-    def truncate(self) -> bool:
-        return (
-            self.context_length_exceeded_behavior == "truncate"
-            or self.truncate_sequence
-            or self.truncate_prompt_tokens is not None
+    def _request(
+        self,
+        *,
+        logprobs: int | None,
+        constraint: Constraint | None,
+        echo: bool = False,
+        **door: Any,
+    ) -> Request:
+        """The canonical request of the shared fields; `door` sets the door's own (its prompt
+        or conversation)."""
+        return Request(
+            sampling=self._sampling(),
+            stop=StopSpec(
+                strings=tuple(self.stop_strings),
+                token_ids=tuple(self.stop_token_ids or ()),
+                include_in_output=self.include_stop_str_in_output,
+                min_tokens=self.min_tokens,
+                ignore_eos=self.ignore_eos,
+                min_indent=self.n_indent,
+                max_predict_ms=self.t_max_predict_ms or None,
+            ),
+            model=self.model,
+            max_tokens=defaults.until_full(self.max_tokens),
+            n=self.n,
+            best_of=self.best_of,
+            seed=self.seed,
+            logit_bias=self.logit_bias,
+            constraint=constraint,
+            output=Output(
+                logprobs=logprobs,
+                echo=echo,
+                skip_special_tokens=self.skip_special_tokens,
+                stream=self.stream,
+                usage_in_stream=bool(self.stream_options and self.stream_options.include_usage),
+                token_ids=self.return_token_ids,
+                timings=self.timings_per_token,
+                progress=self.return_progress,
+            ),
+            fit=ContextFit(
+                truncate=self.context_length_exceeded_behavior == "truncate"
+                or self.truncate_sequence
+                or self.truncate_prompt_tokens is not None,
+                keep_last=self.truncate_prompt_tokens,
+                keep_first=defaults.kept_tokens(self.n_keep),
+            ),
+            cache_prompt=self.cache_prompt,
+            user=self.user,
+            **door,
         )
 
-    @property
-    def probs_after_sampling(self) -> bool:
-        """llama.cpp's post_sampling_probs (its routes only)."""
-        return False
-
-    def token_bias(self, tokenizer: Any) -> dict[int, float]:
-        """logit_bias by token id, in OpenAI's form ({"id": bias}) or llama.cpp's (text keys,
-        [[id or text, bias]] pairs, `false` for never): a text biases each of its tokens; biases
-        of one token add up."""
-        bias = self.logit_bias or {}
-        biased: dict[int, float] = {}
-        for key, value in bias.items() if isinstance(bias, dict) else bias:
-            if isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(bias, dict):
-                ids = [int(key)]
-            elif isinstance(key, int):
-                ids = [key]
-            else:
-                ids = tokenizer.encode(key, add_special_tokens=False)
-                if not ids:
-                    raise InvalidRequest(
-                        f"logit_bias text {key!r} has no tokens", param="logit_bias"
-                    )
-            for token in ids:
-                biased[token] = biased.get(token, 0.0) + (-math.inf if value is False else value)
-        return biased
-
-    def to_sampling_params(
-        self, tokenizer: Any, infill_end_ids: tuple[int, ...] = (), grammar: str | None = None
-    ) -> SamplingParams:
-        """The sampler chain's settings. The loaded model's `tokenizer` resolves DRY's breakers;
-        `infill_end_ids` end the middle for the "infill" sampler; `grammar` is compiled."""
-        dry = None
-        if self.dry_multiplier > 0 and self.dry_penalty_last_n != 0:
-            dry = DryParams(
-                multiplier=self.dry_multiplier,
-                base=self.dry_base,
-                allowed_length=self.dry_allowed_length,
-                penalty_last_n=self.dry_penalty_last_n,
-                breakers=tuple(self.dry_sequence_breakers),
-            )
+    def _sampling(self) -> SamplingParams:
+        """The sampler chain's settings that need no tokenizer (planning adds logit_bias's ids,
+        DRY's breakers, the infill sampler's ends and the compiled grammar)."""
         return SamplingParams(
             temperature=self.temperature,
-            top_k=max(self.top_k, 0),
+            top_k=defaults.top_k(self.top_k),
             top_p=self.top_p,
             min_p=self.min_p,
             typical_p=self.typical_p,
@@ -404,39 +401,98 @@ class CompletionRequest(BaseModel):
             mirostat=self.mirostat,
             mirostat_tau=self.mirostat_tau,
             mirostat_eta=self.mirostat_eta,
-            dry=dry,
-            dry_breakers=resolve_breakers(tokenizer, dry.breakers) if dry else None,
+            dry=defaults.dry(
+                self.dry_multiplier,
+                self.dry_base,
+                self.dry_allowed_length,
+                self.dry_penalty_last_n,
+                self.dry_sequence_breakers,
+            ),
             samplers=self.samplers,
-            infill_end_ids=infill_end_ids if "infill" in self.samplers else (),
-            logit_bias=self.token_bias(tokenizer),
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
             repeat_last_n=self.repeat_last_n,
             allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids else None,
-            grammar=grammar,
-        )
-
-    def to_stop_spec(self, deadline: float | None = None) -> StopSpec:
-        """Where each sequence ends; `deadline` (time.monotonic) is the server's request timeout."""
-        return StopSpec(
-            strings=tuple(self.stop_strings),
-            token_ids=tuple(self.stop_token_ids or ()),
-            include_in_output=self.include_stop_str_in_output,
-            min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos,
-            min_indent=self.n_indent,
-            max_predict_ms=self.t_max_predict_ms or None,
-            deadline=deadline,
         )
 
 
-def _keys_where_null_is_default() -> frozenset[str]:
+class CompletionFields(BaseModel):
+    """The completions door's own fields. CompletionRequest lists this class after
+    GenerationOptions, so pydantic (which orders fields by the reversed MRO) checks the prompt
+    first: of several faults, a missing or bad prompt is the one named."""
+
+    prompt: PromptInput = Field(
+        description="text, token ids, or a list of either", json_schema_extra=PROMPT_SCHEMA
+    )
+    suffix: str | None = Field(
+        None,
+        max_length=MAX_TEXT_CHARS,
+        description="text after the insertion point: the server builds the model's "
+        "fill-in-the-middle prompt (prompt = the text before it)",
+    )
+    logprobs: StrictInt | None = Field(None, ge=0, validation_alias=alias("logprobs", "n_probs"))
+    echo: StrictBool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: PromptInput) -> PromptInput:
+        if isinstance(prompt, list) and (not prompt or any(p == [] for p in prompt)):
+            raise ValueError("prompt must not be an empty list")
+        return prompt
+
+
+class CompletionRequest(GenerationOptions, CompletionFields):
+    """POST /v1/completions, in OpenAI's, llama.cpp's, mistral.rs's, Fireworks' and vLLM's names."""
+
+    model_config = ConfigDict(
+        json_schema_extra=documented(
+            {"prompt": "def add(a, b):\n", "max_tokens": 16, "temperature": 0, "stop": ["\n\n"]},
+            {"prompt": [[1, 2, 3], [4, 5]], "n": 2, "logprobs": 2, "echo": True, "max_tokens": 4},
+            {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}, "seed": 1},
+            {"prompt": "def f(", "suffix": "\n    return x\n", "max_tokens": 8},
+            {
+                "prompt": "Answer: ",
+                "max_tokens": 8,
+                "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+            },
+            {"prompt": "x", "max_tokens": 8, "mirostat": 2, "dry_multiplier": 0.8, "top_k": 40},
+        ),
+    )
+    limited_fields: ClassVar[dict[str, str]] = {**LIMITED_FIELDS, "logprobs": "max_logprobs"}
+
+    max_tokens: StrictInt | None = Field(
+        defaults.MAX_TOKENS,
+        ge=-1,
+        le=MAX_TOKENS_FIELD,
+        validation_alias=alias("max_tokens", "n_predict", "max_completion_tokens"),
+        description="-1 or null: until the context window is full; more than the context "
+        "leaves, or than the server's limit, is lowered to it (400 under --strict-context)",
+    )
+
+    @classmethod
+    def null_is_default(cls) -> frozenset[str]:
+        return _NULL_IS_DEFAULT
+
+    def to_request(self) -> Request:
+        """The canonical request: the prompt as sent (FIM when a suffix comes with it), the
+        constraint of any dialect's fields (mistral.rs's tools + tool_choice included)."""
+        return self._request(
+            logprobs=self.logprobs,
+            echo=self.echo,
+            constraint=constraint_of(self),
+            prompt=self.prompt,
+            suffix=self.suffix,
+        )
+
+
+def _keys_where_null_is_default(model: type[BaseModel]) -> frozenset[str]:
     keys = set()
-    for name, info in CompletionRequest.model_fields.items():
+    for name, info in model.model_fields.items():
         if info.default is not None and name != "max_tokens":
             keys.update(info.validation_alias.choices if info.validation_alias else [name])
     return frozenset(keys)
 
 
-_NULL_IS_DEFAULT = _keys_where_null_is_default()
+_SHARED_NULL_IS_DEFAULT = _keys_where_null_is_default(GenerationOptions)
+_NULL_IS_DEFAULT = _keys_where_null_is_default(CompletionRequest)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import GenerationEvent, Timings, TokenLogprob
+from ..planning.plan import Plan
 from . import access_log
 from .errors import ServerError, ServiceUnavailable
-from .planning import Plan
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = "data: [DONE]\n\n"

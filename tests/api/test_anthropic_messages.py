@@ -236,10 +236,10 @@ def test_reasoning_becomes_thinking_blocks_whole_and_streamed():
     """The random model writes no thinking tags; the shaping of a reasoned answer is checked
     on the reply builder itself: a thinking block first, then text, then the calls."""
     from mlxserve.api.anthropic.replies import Blocks, Reply
-    from mlxserve.api.planning import Plan
     from mlxserve.api.responses import SequenceResult
     from mlxserve.chat.output import Delta, OutputSpec
     from mlxserve.chat.tool_calls import ToolCall
+    from mlxserve.planning.plan import Plan
     from mlxserve.prompt import Prompt
 
     plan = Plan(body=None, prompts=[Prompt((1, 2, 3), "")], sequences=[], per_prompt=1)

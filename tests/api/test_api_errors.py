@@ -193,6 +193,15 @@ def test_truncate_prompt_tokens_keeps_the_last_n(http):
     assert result["usage"]["prompt_tokens"] == 10
 
 
+def test_n_keep_keeps_the_first_tokens_of_a_cut_prompt(http):
+    """llama.cpp's n_keep: where the prompt is cut, its first n_keep tokens stay before its end."""
+    ids = list(range(100, 140))
+    result = complete(
+        http, prompt=ids, max_tokens=1, truncate_prompt_tokens=10, n_keep=3, return_token_ids=True
+    )
+    assert result["choices"][0]["prompt_token_ids"] == ids[:3] + ids[-7:]
+
+
 def test_api_key_is_required_everywhere_but_health_and_models(live_server, tiny_model):
     live = live_server(tiny_model, api_key="s3cret")
     with httpx.Client(base_url=live.url) as http:

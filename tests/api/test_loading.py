@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from mlxserve.api.planning import LOAD_WAIT_S
+from mlxserve.api.dispatch import LOAD_WAIT_S
 
 from ..conftest import SMOLLM2, shared_model
 

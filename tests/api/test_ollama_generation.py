@@ -203,6 +203,20 @@ def test_num_ctx_keeps_the_end_of_a_long_prompt(olla, name):
     assert answer.prompt_eval_count == 64
 
 
+def test_num_keep_keeps_the_start_of_a_prompt_cut_to_num_ctx(olla, name):
+    """Ollama's num_keep: the cut prompt (`context` shows it) keeps its first tokens, then its
+    end."""
+    long = " ".join(["word", "other"] * 150)
+    whole = olla.generate(model=name, prompt=long, options={**GREEDY, "num_predict": 1})
+    full = whole.context[: whole.prompt_eval_count]
+    cut = olla.generate(
+        model=name, prompt=long, options={**GREEDY, "num_predict": 1, "num_ctx": 64, "num_keep": 6}
+    )
+    kept = cut.context[: cut.prompt_eval_count]
+    assert len(kept) == 64 and len(full) > 64
+    assert kept[:6] == full[:6] and kept[-40:] == full[-40:]
+
+
 def test_errors_are_ollamas(olla, name, server):
     with pytest.raises(ollama.ResponseError) as unknown:
         olla.generate(model="nope:7b", prompt="Hi")

@@ -1,5 +1,5 @@
-"""The chat request model: completions' fields and rules inherited, chat's own fields and the
-messages' rules, each refusal naming the field; and the shared request planning is given."""
+"""The chat request model: the fields and rules it shares with completions, chat's own fields
+and the messages' rules, each refusal naming the field; and the canonical request it becomes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mlxserve.api.errors import InvalidRequest
 from mlxserve.api.openai.chat_protocol import ChatCompletionRequest
 from mlxserve.api.parsing import validate
-from mlxserve.api.protocol import CompletionRequest
+from mlxserve.planning.request import Request
 from mlxserve.settings import Limits
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -21,15 +21,15 @@ def chat(**fields) -> ChatCompletionRequest:
 
 def refusal(body: dict, limits: Limits | None = None) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as caught:
-        validate(ChatCompletionRequest, body, limits)
+        validate(ChatCompletionRequest, body, limits).to_request()
     return caught.value
 
 
 def test_defaults_are_chat_defaults():
-    body = chat()
-    assert body.max_tokens is None  # until the model ends its turn
-    assert body.generation_prompt and not body.continue_final_message
-    assert body.top_k_logprobs is None
+    request = chat().to_request()
+    assert request.max_tokens is None  # until the model ends its turn
+    assert request.chat.generation_prompt and not request.chat.continue_final_message
+    assert request.output.logprobs is None
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
@@ -37,20 +37,19 @@ def test_max_completion_tokens_wins_over_max_tokens():
     assert chat(max_tokens=7).max_tokens == 7
 
 
-def test_completions_fields_and_aliases_are_inherited():
+def test_completions_fields_and_aliases_are_shared():
     body = chat(repeat_penalty=1.1, mirostat=2, samplers="kt", n_probs=3, seed=4)
     assert body.repetition_penalty == 1.1 and body.mirostat == 2
     assert body.samplers == ("top_k", "temperature") and body.seed == 4
 
 
-def test_the_completion_request_carries_the_prompt_ids_and_the_engine_logprobs():
-    body = chat(logprobs=True, top_logprobs=3, temperature=0, stop="x", n=2)
-    request = body.completion_request([5, 6, 7], stop=["x", "<|im_end|>"])
-    assert isinstance(request, CompletionRequest)
-    assert request.prompt == [5, 6, 7] and request.logprobs == 3
-    assert request.stop_strings == ["x", "<|im_end|>"] and request.n == 2
-    assert not request.echo and request.suffix is None and request.tools is None
-    assert chat(logprobs=True).completion_request([1]).logprobs == 0
+def test_the_canonical_request_carries_the_engine_logprobs():
+    request = chat(logprobs=True, top_logprobs=3, temperature=0, stop="x", n=2).to_request()
+    assert isinstance(request, Request)
+    assert request.output.logprobs == 3 and request.sampling.temperature == 0
+    assert request.stop.strings == ("x",) and request.n == 2
+    assert not request.output.echo and request.suffix is None and request.constraint is None
+    assert chat(logprobs=True).to_request().output.logprobs == 0
 
 
 def test_messages_become_what_templates_read():
@@ -60,7 +59,7 @@ def test_messages_become_what_templates_read():
         {"role": "tool", "tool_call_id": "c1", "content": "2"},
     ]
     body = validate(ChatCompletionRequest, {"messages": messages})
-    rendered = body.template_messages()
+    rendered = body.to_request().chat.template_messages()
     assert rendered[0] == {"role": "user", "content": "ab"}
     assert rendered[1]["content"] == ""
     assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
@@ -168,7 +167,7 @@ def test_continuing_the_last_message_opens_no_new_turn():
     body = chat(
         messages=[*USER, {"role": "assistant", "content": "Sure"}], continue_final_message=True
     )
-    assert not body.generation_prompt
+    assert not body.to_request().chat.generation_prompt
 
 
 def test_the_schema_has_chat_fields_and_no_prompt():
@@ -181,4 +180,4 @@ def test_an_assistants_refusal_part_reads_as_its_text():
     """OpenAI's assistant content parts include `refusal`; a client replaying history sends it."""
     refusal = {"type": "refusal", "refusal": "I can't help with that."}
     body = chat(messages=[*USER, {"role": "assistant", "content": [refusal]}, *USER])
-    assert body.template_messages()[1]["content"] == "I can't help with that."
+    assert body.to_request().chat.template_messages()[1]["content"] == "I can't help with that."

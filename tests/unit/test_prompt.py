@@ -56,3 +56,16 @@ def test_fit_context_cases():
     assert kept.ids == long[-50:] and kept.max_tokens == 10
     scoring = fit_context(long, 0, 128, truncate=True)
     assert len(scoring.ids) == 128 and scoring.max_tokens == 0
+
+
+def test_a_cut_prompt_keeps_its_first_tokens_when_asked():
+    """llama.cpp's n_keep, Ollama's num_keep: the first tokens stay in front of the end."""
+    long = tuple(range(200))
+    kept = fit_context(long, 10, 128, truncate=True, keep_last=50, keep_first=5)
+    assert kept.ids == long[:5] + long[-45:] and kept.truncated
+    cut = fit_context(long, 10, 128, truncate=True, keep_first=3)
+    assert cut.ids == long[:3] + long[-124:] and cut.max_tokens == 1
+    every = fit_context(long, 10, 128, truncate=True, keep_first=len(long))
+    assert every.ids == long[:126] + long[-1:]  # all that fit, and the prompt's last token
+    whole = fit_context(tuple(range(100)), 10, 128, truncate=True, keep_first=5)
+    assert whole.ids == tuple(range(100)) and not whole.truncated

@@ -1,6 +1,6 @@
 """The shared request model owns its rules and the engine's settings: a rule that spans fields
 answers with its own message, param and code, `samplers` is canonical once parsed, and
-SamplingParams and StopSpec are built from the model."""
+SamplingParams and StopSpec come from the canonical request it translates into."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import pytest
 
 from mlxserve.api.errors import InvalidRequest
 from mlxserve.api.llamacpp.protocol import NativeCompletionRequest
+from mlxserve.api.ollama.protocol import GenerateRequest
+from mlxserve.api.ollama.translate import completion_request
 from mlxserve.api.parsing import validate
 from mlxserve.api.protocol import CompletionRequest
 from mlxserve.engine import StopSpec
+from mlxserve.planning.plan import sampling_for
 from mlxserve.sampling.params import DEFAULT_SAMPLERS
 
 
@@ -94,7 +97,8 @@ def test_sampling_params_come_from_the_request():
         "allowed_token_ids": [1, 2],
         "mirostat_lr": 0.2,
     }
-    params = validate(CompletionRequest, body).to_sampling_params(None, (0, 9), grammar="g")
+    request = validate(CompletionRequest, body).to_request()
+    params = sampling_for(request, None, (0, 9), grammar="g")
     assert (params.temperature, params.top_k, params.mirostat_eta) == (0.5, 0, 0.2)
     assert params.logit_bias == {7: 2.5} and params.allowed_token_ids == (1, 2)
     assert params.samplers == ("top_k", "temperature", "infill")
@@ -102,7 +106,8 @@ def test_sampling_params_come_from_the_request():
 
 
 def test_infill_ends_reach_the_sampler_only_when_it_runs():
-    params = validate(CompletionRequest, {"prompt": "x"}).to_sampling_params(None, (0, 9))
+    request = validate(CompletionRequest, {"prompt": "x"}).to_request()
+    params = sampling_for(request, None, (0, 9), grammar=None)
     assert params.infill_end_ids == ()
 
 
@@ -116,7 +121,7 @@ def test_stop_spec_comes_from_the_request():
         "ignore_eos": True,
         "include_stop_str_in_output": True,
     }
-    stop = validate(NativeCompletionRequest, body).to_stop_spec(deadline=12.5)
+    stop = validate(NativeCompletionRequest, body).to_request().stop
     assert stop == StopSpec(
         strings=("\n",),
         token_ids=(3,),
@@ -125,5 +130,19 @@ def test_stop_spec_comes_from_the_request():
         ignore_eos=True,
         min_indent=4,
         max_predict_ms=None,
-        deadline=12.5,
+        deadline=None,  # the server's request timeout, which planning adds
     )
+
+
+@pytest.mark.parametrize(("n_keep", "kept"), [(None, 0), (5, 5), (-1, None)])
+def test_n_keep_is_what_a_cut_prompt_keeps_in_front(n_keep, kept):
+    """llama.cpp's n_keep: -1 keeps every token that fits (None); unset, none."""
+    body = {"prompt": "x"} if n_keep is None else {"prompt": "x", "n_keep": n_keep}
+    assert validate(NativeCompletionRequest, body).to_request().fit.keep_first == kept
+
+
+@pytest.mark.parametrize(("num_keep", "kept"), [(None, 4), (0, 0), (-1, None)])
+def test_ollamas_num_keep_is_the_same_with_ollamas_default(num_keep, kept):
+    options = {} if num_keep is None else {"num_keep": num_keep}
+    body = validate(GenerateRequest, {"model": "m", "prompt": "x", "raw": True, "options": options})
+    assert completion_request(body).fit.keep_first == kept

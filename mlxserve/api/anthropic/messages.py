@@ -10,9 +10,9 @@ from quart import Blueprint, current_app
 from quart_schema import document_request
 
 from ...chat.output import split_answer
-from ..openai.chat_prompt import prepare
+from ...planning.chat import prepare
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_json_object, validate
-from ..planning import plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, collect
 from .protocol import CountTokensRequest, MessagesRequest
 from .replies import Reply, stream
@@ -25,9 +25,9 @@ async def rendered(model: type[CountTokensRequest]):
     """The request, the engine and model that serve it, and its messages as a chat prompt."""
     settings = current_app.config["SETTINGS"]
     body = validate(model, await read_json_object(), settings.limits)
-    chat_body = chat_request(body, settings.limits, settings.chat.strict_tools)
+    request = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(body.model)
-    prompt = await asyncio.to_thread(prepare, chat_body, loaded.tokenizer, settings.chat)
+    prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
     return body, engine, loaded, prompt
 
 
@@ -35,7 +35,7 @@ async def rendered(model: type[CountTokensRequest]):
 @document_request(MessagesRequest)
 async def create_message():
     body, engine, loaded, prompt = await rendered(MessagesRequest)
-    plan = await plan_on(engine, loaded, prompt.request, prompt.constraint)
+    plan = await plan_on(engine, loaded, prompt.request)
     reply = Reply(
         id=f"msg_{uuid.uuid4().hex}",
         model=body.model,

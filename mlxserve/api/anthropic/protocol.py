@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from ...planning.defaults import no_parameters
 from ..protocol import MAX_TOKENS_FIELD
 
 MAX_STOP_SEQUENCES = 16
@@ -80,7 +81,7 @@ class ToolDefinition(BaseModel):
     type: str | None = None
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    input_schema: dict[str, Any] = Field(default_factory=no_parameters)
 
 
 class ToolChoice(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any
 from ...chat.output import AnswerSplitter, Delta, OutputSpec
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
-from ..planning import Plan
+from ...planning.plan import Plan
 from ..responses import SequenceResult, note_usage
 from .shape import event
 

@@ -1,17 +1,20 @@
-"""An Anthropic Messages request as OpenAI chat's: content blocks become messages (a user turn's
-tool_result blocks become `tool` messages first), tools and tool_choice their chat forms, so
-the chat template, tool parsers, grammar and engine are the chat door's."""
+"""An Anthropic Messages request as the canonical one: content blocks become messages (a user
+turn's tool_result blocks become `tool` messages first), tools and tool_choice the shared forms,
+so the chat template, tool parsers, grammar and engine are the other chat doors'."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from typing import Any
 
-from ...settings import Limits
+from ...engine import StopSpec
+from ...planning.defaults import SAMPLING, top_k
+from ...planning.messages import Call, Message, check_messages
+from ...planning.request import Chat, NamedTool, Request
+from ..constraints import schema_constraint
 from ..errors import InvalidRequest
 from ..hosted_tools import leave_out
-from ..openai.chat_protocol import ChatCompletionRequest
-from ..parsing import validate
+from ..protocol import stop_strings
 from .protocol import (
     CountTokensRequest,
     MediaBlock,
@@ -25,58 +28,70 @@ from .protocol import (
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def chat_request(
-    body: CountTokensRequest, limits: Limits, strict_tools: bool = False
-) -> ChatCompletionRequest:
-    """The chat request these messages, tools and settings make (count_tokens: no sampling)."""
+def chat_request(body: CountTokensRequest, strict_tools: bool = False) -> Request:
+    """The request these messages, tools and settings make (count_tokens: no sampling)."""
     messages = chat_messages(body)
-    fields: dict[str, Any] = {"messages": messages}
-    last = messages[-1] if messages else {}
-    if last.get("role") == "assistant" and last.get("content") and not last.get("tool_calls"):
-        # a prefill: Anthropic's answer continues the last assistant turn's text
-        fields["continue_final_message"] = True
+    last = messages[-1] if messages else None
+    # a prefill: Anthropic's answer continues the last assistant turn's text
+    prefill = last is not None and last.role == "assistant" and bool(last.content)
     tools = body.tools or []
     # Anthropic's own tools (a versioned `type`: web search, code execution, bash, ...): its
     # servers run them, or its models know their schema; left out here (hosted_tools)
     client = [t.type in (None, "custom") for t in tools]
     hosted = [(f"tools[{i}]", str(t.type)) for i, t in enumerate(tools) if not client[i]]
     leave_out(hosted, strict_tools, "/v1/messages")
-    offered = [_tool(t) for t, own in zip(tools, client) if own]
-    if offered:
-        fields["tools"] = offered
+    offered = tuple(_tool(t) for t, own in zip(tools, client) if own)
+    tool_choice, parallel = None, True
     if body.tool_choice is not None and offered:
         choice = body.tool_choice
         if choice.type == "tool":
             if not choice.name:
                 raise InvalidRequest("tool_choice of type 'tool' needs a name.", "tool_choice")
-            fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+            tool_choice = NamedTool(choice.name)
         else:
-            fields["tool_choice"] = CHOICES[choice.type]
-        fields["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+            tool_choice = CHOICES[choice.type]
+        parallel = not choice.disable_parallel_tool_use
     template_kwargs = {}
     if body.thinking is not None:
         template_kwargs["enable_thinking"] = body.thinking.type != "disabled"
     output = body.output_config
     if output is not None and output.effort:
         template_kwargs["reasoning_effort"] = output.effort
-    if template_kwargs:
-        fields["chat_template_kwargs"] = template_kwargs
+    chat = Chat(
+        check_messages(messages),
+        offered,
+        tool_choice,
+        parallel,
+        continue_final_message=prefill and not last.tool_calls,
+        template_kwargs=template_kwargs or None,
+    )
+    constraint = None
     if output is not None and output.format is not None:
-        schema = {"name": "output", "schema": output.format.schema_}
-        fields["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if isinstance(body, MessagesRequest):
-        fields["max_tokens"] = body.max_tokens
-        fields["stop"] = body.stop_sequences
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(body, name) is not None:
-                fields[name] = getattr(body, name)
-    return validate(ChatCompletionRequest, fields, limits)
+        constraint = schema_constraint("response_format", output.format.schema_)
+    request = Request(SAMPLING, StopSpec(), model=body.model, constraint=constraint, chat=chat)
+    if not isinstance(body, MessagesRequest):
+        return request
+    sampling = {
+        name: getattr(body, name)
+        for name in ("temperature", "top_p", "top_k")
+        if getattr(body, name) is not None
+    }
+    if "top_k" in sampling:
+        sampling["top_k"] = top_k(sampling["top_k"])
+    return replace(
+        request,
+        sampling=replace(SAMPLING, **sampling),
+        stop=StopSpec(strings=tuple(stop_strings(body.stop_sequences))),
+        max_tokens=body.max_tokens,
+    )
 
 
 def _tool(tool) -> dict[str, Any]:
-    function = {"name": tool.name, "parameters": tool.input_schema}
+    """A client tool as templates read it (name, description, parameters: chat's order)."""
+    function: dict[str, Any] = {"name": tool.name}
     if tool.description:
         function["description"] = tool.description
+    function["parameters"] = tool.input_schema
     return {"type": "function", "function": function}
 
 
@@ -86,14 +101,14 @@ def system_text(body: CountTokensRequest) -> str:
     return body.system or ""
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def chat_messages(body: CountTokensRequest) -> list[Message]:
+    out: list[Message] = []
     if system_text(body):
-        out.append({"role": "system", "content": system_text(body)})
+        out.append(Message("system", system_text(body)))
     for i, message in enumerate(body.messages):
         where = f"messages[{i}].content"
         if isinstance(message.content, str):
-            out.append({"role": message.role, "content": message.content})
+            out.append(Message(message.role, message.content))
             continue
         texts, calls, reasoning, results = [], [], [], []
         for j, block in enumerate(message.content):
@@ -114,22 +129,19 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                 results.append(_result(block, f"{where}[{j}]"))
         out.extend(results)  # answers to the calls of the turn before, then what the user says
         if texts or calls or not results:
-            turn: dict[str, Any] = {"role": message.role, "content": "".join(texts)}
-            if calls:
-                turn["tool_calls"] = calls
-            if reasoning:
-                turn["reasoning_content"] = "".join(reasoning)
-            out.append(turn)
+            out.append(
+                Message(
+                    message.role,
+                    "".join(texts),
+                    tool_calls=tuple(calls),
+                    reasoning_content="".join(reasoning) if reasoning else None,
+                )
+            )
     return out
 
 
-def _call(block: ToolUseBlock) -> dict[str, Any]:
-    arguments = json.dumps(block.input, ensure_ascii=False)
-    return {
-        "id": block.id,
-        "type": "function",
-        "function": {"name": block.name, "arguments": arguments},
-    }
+def _call(block: ToolUseBlock) -> Call:
+    return Call(block.name, block.input, block.id)
 
 
 # A tool's result may hold what a text model cannot read (Claude Code's Read tool on a PNG or a
@@ -142,7 +154,7 @@ LEFT_OUT = {
 }
 
 
-def _result(block: ToolResultBlock, where: str) -> dict[str, Any]:
+def _result(block: ToolResultBlock, where: str) -> Message:
     content = block.content
     if isinstance(content, list):
         parts, left_out = [], False
@@ -167,4 +179,4 @@ def _result(block: ToolResultBlock, where: str) -> dict[str, Any]:
         content = ("\n" if left_out else "").join(parts)
     if block.is_error:
         content = f"Error: {content}"
-    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
+    return Message("tool", content, tool_call_id=block.tool_use_id)

@@ -15,10 +15,11 @@ from quart import Blueprint
 from quart_schema import document_request
 
 from ...engine import EngineError, GenerationEvent
-from ...fim import InfillParts
+from ...planning.defaults import fills_context
+from ...planning.plan import Plan
+from ..dispatch import plan_request, submit
 from ..errors import InvalidRequest
 from ..parsing import read_completion_request
-from ..planning import Plan, plan_request, submit
 from ..responses import (
     SSE_HEADERS,
     SequenceResult,
@@ -43,26 +44,32 @@ async def completion():
     return await respond(await read_completion_request(NativeCompletionRequest))
 
 
-async def respond(body: NativeCompletionRequest, parts: InfillParts | None = None):
-    """Plan, generate and answer in llama.cpp's shapes (/completion, and /infill with `parts`)."""
+async def respond(body: NativeCompletionRequest):
+    """Plan, generate and answer in llama.cpp's shapes (/completion, and /infill's subclass)."""
     try:
-        engine, loaded, plan = await plan_request(body, parts)
+        engine, loaded, plan = await plan_request(body.to_request())
     except InvalidRequest as error:
         if error.code in CONTEXT_ERRORS:  # llama.cpp's type, which its web UI looks for
             error.type = "exceed_context_size_error"
         raise
     model = engine.model_name  # read here: a stream runs outside the app context
     if body.stream:
-        return stream(submit(engine, plan), loaded, model, plan), 200, SSE_HEADERS
+        return stream(submit(engine, plan), body, loaded, model, plan), 200, SSE_HEADERS
     results = await collect(submit(engine, plan), plan)
-    answers = [final(plan, loaded, model, i, r) for i, r in enumerate(results)]
+    answers = [final(plan, body, loaded, model, i, r) for i, r in enumerate(results)]
     answers = [pick_fields(a, body.response_fields) for a in answers]
     return answers[0] if len(answers) == 1 else answers
 
 
-def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) -> dict[str, Any]:
+def final(
+    plan: Plan,
+    body: NativeCompletionRequest,
+    loaded,
+    model: str,
+    index: int,
+    result: SequenceResult,
+) -> dict[str, Any]:
     """llama.cpp's last object of a sequence."""
-    body = plan.body
     prompt = index // plan.per_prompt
     ids = plan.prompts[prompt].ids
     context_full = (
@@ -103,7 +110,7 @@ def final(plan: Plan, loaded, model: str, index: int, result: SequenceResult) ->
 def generation_settings(body: NativeCompletionRequest, loaded) -> dict[str, Any]:
     return {
         "n_ctx": loaded.context_length,
-        "n_predict": body.max_tokens if body.max_tokens is not None else -1,
+        "n_predict": -1 if fills_context(body.max_tokens) else body.max_tokens,
         "seed": body.seed if body.seed is not None else -1,
         "temperature": body.temperature,
         "top_k": body.top_k,
@@ -134,10 +141,13 @@ def pick_fields(answer: dict[str, Any], fields: list[str] | None) -> dict[str, A
 
 
 async def stream(
-    events: AsyncIterator[GenerationEvent], loaded, model: str, plan: Plan
+    events: AsyncIterator[GenerationEvent],
+    body: NativeCompletionRequest,
+    loaded,
+    model: str,
+    plan: Plan,
 ) -> AsyncIterator[str]:
     """A chunk per piece of text, then the sequence's final object; no [DONE] (llama.cpp)."""
-    body = plan.body
     results = [SequenceResult() for _ in plan.sequences]
     try:
         async for event in events:
@@ -180,7 +190,7 @@ async def stream(
                 yield sse(chunk)
             if event.finish_reason:
                 # As llama.cpp: text, tokens and probabilities went out in the chunks.
-                answer = {**final(plan, loaded, model, event.index, result), "content": ""}
+                answer = {**final(plan, body, loaded, model, event.index, result), "content": ""}
                 answer["tokens"] = []
                 answer.pop("completion_probabilities", None)
                 yield sse(pick_fields(answer, body.response_fields))

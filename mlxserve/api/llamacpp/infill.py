@@ -6,7 +6,6 @@ from __future__ import annotations
 from quart import Blueprint
 from quart_schema import document_request
 
-from ...fim import InfillParts
 from ..parsing import read_completion_request
 from .completion import respond
 from .protocol import InfillRequest
@@ -17,11 +16,4 @@ blueprint = Blueprint("llamacpp_infill", __name__)
 @blueprint.post("/infill")
 @document_request(InfillRequest)
 async def infill():
-    body = await read_completion_request(InfillRequest)
-    parts = InfillParts(
-        prefix=body.input_prefix,
-        suffix=body.input_suffix,
-        prompt=body.prompt,
-        extra=[(chunk.filename, chunk.text) for chunk in body.input_extra],
-    )
-    return await respond(body, parts)
+    return await respond(await read_completion_request(InfillRequest))

@@ -10,7 +10,7 @@ from quart import Blueprint, current_app, request
 from ...chat.templates import template_text
 from ...engine import MAX_BATCH
 from ...versions import mlxserve_version
-from ..planning import ready_model
+from ..dispatch import ready_model
 from .completion import generation_settings
 from .protocol import NativeCompletionRequest
 

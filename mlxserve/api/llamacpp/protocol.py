@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from ...fim import InfillParts
+from ...planning.defaults import LLAMACPP_MAX_TOKENS, LLAMACPP_SAMPLING
+from ...planning.request import Request
 from ..protocol import LIMITED_FIELDS, MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
 from ..schema_docs import documented
 
@@ -26,16 +30,16 @@ class NativeCompletionRequest(CompletionRequest):
     limited_fields: ClassVar[dict[str, str]] = {**LIMITED_FIELDS, "logprobs": "max_n_probs"}
 
     max_tokens: StrictInt | None = Field(
-        -1,
+        LLAMACPP_MAX_TOKENS,
         ge=-1,
         le=MAX_TOKENS_FIELD,
         validation_alias=alias("n_predict", "max_tokens"),
         description="-1: until the context window is full",
     )
-    temperature: StrictFloat = Field(0.8, ge=0.0, le=10.0)
-    top_k: StrictInt = Field(40, ge=-1)
-    top_p: StrictFloat = Field(0.95, gt=0.0, le=1.0)
-    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
+    temperature: StrictFloat = Field(LLAMACPP_SAMPLING.temperature, ge=0.0, le=10.0)
+    top_k: StrictInt = Field(LLAMACPP_SAMPLING.top_k, ge=-1)
+    top_p: StrictFloat = Field(LLAMACPP_SAMPLING.top_p, gt=0.0, le=1.0)
+    min_p: StrictFloat = Field(LLAMACPP_SAMPLING.min_p, ge=0.0, le=1.0)
     post_sampling_probs: StrictBool = Field(
         False, description="n_probs as probabilities after the sampler chain (prob, top_probs)"
     )
@@ -43,9 +47,10 @@ class NativeCompletionRequest(CompletionRequest):
         None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
     )
 
-    @property
-    def probs_after_sampling(self) -> bool:
-        return self.post_sampling_probs
+    def to_request(self) -> Request:
+        request = super().to_request()
+        output = replace(request.output, post_sampling_probs=self.post_sampling_probs)
+        return replace(request, output=output)
 
 
 class InfillChunk(BaseModel):
@@ -81,6 +86,17 @@ class InfillRequest(NativeCompletionRequest):
     input_prefix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_suffix: str = Field("", max_length=MAX_TEXT_CHARS)
     input_extra: list[InfillChunk] = Field(default_factory=list, max_length=MAX_EXTRA_CHUNKS)
+
+    def to_request(self) -> Request:
+        """The prefix, suffix, current line and other files' chunks: the parts of the model's
+        fill-in-the-middle prompt."""
+        parts = InfillParts(
+            prefix=self.input_prefix,
+            suffix=self.input_suffix,
+            prompt=self.prompt,
+            extra=[(chunk.filename, chunk.text) for chunk in self.input_extra],
+        )
+        return replace(super().to_request(), prompt=None, infill=parts)
 
 
 class TokenizeRequest(BaseModel):

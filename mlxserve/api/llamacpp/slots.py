@@ -13,8 +13,9 @@ from quart import Blueprint, request
 from quart_schema import document_querystring
 
 from ...engine import MAX_BATCH, GenerationRequest
+from ...planning.defaults import DRY
+from ..dispatch import ready_model
 from ..errors import APIError, NotSupported, ServiceUnavailable
-from ..planning import ready_model
 from .protocol import SlotActionQuery, SlotsQuery
 
 blueprint = Blueprint("llamacpp_slots", __name__)
@@ -90,7 +91,7 @@ def next_token(has_new_line: bool, remain: int, decoded: int) -> dict[str, Any]:
 def slot_params(request_: GenerationRequest) -> dict[str, Any]:
     """The settings a sequence runs with, in llama.cpp's names (its slot `params`)."""
     sampling, stop = request_.sampling, request_.stop
-    dry = sampling.dry
+    dry = sampling.dry or DRY
     return {
         "n_predict": request_.max_tokens,
         "seed": request_.seed,
@@ -108,10 +109,10 @@ def slot_params(request_: GenerationRequest) -> dict[str, Any]:
         "repeat_penalty": sampling.repetition_penalty,
         "presence_penalty": sampling.presence_penalty,
         "frequency_penalty": sampling.frequency_penalty,
-        "dry_multiplier": dry.multiplier if dry else 0.0,
-        "dry_base": dry.base if dry else 1.75,
-        "dry_allowed_length": dry.allowed_length if dry else 2,
-        "dry_penalty_last_n": dry.penalty_last_n if dry else -1,
+        "dry_multiplier": dry.multiplier,
+        "dry_base": dry.base,
+        "dry_allowed_length": dry.allowed_length,
+        "dry_penalty_last_n": dry.penalty_last_n,
         "mirostat": sampling.mirostat,
         "mirostat_tau": sampling.mirostat_tau,
         "mirostat_eta": sampling.mirostat_eta,

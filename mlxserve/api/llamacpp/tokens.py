@@ -10,9 +10,9 @@ from quart import Blueprint
 from quart_schema import document_request
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from ..dispatch import ready_model
 from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
-from ..planning import ready_model
 from .protocol import DetokenizeRequest, TokenizeRequest
 
 blueprint = Blueprint("llamacpp_tokens", __name__)

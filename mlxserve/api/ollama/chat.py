@@ -8,12 +8,12 @@ import asyncio
 from quart import Blueprint, current_app
 from quart_schema import document_request
 
-from ..openai.chat_prompt import prepare
+from ...planning.chat import prepare
+from ..dispatch import plan_on
 from ..parsing import read_json_object, validate
-from ..planning import plan_on
 from .protocol import ChatRequest
 from .serving import Clock, answer, check_thinking, load_or_unload, ready
-from .translate import chat_request, format_constraint, refuse_unsupported
+from .translate import chat_request, refuse_unsupported
 
 blueprint = Blueprint("ollama_chat", __name__)
 
@@ -27,11 +27,10 @@ async def chat():
     refuse_unsupported(body)
     if not body.messages:
         return await load_or_unload(body, {"message": {"role": "assistant", "content": ""}})
-    constraint = format_constraint(body.format)
-    chat_body = chat_request(body, settings.limits)
+    request = chat_request(body)
     engine, loaded = await ready(body, clock)
     check_thinking(body, loaded)
-    prompt = await asyncio.to_thread(prepare, chat_body, loaded.tokenizer, settings.chat)
-    plan = await plan_on(engine, loaded, prompt.request, constraint)
+    prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
+    plan = await plan_on(engine, loaded, prompt.request)
     shape = {"chat": True, "output": prompt.output, "clock": clock}
     return await answer(engine, plan, body, shape)

@@ -5,16 +5,17 @@ fill-in-the-middle prompt), is planned as /v1/completions plans it; otherwise `s
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from quart import Blueprint, current_app
 from quart_schema import document_request
 
-from ..openai.chat_prompt import prepare
+from ...planning.chat import prepare
+from ..dispatch import plan_on
 from ..parsing import read_json_object, validate
-from ..planning import plan_on
 from .protocol import GenerateRequest
 from .serving import Clock, answer, check_thinking, load_or_unload, ready
-from .translate import completion_request, format_constraint, generate_as_chat, refuse_unsupported
+from .translate import completion_request, generate_as_chat, refuse_unsupported
 
 blueprint = Blueprint("ollama_generate", __name__)
 
@@ -28,19 +29,19 @@ async def generate():
     refuse_unsupported(body)
     if not (body.prompt or body.suffix or body.system):
         return await load_or_unload(body, {"response": ""})
-    constraint = format_constraint(body.format)
     templated = not (body.raw or body.suffix)
     if templated:
-        chat_body = generate_as_chat(body, settings.limits)
+        request = generate_as_chat(body)
     else:
-        request, output = completion_request(body, settings.limits), None
+        request = completion_request(body)
+    output = None
     engine, loaded = await ready(body, clock)
     if templated:
         check_thinking(body, loaded)
-        chat = await asyncio.to_thread(prepare, chat_body, loaded.tokenizer, settings.chat)
+        chat = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
         request, output = chat.request, chat.output
         if body.context:  # an earlier answer's tokens, then this turn
-            request = request.model_copy(update={"prompt": [*body.context, *request.prompt]})
-    plan = await plan_on(engine, loaded, request, constraint)
+            request = replace(request, prompt=[*body.context, *request.prompt])
+    plan = await plan_on(engine, loaded, request)
     shape = {"chat": False, "output": output, "clock": clock, "context": templated}
     return await answer(engine, plan, body, shape)

@@ -1,11 +1,12 @@
 """Ollama's request shapes: /api/show, /api/generate, /api/chat, their `options` and
-`keep_alive`. Sampling options keep the shared request model's bounds under Ollama's names, so a
-bad value is refused naming the option the client sent."""
+`keep_alive`. Sampling options keep the OpenAI doors' bounds under Ollama's names, so a bad value
+is refused naming the option the client sent; translate.py makes the canonical request."""
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import (
@@ -15,18 +16,19 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     field_validator,
 )
 
+from ...planning import defaults
+from ...sampling.params import SamplingParams
+from ...settings import Limits
 from ..constraints import Tool
-from ..protocol import MAX_TEXT_CHARS, CompletionRequest
+from ..protocol import MAX_TEXT_CHARS, MAX_TOKENS_FIELD, GenerationOptions, stop_strings
 
 MAX_TOP_LOGPROBS = 20  # Ollama's bound
-# Ollama's DefaultOptions (its api/types.go): what a request without `options` samples with.
-OLLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
-# Options under Ollama's name -> the shared request's field.
+# Sampling options under Ollama's name -> the sampler's setting.
 SAMPLING_OPTIONS = {
-    "num_predict": "max_tokens",
     "temperature": "temperature",
     "top_k": "top_k",
     "top_p": "top_p",
@@ -39,8 +41,6 @@ SAMPLING_OPTIONS = {
     "mirostat": "mirostat",
     "mirostat_tau": "mirostat_tau",
     "mirostat_eta": "mirostat_eta",
-    "seed": "seed",
-    "stop": "stop",
 }
 THINK_LEVELS = ("high", "medium", "low")
 FOREVER = math.inf
@@ -48,9 +48,9 @@ MAX_KEEP_ALIVE_S = 100 * 365 * 86400.0  # longer is for ever (and beyond what a 
 
 
 def _bounded(field: str, description: str | None = None) -> Any:
-    """An option with the bounds of the shared request's `field`; unset: Ollama's default."""
+    """An option with the bounds of the OpenAI doors' `field`; unset: Ollama's default."""
     bounds = {}
-    for constraint in CompletionRequest.model_fields[field].metadata:
+    for constraint in GenerationOptions.model_fields[field].metadata:
         for key in ("gt", "ge", "lt", "le"):
             if getattr(constraint, key, None) is not None:
                 bounds[key] = getattr(constraint, key)
@@ -64,12 +64,19 @@ class Options(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     num_predict: StrictInt | None = Field(
-        None, ge=-2, description="-1 (or -2): until the model ends or the context is full"
+        None,
+        ge=-2,
+        le=MAX_TOKENS_FIELD,
+        description="-1 (or -2): until the model ends or the context is full",
     )
     num_ctx: StrictInt | None = Field(
         None, ge=1, description="the prompt keeps its last num_ctx tokens (the context window)"
     )
-    num_keep: StrictInt | None = Field(None, description="accepted; the prompt's end is kept")
+    num_keep: StrictInt | None = Field(
+        None,
+        description="where the prompt is cut, its first num_keep tokens (after BOS) stay "
+        f"(default {defaults.OLLAMA_NUM_KEEP}); -1: all of them that fit",
+    )
     temperature: StrictFloat | None = _bounded("temperature", "default 0.8")
     top_k: StrictInt | None = _bounded("top_k", "default 40; 0 = off")
     top_p: StrictFloat | None = _bounded("top_p", "default 0.9")
@@ -83,18 +90,23 @@ class Options(BaseModel):
     mirostat_tau: StrictFloat | None = _bounded("mirostat_tau")
     mirostat_eta: StrictFloat | None = _bounded("mirostat_eta")
     seed: StrictInt | None = _bounded("seed", "-1 = random")
-    stop: list[str] | str | None = None
+    stop: list[str] | str | None = None  # a list once validated
 
-    def sampling_fields(self) -> dict[str, Any]:
-        """The shared request's fields these options set, Ollama's defaults under them."""
-        fields: dict[str, Any] = dict(OLLAMA_DEFAULTS)
-        for option, name in SAMPLING_OPTIONS.items():
-            value = getattr(self, option)
-            if value is not None:
-                fields[name] = value
-        if fields.get("max_tokens", -1) < 0:
-            fields["max_tokens"] = None  # until the model ends or the context is full
-        return fields
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: list[str] | str | None) -> list[str]:
+        return stop_strings(stop)
+
+    def sampling(self) -> SamplingParams:
+        """The sampler's settings: these options, Ollama's defaults under them."""
+        chosen = {
+            name: getattr(self, option)
+            for option, name in SAMPLING_OPTIONS.items()
+            if getattr(self, option) is not None
+        }
+        if "top_k" in chosen:
+            chosen["top_k"] = defaults.top_k(chosen["top_k"])
+        return replace(defaults.OLLAMA_SAMPLING, **chosen)
 
 
 # One number and unit of a Go duration ("1.5h", "300ms").
@@ -141,6 +153,15 @@ class GenerationFields(BaseModel):
     )
     logprobs: StrictBool = False
     top_logprobs: StrictInt = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _within_limit(cls, value: int, info: ValidationInfo) -> int:
+        """This server's --max-top-logprobs, as on OpenAI's chat (with logprobs asked)."""
+        limit = ((info.context or {}).get("limits") or Limits()).max_top_logprobs
+        if info.data.get("logprobs") and value > limit:
+            raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
+        return value
 
     @field_validator("keep_alive")
     @classmethod

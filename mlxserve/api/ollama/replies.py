@@ -13,7 +13,7 @@ from typing import Any
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
-from ..planning import Plan
+from ...planning.plan import Plan
 from ..responses import SequenceResult, chat_logprobs, collect, note_usage
 from .shape import rfc3339
 

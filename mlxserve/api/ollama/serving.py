@@ -9,9 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ...engine import EngineError
+from ...planning.defaults import logprobs_k
+from ..dispatch import ready_model, submit
 from ..errors import InvalidRequest
 from ..models import pool
-from ..planning import ready_model, submit
 from .models import requested_model
 from .protocol import FOREVER, GenerationFields
 from .replies import NDJSON_HEADERS, Clock, Reply, stream, whole
@@ -50,7 +51,7 @@ async def answer(engine, plan, body: GenerationFields, reply_fields: dict[str, A
         model=body.model,
         plan=plan,
         after=keeper(engine, body.keep_alive),
-        logprobs=body.top_logprobs if body.logprobs else None,
+        logprobs=logprobs_k(body.logprobs, body.top_logprobs),
         **reply_fields,
     )
     events = submit(engine, plan)

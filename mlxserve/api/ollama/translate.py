@@ -1,19 +1,18 @@
-"""Ollama's requests as the shared ones: options onto the sampler, `format` onto one constraint,
-messages (tool results matched to calls by name) onto OpenAI chat's. Planning, the engine and the
-reading of answers are then the other front doors'."""
+"""Ollama's requests as the canonical one: options onto the sampler (Ollama's defaults under
+them), `format` onto one constraint, messages (tool results matched to calls by name) onto the
+shared messages. Planning, the engine and the reading of answers are then the other doors'."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ...engine import StopSpec
+from ...planning.defaults import OLLAMA_NUM_KEEP, kept_tokens, logprobs_k, until_full
+from ...planning.messages import Call, Message, check_messages
+from ...planning.request import Chat, ContextFit, Output, Request
 from ...sampling.grammars import Constraint
-from ...settings import Limits
 from ..constraints import schema_constraint
 from ..errors import InvalidRequest
-from ..openai.chat_protocol import ChatCompletionRequest
-from ..parsing import validate
-from ..protocol import CompletionRequest
 from .protocol import ChatRequest, GenerateRequest, GenerationFields, OllamaMessage
 
 
@@ -46,101 +45,92 @@ def format_constraint(fmt: str | dict[str, Any] | None) -> Constraint | None:
     return schema_constraint("format", {"type": "object"} if fmt == "json" else fmt)
 
 
-def _shared_fields(body: GenerationFields, filling: bool) -> dict[str, Any]:
-    """Sampling with Ollama's defaults and names; a prompt that does not fit is cut from the
-    front, as Ollama cuts it (a FIM prompt is fitted by the FIM builder instead)."""
-    options = body.sampling_options
-    fields = options.sampling_fields()
-    fields["context_length_exceeded_behavior"] = "truncate"
-    if options.num_ctx is not None and not filling:
-        fields["truncate_prompt_tokens"] = options.num_ctx
-    return fields
-
-
-def completion_request(body: GenerateRequest, limits: Limits) -> CompletionRequest:
+def completion_request(body: GenerateRequest) -> Request:
     """/api/generate with `raw` or a `suffix`: the prompt as it is, or the model's FIM prompt
     around the cursor; a `context` from an earlier answer goes first."""
-    filling = bool(body.suffix)
     prompt: Any = body.prompt
     if body.context:
         prompt = [*body.context, body.prompt] if body.prompt else list(body.context)
-    fields = {
-        "prompt": prompt,
-        "suffix": body.suffix or None,
-        "logprobs": body.top_logprobs if body.logprobs else None,
-        **_shared_fields(body, filling),
-    }
-    return validate(CompletionRequest, fields, limits)
+    return _request(body, filling=bool(body.suffix), prompt=prompt, suffix=body.suffix or None)
 
 
-def generate_as_chat(body: GenerateRequest, limits: Limits) -> ChatCompletionRequest:
+def generate_as_chat(body: GenerateRequest) -> Request:
     """/api/generate otherwise: `system` and `prompt` rendered by the model's chat template."""
-    messages = [{"role": "system", "content": body.system}] if body.system else []
-    messages.append({"role": "user", "content": body.prompt})
-    return _chat(body, messages, None, limits)
+    messages = [Message("system", body.system)] if body.system else []
+    messages.append(Message("user", body.prompt))
+    return _chat(body, messages, ())
 
 
-def chat_request(body: ChatRequest, limits: Limits) -> ChatCompletionRequest:
-    """/api/chat's messages and tools in OpenAI chat's shapes."""
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-    return _chat(body, openai_messages(body.messages), tools, limits)
+def chat_request(body: ChatRequest) -> Request:
+    """/api/chat's messages and tools."""
+    tools = tuple(tool.model_dump(exclude_none=True) for tool in body.tools or ())
+    return _chat(body, chat_messages(body.messages), tools)
 
 
 def _chat(
-    body: GenerationFields, messages: list[dict], tools: list | None, limits: Limits
-) -> ChatCompletionRequest:
-    fields: dict[str, Any] = {
-        "messages": messages,
-        "tools": tools,
-        "logprobs": body.logprobs,
-        "top_logprobs": body.top_logprobs if body.logprobs else None,
-        **_shared_fields(body, filling=False),
-    }
+    body: GenerationFields, messages: list[Message], tools: tuple[dict[str, Any], ...]
+) -> Request:
+    template_kwargs = None
     if body.think is False:
-        fields["chat_template_kwargs"] = {"enable_thinking": False}
+        template_kwargs = {"enable_thinking": False}
     elif isinstance(body.think, str):
-        fields["chat_template_kwargs"] = {"reasoning_effort": body.think}
-    return validate(ChatCompletionRequest, fields, limits)
+        template_kwargs = {"reasoning_effort": body.think}
+    chat = Chat(check_messages(messages), tools, template_kwargs=template_kwargs)
+    return _request(body, filling=False, chat=chat)
 
 
-def openai_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
-    """Ollama's messages as OpenAI chat's. Ollama's calls carry no ids and its tool results
+def _request(body: GenerationFields, filling: bool, **door: Any) -> Request:
+    """Sampling with Ollama's defaults and names; a prompt that does not fit is cut from the
+    front, as Ollama cuts it (a FIM prompt is fitted by the FIM builder instead)."""
+    options = body.sampling_options
+    return Request(
+        sampling=options.sampling(),
+        stop=StopSpec(strings=tuple(options.stop or ())),
+        model=body.model,
+        max_tokens=until_full(options.num_predict),
+        seed=options.seed,
+        constraint=format_constraint(body.format),
+        output=Output(logprobs=logprobs_k(body.logprobs, body.top_logprobs)),
+        fit=ContextFit(
+            truncate=True,
+            keep_last=None if filling else options.num_ctx,
+            keep_first=kept_tokens(
+                OLLAMA_NUM_KEEP if options.num_keep is None else options.num_keep
+            ),
+        ),
+        **door,
+    )
+
+
+def chat_messages(messages: list[OllamaMessage]) -> list[Message]:
+    """Ollama's messages as the shared ones. Ollama's calls carry no ids and its tool results
     name the tool: each result answers the first unanswered call of that name (else the
     first unanswered call) of the assistant turn before it."""
-    out: list[dict[str, Any]] = []
+    out: list[Message] = []
     unanswered: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's calls
     last_id: str | None = None
     for i, message in enumerate(messages):
-        converted: dict[str, Any] = {"role": message.role, "content": message.content}
-        if message.thinking:
-            converted["reasoning_content"] = message.thinking
+        calls: tuple[Call, ...] = ()
+        tool_call_id = None
         if message.role == "assistant" and message.tool_calls:
-            calls = []
-            for j, call in enumerate(message.tool_calls):
-                call_id = call.id or f"call_{i}_{j}"
-                arguments = call.function.arguments
-                calls.append(
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": call.function.name,
-                            "arguments": arguments
-                            if isinstance(arguments, str)
-                            else json.dumps(arguments),
-                        },
-                    }
-                )
-            converted["tool_calls"] = calls
-            unanswered = [(c["id"], c["function"]["name"]) for c in calls]
-            last_id = calls[-1]["id"]
-        elif message.role == "tool":
-            converted["tool_call_id"] = message.tool_call_id or _answered(
-                unanswered, message.tool_name, last_id
+            calls = tuple(
+                Call(call.function.name, call.function.arguments, call.id or f"call_{i}_{j}")
+                for j, call in enumerate(message.tool_calls)
             )
-            if message.tool_name:
-                converted["name"] = message.tool_name
-        out.append(converted)
+            unanswered = [(call.id, call.name) for call in calls]
+            last_id = calls[-1].id
+        elif message.role == "tool":
+            tool_call_id = message.tool_call_id or _answered(unanswered, message.tool_name, last_id)
+        out.append(
+            Message(
+                message.role,
+                message.content,
+                name=message.tool_name if message.role == "tool" and message.tool_name else None,
+                tool_calls=calls,
+                tool_call_id=tool_call_id,
+                reasoning_content=message.thinking or None,
+            )
+        )
     return out
 
 

@@ -1,5 +1,5 @@
 """POST /v1/chat/completions (and llama.cpp's /chat/completions): OpenAI's chat, shaped from the
-shared plan and results. The messages become a prompt (chat_prompt.py); the answer is split into
+shared plan and results. The messages become a prompt (planning/chat.py); the answer is split into
 content, reasoning and tool calls (mlxserve/chat/output.py), whole or as it streams."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from quart_schema import document_request
 
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...engine import EngineError, GenerationEvent
+from ...planning.chat import ChatPrompt, prepare
+from ...planning.plan import Plan
 from ...settings import ChatSettings
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_completion_request
-from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import (
     SSE_DONE,
     SSE_HEADERS,
@@ -32,7 +34,6 @@ from ..responses import (
     usage,
     whole_response,
 )
-from .chat_prompt import ChatPrompt, prepare
 from .chat_protocol import ChatCompletionRequest
 from .completions import FINGERPRINT
 
@@ -43,31 +44,31 @@ def chat_settings() -> ChatSettings:
     return current_app.config["SETTINGS"].chat
 
 
-async def read_chat() -> tuple[ChatCompletionRequest, Any, Any, ChatPrompt]:
-    """The request's body, the engine and model that serve it, and its messages rendered."""
-    body = await read_completion_request(ChatCompletionRequest)
-    engine, loaded = await ready_model(body.model)
-    chat = await asyncio.to_thread(prepare, body, loaded.tokenizer, chat_settings())
-    return body, engine, loaded, chat
+async def read_chat() -> tuple[Any, Any, ChatPrompt]:
+    """The engine and model that serve the request, and its messages rendered."""
+    request = (await read_completion_request(ChatCompletionRequest)).to_request()
+    engine, loaded = await ready_model(request.model)
+    chat = await asyncio.to_thread(prepare, request, loaded.tokenizer, chat_settings())
+    return engine, loaded, chat
 
 
 @blueprint.post("/v1/chat/completions")
 @blueprint.post("/chat/completions")
 @document_request(ChatCompletionRequest)
 async def create_chat_completion():
-    body, engine, loaded, chat = await read_chat()
-    plan = await plan_on(engine, loaded, chat.request, chat.constraint)
+    engine, loaded, chat = await read_chat()
+    plan = await plan_on(engine, loaded, chat.request)
     meta = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
         "model": engine.model_name,
         "system_fingerprint": FINGERPRINT,
     }
-    if body.stream:
-        chunks = stream_chat(submit(engine, plan), plan, body, chat.output, meta)
+    if plan.body.output.stream:
+        chunks = stream_chat(submit(engine, plan), plan, chat.output, meta)
         return chunks, 200, SSE_HEADERS
     results = await collect(submit(engine, plan), plan)
-    return chat_completion(results, plan, body, chat.output, meta)
+    return chat_completion(results, plan, chat.output, meta)
 
 
 @blueprint.post("/apply-template")
@@ -79,13 +80,10 @@ async def apply_template():
 
 
 def chat_completion(
-    results: list[SequenceResult],
-    plan: Plan,
-    body: ChatCompletionRequest,
-    output: OutputSpec,
-    meta: dict[str, Any],
+    results: list[SequenceResult], plan: Plan, output: OutputSpec, meta: dict[str, Any]
 ) -> dict[str, Any]:
     """The whole answer: n choices (with best_of, the n most likely)."""
+    body, options = plan.body, plan.body.output
     candidates = results
     if plan.per_prompt > body.n:
         candidates = sorted(results, key=lambda r: -r.cumulative_logprob)[: body.n]
@@ -98,13 +96,13 @@ def chat_completion(
             "logprobs": None,
             "finish_reason": finish_reason(result.finish_reason, answer),
         }
-        if body.logprobs:
-            choice["logprobs"] = chat_logprobs(result.tokens, body.top_logprobs or 0)
-        if body.return_token_ids:
+        if options.logprobs is not None:
+            choice["logprobs"] = chat_logprobs(result.tokens, options.logprobs)
+        if options.token_ids:
             choice["prompt_token_ids"] = list(plan.prompts[0].ids)
             choice["token_ids"] = result.token_ids
         choices.append(choice)
-    return whole_response(meta, "chat.completion", choices, plan, results, body.timings_per_token)
+    return whole_response(meta, "chat.completion", choices, plan, results, options.timings)
 
 
 def message(answer: Delta) -> dict[str, Any]:
@@ -135,16 +133,16 @@ def finish_reason(reason: str | None, answer: Delta, called: bool = False) -> st
 async def stream_chat(
     events: AsyncIterator[GenerationEvent],
     plan: Plan,
-    body: ChatCompletionRequest,
     output: OutputSpec,
     meta: dict[str, Any],
 ) -> AsyncIterator[str]:
     """Each choice's role first, then its content, reasoning and tool-call deltas, then one
     chunk with its finish_reason; the usage if asked; [DONE]."""
+    options = plan.body.output
     results = [SequenceResult() for _ in plan.sequences]
     splitters = [AnswerSplitter(output) for _ in plan.sequences]
     calls_sent = [0] * len(plan.sequences)
-    with_usage = bool(body.stream_options and body.stream_options.include_usage)
+    with_usage = options.usage_in_stream
     extra = {"usage": None} if with_usage else {}
 
     def chunk(index: int, delta: dict[str, Any], top: dict | None = None, **fields: Any) -> str:
@@ -170,12 +168,12 @@ async def stream_chat(
             delta = _delta(answer, calls_sent[index])
             calls_sent[index] += len(answer.calls)
             fields: dict[str, Any] = {}
-            if body.logprobs and event.tokens:
-                fields["logprobs"] = chat_logprobs(event.tokens, body.top_logprobs or 0)
-            if body.return_token_ids and event.token_ids:
+            if options.logprobs is not None and event.tokens:
+                fields["logprobs"] = chat_logprobs(event.tokens, options.logprobs)
+            if options.token_ids and event.token_ids:
                 fields["token_ids"] = event.token_ids
             timings = None
-            if body.timings_per_token and event.timings is not None:
+            if options.timings and event.timings is not None:
                 timings = {"timings": llama_timings([event.timings])}
             if delta or fields:
                 yield chunk(index, delta, timings, **fields)

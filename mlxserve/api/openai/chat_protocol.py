@@ -1,11 +1,12 @@
-"""POST /v1/chat/completions' request: the completions request model with `messages` in place of
-`prompt`, OpenAI's chat logprobs (`logprobs: true` + `top_logprobs`), vLLM's template options,
-tools and llama.cpp's `reasoning_format`. Every sampling field, alias and rule is inherited."""
+"""POST /v1/chat/completions' request: the options OpenAI's doors share (protocol.py's
+GenerationOptions: sampling, stop, output, constraints) with `messages`, OpenAI's chat logprobs
+(`logprobs: true` + `top_logprobs`), vLLM's template options, tools and llama.cpp's
+`reasoning_format`; translated once into the canonical request, the conversation's rules
+checked there (planning/messages.py)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -13,20 +14,19 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic.json_schema import SkipJsonSchema
 
 from ...chat.templates import RESERVED_KWARGS
-from ...settings import Limits
+from ...planning.defaults import logprobs_k
+from ...planning.messages import ROLES, Call, Message, check_messages
+from ...planning.request import Chat, NamedTool, Request
+from ..constraints import NamedToolChoice, constraint_of
 from ..errors import FieldError
-from ..protocol import MAX_TOKENS_FIELD, CompletionRequest, alias
+from ..protocol import LIMITED_FIELDS, MAX_TOKENS_FIELD, GenerationOptions, alias
 from ..schema_docs import documented
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "video_url")
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound; --max-top-logprobs may set a lower one
 NOT_CHAT_FIELDS = {
     "prompt": "chat takes `messages`; send a raw prompt to /v1/completions.",
@@ -63,42 +63,22 @@ class ChatMessage(BaseModel):
         None, validation_alias=alias("reasoning_content", "reasoning")
     )
 
-    def text(self) -> str:
-        """The content as one string (a list's text parts joined; checked to be text)."""
-        if isinstance(self.content, list):
-            # an assistant's refusal part (OpenAI's) reads as the text it is
-            return "".join(part.get("text", part.get("refusal", "")) for part in self.content)
-        return self.content or ""
-
-    def for_template(self) -> dict[str, Any]:
-        """What chat templates read: content a string, call arguments an object."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.name is not None:
-            message["name"] = self.name
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if self.reasoning_content is not None:
-            message["reasoning_content"] = self.reasoning_content
-        if self.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {
-                        "name": call.function.name,
-                        "arguments": _arguments(call.function.arguments),
-                    },
-                }
-                for call in self.tool_calls
-            ]
-        return message
+    def to_message(self) -> Message:
+        calls = tuple(
+            Call(call.function.name, call.function.arguments, call.id)
+            for call in self.tool_calls or ()
+        )
+        return Message(
+            role=self.role,
+            content=self.content,
+            name=self.name,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            reasoning_content=self.reasoning_content,
+        )
 
 
-def _arguments(arguments: str | dict[str, Any]) -> dict[str, Any]:
-    return json.loads(arguments) if isinstance(arguments, str) else arguments
-
-
-class ChatCompletionRequest(CompletionRequest):
+class ChatCompletionRequest(GenerationOptions):
     """POST /v1/chat/completions in OpenAI's, vLLM's and llama.cpp's names."""
 
     model_config = ConfigDict(
@@ -120,6 +100,10 @@ class ChatCompletionRequest(CompletionRequest):
             },
         )
     )
+    limited_fields: ClassVar[dict[str, str]] = {
+        **LIMITED_FIELDS,
+        "top_logprobs": "max_top_logprobs",
+    }
 
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = Field(
@@ -156,9 +140,6 @@ class ChatCompletionRequest(CompletionRequest):
         description="llama.cpp: 'none' keeps <think> text inline in content; otherwise it goes "
         "to reasoning_content (default: the server's --reasoning-format)",
     )
-    prompt: SkipJsonSchema[Any] = None
-    suffix: SkipJsonSchema[Any] = None
-    echo: SkipJsonSchema[Any] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -172,14 +153,6 @@ class ChatCompletionRequest(CompletionRequest):
                     f"'{name}' is not a chat field: {where}", param=name, code="invalid_field"
                 )
         return {k: v for k, v in data.items() if not (v is None and k in _CHAT_NULL_IS_DEFAULT)}
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        limit = ((info.context or {}).get("limits") or Limits()).max_top_logprobs
-        if value is not None and value > limit:
-            raise ValueError(f"must be less than or equal to {limit} (this server's limit)")
-        return value
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -212,129 +185,35 @@ class ChatCompletionRequest(CompletionRequest):
                 "continue_final_message needs an assistant message last.",
                 param="continue_final_message",
             )
-        check_messages(self.messages)
         return self
 
-    @property
-    def generation_prompt(self) -> bool:
-        if self.add_generation_prompt is None:
-            return not self.continue_final_message
-        return self.add_generation_prompt
-
-    @property
-    def top_k_logprobs(self) -> int | None:
-        """The engine's logprobs: None (off), or how many alternatives per token."""
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [m.for_template() for m in self.messages]
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        if not self.tools:
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
-
-    def completion_request(self, prompt_ids: list[int], **changes: Any) -> CompletionRequest:
-        """The shared request planning takes: this one's fields, the rendered prompt's ids, and
-        the engine's logprobs. `changes` are the chat door's own (stop strings, say)."""
-        fields = {name: getattr(self, name) for name in CompletionRequest.model_fields}
-        fields.update(
-            prompt=prompt_ids,
-            suffix=None,
-            echo=False,
-            logprobs=self.top_k_logprobs,
-            tools=None,
-            tool_choice=None,
-            **changes,
+    def to_request(self) -> Request:
+        """The canonical request: the conversation (its rules checked), the tools offered to
+        the template, and the constraint of any dialect's fields."""
+        choice = self.tool_choice
+        chat = Chat(
+            messages=check_messages([m.to_message() for m in self.messages]),
+            tools=tuple(t.model_dump(exclude_none=True) for t in self.tools or ()),
+            tool_choice=NamedTool(choice.function.get("name"))
+            if isinstance(choice, NamedToolChoice)
+            else choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            template_kwargs=self._template_kwargs(),
+            reasoning_format=self.reasoning_format,
         )
-        return CompletionRequest.model_construct(**fields)
-
-
-def check_messages(messages: list[ChatMessage]) -> None:
-    """Roles, text-only content, and tool results that answer a call: each a 400 naming the
-    message's field."""
-    calls: set[str | None] | None = None  # ids of the last assistant turn's calls
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if message.role not in ROLES:
-            raise FieldError(
-                f"Unknown role {message.role!r} in {where}; roles are {', '.join(ROLES)}.",
-                param=f"{where}.role",
-            )
-        _check_content(message, where)
-        if message.role == "tool":
-            _check_tool_result(message, where, calls)
-        elif message.role == "assistant" and message.tool_calls:
-            _check_calls(message, where)
-            calls = {call.id for call in message.tool_calls}
-        else:
-            calls = None
-
-
-def _check_content(message: ChatMessage, where: str) -> None:
-    content = message.content
-    if content is None:
-        if message.role != "assistant":
-            raise FieldError(f"{where}.content is required.", param=f"{where}.content")
-        return
-    if isinstance(content, str):
-        return
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind == "text" and isinstance(part.get("text"), str):
-            continue
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            continue
-        param = f"{where}.content[{j}]"
-        if kind in MEDIA_PARTS:
-            raise FieldError(
-                f"Content part type '{kind}' is not supported: this server runs text models "
-                "only. Send text parts.",
-                param=f"{param}.type",
-                code="unsupported_content_type",
-            )
-        if kind == "text":
-            raise FieldError(f"{param}.text must be a string.", param=f"{param}.text")
-        raise FieldError(
-            f"Unknown content part type {kind!r} in {param}; send {{'type': 'text', 'text': ...}}.",
-            param=f"{param}.type",
+        return self._request(
+            logprobs=logprobs_k(self.logprobs, self.top_logprobs),
+            constraint=constraint_of(self, calls=False),
+            chat=chat,
         )
 
-
-def _check_calls(message: ChatMessage, where: str) -> None:
-    for j, call in enumerate(message.tool_calls or []):
-        arguments = call.function.arguments
-        if isinstance(arguments, str):
-            try:
-                parsed = json.loads(arguments) if arguments.strip() else {}
-            except ValueError as error:
-                raise FieldError(
-                    f"{where}.tool_calls[{j}].function.arguments is not JSON: {error}",
-                    param=f"{where}.tool_calls[{j}].function.arguments",
-                ) from error
-            if not isinstance(parsed, dict):
-                raise FieldError(
-                    f"{where}.tool_calls[{j}].function.arguments must be a JSON object.",
-                    param=f"{where}.tool_calls[{j}].function.arguments",
-                )
-            call.function.arguments = parsed
-
-
-def _check_tool_result(message: ChatMessage, where: str, calls: set[str | None] | None) -> None:
-    if calls is None:
-        raise FieldError(
-            f"{where} is a tool result, but no assistant message with tool_calls comes before "
-            "it. Send the assistant's tool_calls turn first.",
-            param=f"{where}.role",
-        )
-    if message.tool_call_id is None:
-        raise FieldError(f"{where}.tool_call_id is required.", param=f"{where}.tool_call_id")
-    if None not in calls and message.tool_call_id not in calls:
-        raise FieldError(
-            f"{where}.tool_call_id {message.tool_call_id!r} answers none of the calls before it "
-            f"({', '.join(sorted(calls))}).",
-            param=f"{where}.tool_call_id",
-        )
+    def _template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with OpenAI's reasoning_effort where they do not set one."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
 
 _CHAT_NULL_IS_DEFAULT = frozenset(

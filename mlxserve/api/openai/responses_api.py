@@ -19,10 +19,11 @@ from quart_schema import document_request
 from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
+from ...planning.chat import prepare
+from ...planning.plan import Plan
+from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_json_object, validate
-from ..planning import Plan, plan_on, ready_model, submit
 from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, usage
-from .chat_prompt import prepare
 from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request
 
 blueprint = Blueprint("openai_responses", __name__)
@@ -48,10 +49,10 @@ ID_PREFIXES = {"reasoning": "rs", "message": "msg"}
 async def create_response():
     settings = current_app.config["SETTINGS"]
     body = validate(ResponsesRequest, await read_json_object(), settings.limits)
-    chat, origins = chat_request(body, settings.limits, settings.chat.strict_tools)
+    chat, origins = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(chat.model)
     prompt = await asyncio.to_thread(prepare, chat, loaded.tokenizer, settings.chat)
-    plan = await plan_on(engine, loaded, prompt.request, prompt.constraint)
+    plan = await plan_on(engine, loaded, prompt.request)
     response = {
         "id": new_id("resp"),
         "object": "response",

@@ -1,21 +1,25 @@
-"""POST /v1/responses' request (OpenAI's Responses API) and its translation into a chat request:
-input items become chat messages, flat function tools chat's nested ones, text.format chat's
-response_format. This server stores nothing, so nothing may refer to an earlier response."""
+"""POST /v1/responses' request (OpenAI's Responses API) and its translation into the canonical
+request: input items become the shared messages, flat function tools the nested ones templates
+read, text.format the output constraint. This server stores nothing, so nothing may refer to an
+earlier response."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from ...settings import Limits
+from ...engine import StopSpec
+from ...planning.defaults import SAMPLING, no_parameters
+from ...planning.messages import MEDIA_PARTS, Call, Message, check_messages
+from ...planning.request import Chat, ContextFit, NamedTool, Request
+from ...sampling.grammars import Constraint
+from ..constraints import schema_constraint
 from ..errors import InvalidRequest
 from ..hosted_tools import leave_out
-from ..parsing import validate
 from ..protocol import MAX_TOKENS_FIELD
-from .chat_protocol import MEDIA_PARTS, ChatCompletionRequest
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -114,32 +118,33 @@ class ResponsesRequest(BaseModel):
 
 
 def chat_request(
-    body: ResponsesRequest, limits: Limits, strict_tools: bool = False
-) -> tuple[ChatCompletionRequest, dict[str, ToolOrigin]]:
-    """The chat request that answers `body`, or a 400 naming the invalid Responses field; and
+    body: ResponsesRequest, strict_tools: bool = False
+) -> tuple[Request, dict[str, ToolOrigin]]:
+    """The request that answers `body`, or a 400 naming the invalid Responses field; and
     where each offered function that is not a plain top-level one came from (ToolOrigin)."""
     _refuse_stateful(body)
-    fields: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
+    messages = _messages(body)
     tools, origins = _tools(body.tools or [], strict_tools)
-    if tools:
-        fields["tools"] = tools
-    if body.tool_choice is not None:
-        fields["tool_choice"] = _tool_choice(body.tool_choice)
-    if body.text and body.text.format:
-        fields["response_format"] = _response_format(body.text.format)
-    if body.reasoning and body.reasoning.effort:
-        fields["chat_template_kwargs"] = {"reasoning_effort": body.reasoning.effort}
-    if body.truncation == "auto":
-        fields["context_length_exceeded_behavior"] = "truncate"
-    optional = {
-        "max_tokens": body.max_output_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "parallel_tool_calls": body.parallel_tool_calls,
-        "user": body.user,
-    }
-    fields.update({name: value for name, value in optional.items() if value is not None})
-    return validate(ChatCompletionRequest, fields, limits), origins
+    effort = body.reasoning.effort if body.reasoning else None
+    chat = Chat(
+        check_messages(messages),
+        tuple(tools),
+        _tool_choice(body.tool_choice) if body.tool_choice is not None else None,
+        body.parallel_tool_calls is not False,
+        template_kwargs={"reasoning_effort": effort} if effort else None,
+    )
+    sampling = {"temperature": body.temperature, "top_p": body.top_p}
+    request = Request(
+        replace(SAMPLING, **{name: v for name, v in sampling.items() if v is not None}),
+        StopSpec(),
+        model=body.model,
+        max_tokens=body.max_output_tokens,
+        constraint=_constraint(body.text.format) if body.text and body.text.format else None,
+        fit=ContextFit(truncate=body.truncation == "auto"),
+        user=body.user,
+        chat=chat,
+    )
+    return request, origins
 
 
 def _refuse_stateful(body: ResponsesRequest) -> None:
@@ -157,14 +162,15 @@ def _refuse_stateful(body: ResponsesRequest) -> None:
         )
 
 
-def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+def _messages(body: ResponsesRequest) -> list[Message]:
     """`instructions` first, then the input's items as chat messages: consecutive function
     calls join the assistant turn before them, and reasoning goes to the next assistant turn."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []  # turns as they build up
     if body.instructions:
         out.append({"role": "system", "content": body.instructions})
     if isinstance(body.input, str):
-        return [*out, {"role": "user", "content": body.input}]
+        out.append({"role": "user", "content": body.input})
+        return [_message(turn) for turn in out]
     if not body.input:
         raise InvalidRequest("input must hold at least one item.", param="input")
     calls: set[str] = set()
@@ -186,7 +192,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
                 continue
         elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
             message = _call_turn(out, item, where)
-            calls.add(message["tool_calls"][-1]["id"])
+            calls.add(message["tool_calls"][-1].id)
         elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
             message = _tool_result(item, where, calls)
         elif kind == "item_reference":
@@ -205,7 +211,11 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             message["reasoning_content"], reasoning = reasoning, ""
         if not out or out[-1] is not message:
             out.append(message)
-    return out
+    return [_message(turn) for turn in out]
+
+
+def _message(turn: dict[str, Any]) -> Message:
+    return Message(**{**turn, "tool_calls": tuple(turn.get("tool_calls", ()))})
 
 
 # Items of what OpenAI ran itself, or of state only OpenAI can read (a resumed Codex session
@@ -307,11 +317,7 @@ def _call_turn(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> d
         raise InvalidRequest(
             f"{where}.arguments must be a JSON object as text.", param=f"{where}.arguments"
         )
-    call = {
-        "id": _string(item, "call_id", where),
-        "type": "function",
-        "function": {"name": _string(item, "name", where), "arguments": arguments},
-    }
+    call = Call(_string(item, "name", where), arguments, _string(item, "call_id", where))
     if out and out[-1]["role"] == "assistant":
         out[-1].setdefault("tool_calls", []).append(call)
         return out[-1]
@@ -362,10 +368,37 @@ def custom_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
         "required": ["input"],
         "additionalProperties": False,
     }
-    function = {"name": _string(tool, "name", where), "parameters": parameters}
+    function: dict[str, Any] = {"name": _string(tool, "name", where)}
     if description.strip():
         function["description"] = description.strip()
+    function["parameters"] = parameters
     return function
+
+
+def _function(flat: dict[str, Any], where: str) -> dict[str, Any]:
+    """A function tool as templates read it: its name, description and parameters' schema (an
+    object with none, when it declares none)."""
+    function: dict[str, Any] = {"name": _string(flat, "name", where)}
+    if not function["name"]:
+        raise _invalid(f"{where}.name", "must be at least 1 character long", "")
+    description, parameters = flat.get("description"), flat.get("parameters")
+    if description is not None:
+        if not isinstance(description, str):
+            raise _invalid(f"{where}.description", "must be a string", description)
+        function["description"] = description
+    if parameters is not None and not isinstance(parameters, dict):
+        raise _invalid(f"{where}.parameters", "must be an object", parameters)
+    function["parameters"] = no_parameters() if parameters is None else parameters
+    return function
+
+
+def _invalid(param: str, requirement: str, value: Any) -> InvalidRequest:
+    """A value of the wrong shape, worded as the request models word it (parsing.refusal)."""
+    return InvalidRequest(
+        f"Invalid value for '{param}': {requirement} (got {value!r})",
+        param=param,
+        code="invalid_value",
+    )
 
 
 @dataclass(frozen=True)
@@ -402,10 +435,7 @@ class _ToolWalk:
             function = custom_function(tool, where)
         elif kind == "function":
             flat = tool["function"] if isinstance(tool.get("function"), dict) else tool
-            function = {"name": _string(flat, "name", where)}
-            for key in ("description", "parameters"):
-                if flat.get(key) is not None:
-                    function[key] = flat[key]
+            function = _function(flat, where)
         else:
             self.hosted.append((where, str(kind)))
             return
@@ -414,7 +444,7 @@ class _ToolWalk:
             self.origins[function["name"]] = ToolOrigin(kind == "custom", namespace)
 
 
-def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+def _tool_choice(choice: str | dict[str, Any]) -> str | NamedTool:
     if isinstance(choice, str):
         return choice
     if choice.get("type") not in ("function", "custom"):  # a custom tool is a function here
@@ -423,17 +453,17 @@ def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
             "'required' or {'type': 'function', 'name': ...}.",
             param="tool_choice.type",
         )
-    return {"type": "function", "function": {"name": _string(choice, "name", "tool_choice")}}
+    return NamedTool(_string(choice, "name", "tool_choice"))
 
 
-def _response_format(fmt: TextFormat) -> dict[str, Any]:
-    if fmt.type != "json_schema":
-        return {"type": fmt.type}
+def _constraint(fmt: TextFormat) -> Constraint | None:
+    """text.format as the answer's constraint (under chat's name for it, response_format)."""
+    if fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return schema_constraint("response_format", {"type": "object"})
     if fmt.schema_ is None:
         raise InvalidRequest(
             "text.format json_schema needs a 'schema'.", param="text.format.schema"
         )
-    schema = {"name": fmt.name or "response", "schema": fmt.schema_}
-    if fmt.strict is not None:
-        schema["strict"] = fmt.strict
-    return {"type": "json_schema", "json_schema": schema}
+    return schema_constraint("response_format", fmt.schema_)

@@ -2,20 +2,20 @@
 
 Prompts (text, token ids, or llama.cpp's mix) become token ids; `suffix` and /infill become the
 model's fill-in-the-middle prompt; the context policy fits each prompt; and prompts x best_of
-become one GenerationRequest per sequence.
+become one GenerationRequest per sequence. No Quart: the caller (api/dispatch.py) passes the
+server's settings and the loaded model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import math
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from quart import current_app
-
-from ..engine import LOADING_STATES, EngineError, GenerationEvent, GenerationRequest, StopSpec
+from ..api.errors import InvalidRequest
+from ..engine import GenerationRequest, StopSpec
 from ..fim import FimError, InfillParts, build_infill, fim_token_names
 from ..prompt import (
     Prompt,
@@ -25,26 +25,20 @@ from ..prompt import (
     split_prompts,
     tokenize,
 )
+from ..sampling.breakers import resolve_breakers
 from ..sampling.grammars import Constraint, GrammarError
+from ..sampling.params import SamplingParams
 from ..sampling.token_healing import heal
 from ..settings import Settings
-from .admission import admit, refuse_if_draining
-from .constraints import constraint_of
-from .errors import InvalidRequest, ServiceUnavailable
-from .metrics import timed
-from .models import engine_for, pool
-from .protocol import CompletionRequest
-
-# A request waits this long for a model being (re)loaded, then gets 503: longer than a small
-# model's load on a slow machine, shorter than clients' own timeouts (openai's: 600 s).
-LOAD_WAIT_S = 120.0
+from .defaults import random_seed
+from .request import LogitBias, Request
 
 
 @dataclass
 class Plan:
     """What one HTTP request asks of the engine: per prompt, `per_prompt` sequences."""
 
-    body: CompletionRequest
+    body: Request  # the canonical request (a chat's with its prompt rendered)
     prompts: list[Prompt]
     sequences: list[GenerationRequest]
     per_prompt: int
@@ -54,53 +48,6 @@ class Plan:
     def prompt_of(self, index: int) -> Prompt:
         """The prompt the sequence at `index` continues."""
         return self.prompts[index // self.per_prompt]
-
-
-async def plan_request(body: CompletionRequest, infill: InfillParts | None = None):
-    """The checks and planning every front door shares: (engine, loaded model, plan)."""
-    engine, loaded = await ready_model(body.model)
-    plan = await plan_on(engine, loaded, body, constraint_of(body), infill)
-    return engine, loaded, plan
-
-
-async def ready_model(model: str | None):
-    """Not draining, and the model `model` routes to (`models.engine_for`) is loaded:
-    (engine, loaded model). Chat calls this first: its prompt needs the model's template."""
-    refuse_if_draining(current_app.config)
-    engine = await engine_for(model)
-    await engine.ensure_loaded(timeout=LOAD_WAIT_S)
-    try:
-        loaded = engine.check_ready()
-    except EngineError as error:
-        raise ServiceUnavailable(
-            str(error),
-            code="model_loading" if error.state in LOADING_STATES else "model_unavailable",
-            headers={"Retry-After": "1"},
-        ) from error
-    return engine, loaded
-
-
-async def plan_on(
-    engine,
-    loaded,
-    body: CompletionRequest,
-    constraint: Constraint | None,
-    infill: InfillParts | None = None,
-) -> Plan:
-    """The plan for `body` on the loaded model, its `constraint` compiled, admitted."""
-    settings = current_app.config["SETTINGS"]
-    timeout = settings.limits.grammar_timeout_s
-    grammar = await compile_constraint(loaded, constraint, timeout) if constraint else None
-    plan = await asyncio.to_thread(make_plan, body, loaded, settings, grammar, infill)
-    others = sum(e.admitted_kv_bytes() for e in pool().engines if e is not engine)
-    plan.reservation = admit(engine, loaded, plan.sequences, settings, others)
-    return plan
-
-
-def submit(engine, plan: Plan) -> AsyncIterator[GenerationEvent]:
-    """The plan's sequences handed to the engine, timed for /metrics (call it inside the
-    request: a stream runs outside the app context)."""
-    return timed(engine.submit(plan.sequences, plan.reservation))
 
 
 async def compile_constraint(loaded, constraint: Constraint, timeout_s: float) -> str:
@@ -122,29 +69,23 @@ async def compile_constraint(loaded, constraint: Constraint, timeout_s: float) -
 
 
 def make_plan(
-    body: CompletionRequest,
+    body: Request,
     loaded,
     settings: Settings,
     grammar: str | None = None,
-    infill: InfillParts | None = None,
 ) -> Plan:
-    """Tokenize (a FIM prompt for `suffix` or /infill's `infill`), fit the context, and expand
-    prompts x best_of into GenerationRequests."""
+    """Tokenize (a FIM prompt for `suffix` or /infill's parts), fit the context, and expand
+    prompts x best_of into GenerationRequests; `grammar` is the request's compiled constraint."""
     try:
-        return _make_plan(body, loaded, settings, grammar, infill)
+        return _make_plan(body, loaded, settings, grammar)
     except PromptError as error:
         raise InvalidRequest(
             str(error), param=error.param, code=error.code, details=error.details
         ) from error
 
 
-def _make_plan(
-    body: CompletionRequest,
-    loaded,
-    settings: Settings,
-    grammar: str | None,
-    infill: InfillParts | None,
-) -> Plan:
+def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -> Plan:
+    infill = body.infill
     if infill is not None and loaded.fim is None and not infill.suffix:
         # Nothing after the cursor: a model without FIM tokens continues the text before it.
         pieces, infill = [infill.prefix + infill.prompt], None
@@ -162,14 +103,15 @@ def _make_plan(
             param="n",
         )
     vocab = loaded.vocab_size
-    _check_token_ids(body.stop_token_ids or [], vocab, "stop_token_ids")
-    _check_token_ids(body.allowed_token_ids or [], vocab, "allowed_token_ids")
-    sampling = body.to_sampling_params(loaded.tokenizer, _end_of_infill(loaded), grammar)
+    _check_token_ids(list(body.stop.token_ids), vocab, "stop_token_ids")
+    _check_token_ids(list(body.sampling.allowed_token_ids or ()), vocab, "allowed_token_ids")
+    sampling = sampling_for(body, loaded.tokenizer, _end_of_infill(loaded), grammar)
     _check_token_ids(list(sampling.logit_bias), vocab, "logit_bias")
-    stop = body.to_stop_spec(_deadline(settings.limits.request_timeout_s))
+    stop = replace(body.stop, deadline=_deadline(settings.limits.request_timeout_s))
+    output = body.output
     needs_scores = body.best_of is not None and body.best_of > body.n
-    logprobs = body.logprobs if body.logprobs is not None else (0 if needs_scores else None)
-    base_seed = body.seed if body.seed not in (None, -1) else secrets.randbits(64)
+    logprobs = output.logprobs if output.logprobs is not None else (0 if needs_scores else None)
+    base_seed = random_seed(body.seed)
     document_start = (
         loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_ids[0]
     )
@@ -185,11 +127,12 @@ def _make_plan(
             prompt.ids,
             body.max_tokens,
             loaded.context_length,
-            body.truncate,
-            body.truncate_prompt_tokens,
+            body.fit.truncate,
+            body.fit.keep_last,
             settings.limits.max_prompt_tokens,
             settings.limits.max_tokens,
             strict=settings.strict_context,
+            keep_first=_kept_head(loaded, prompt.ids, body.fit.keep_first),
         )
         prompt_stop = _stop_for(loaded, stop, budget.ids, budget.max_tokens, filling)
         plan.prompts.append(Prompt(budget.ids, prompt.text))
@@ -204,21 +147,19 @@ def _make_plan(
                     seed=(base_seed + choice) % 2**64,
                     stop=prompt_stop,
                     logprobs=logprobs,
-                    post_sampling_probs=body.probs_after_sampling,
-                    prompt_logprobs=body.echo and body.logprobs is not None,
-                    skip_special_tokens=body.skip_special_tokens,
+                    post_sampling_probs=output.post_sampling_probs,
+                    prompt_logprobs=output.echo and output.logprobs is not None,
+                    skip_special_tokens=output.skip_special_tokens,
                     cache_prompt=body.cache_prompt,
-                    report_timings=body.timings_per_token and body.stream,
-                    report_progress=body.return_progress and body.stream,
+                    report_timings=output.timings and output.stream,
+                    report_progress=output.progress and output.stream,
                     healed=healed,
                 )
             )
     return plan
 
 
-def _check_filling(
-    body: CompletionRequest, loaded, infill: InfillParts | None, settings: Settings
-) -> None:
+def _check_filling(body: Request, loaded, infill: InfillParts | None, settings: Settings) -> None:
     """A fill-in-the-middle request needs a model with FIM tokens, and cannot echo logprobs."""
     if loaded.fim is None:
         field = "input_suffix" if infill is not None else "suffix"
@@ -234,7 +175,7 @@ def _check_filling(
             param=field,
             code="fim_not_supported",
         )
-    if body.echo and body.logprobs is not None:
+    if body.output.echo and body.output.logprobs is not None:
         raise InvalidRequest(
             "echo with logprobs cannot be combined with suffix: the model's prompt is the "
             "fill-in-the-middle template, not your text.",
@@ -259,7 +200,7 @@ def _deadline(timeout_s: float | None) -> float | None:
 
 def _fill_in_the_middle(
     loaded,
-    body: CompletionRequest,
+    body: Request,
     prompt: Prompt,
     piece,
     infill: InfillParts | None,
@@ -275,14 +216,13 @@ def _fill_in_the_middle(
             ids = ids[len(leading) :]
         before = piece if isinstance(piece, str) else ids
         infill = InfillParts(prefix=before, suffix=body.suffix or "")
-    max_tokens = body.max_tokens if body.max_tokens is not None else -1
     try:
         built = build_infill(
             loaded.fim,
             lambda text: _plain_ids(loaded, text),
             infill,
             loaded.context_length,
-            max_tokens,
+            body.max_tokens,
             leading,
             (lambda ids: heal(ids, loaded.token_texts)) if healing else None,
         )
@@ -307,6 +247,15 @@ def _is_fim_prompt(fim, ids: tuple[int, ...]) -> bool:
     return marker in ids
 
 
+def _kept_head(loaded, ids: tuple[int, ...], keep_first: int | None) -> int:
+    """The prompt's tokens that stay in front where it is cut: `keep_first` after its BOS (as
+    llama.cpp and Ollama count them), or all (None)."""
+    if keep_first is None:
+        return len(ids)
+    starts_with_bos = loaded.bos_token_id is not None and ids[:1] == (loaded.bos_token_id,)
+    return keep_first + starts_with_bos
+
+
 def _end_of_infill(loaded) -> tuple[int, ...]:
     """What the infill sampler treats as the end of the middle: EOS first, then FIM ends."""
     ends = list(loaded.eos_token_ids)
@@ -322,3 +271,40 @@ def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
             f"token id {bad} in '{param}' is outside the vocabulary [0, {vocab_size}).",
             param=param,
         )
+
+
+def sampling_for(
+    body: Request, tokenizer: Any, infill_end_ids: tuple[int, ...], grammar: str | None
+) -> SamplingParams:
+    """The request's sampler settings on the loaded model: its tokenizer gives logit_bias's
+    ids and DRY's breakers; `infill_end_ids` end the middle for the "infill" sampler;
+    `grammar` is the compiled constraint."""
+    sampling = body.sampling
+    dry = sampling.dry
+    return replace(
+        sampling,
+        logit_bias=token_bias(body.logit_bias, tokenizer),
+        dry_breakers=resolve_breakers(tokenizer, dry.breakers) if dry else None,
+        infill_end_ids=infill_end_ids if "infill" in sampling.samplers else (),
+        grammar=grammar,
+    )
+
+
+def token_bias(bias: LogitBias | None, tokenizer: Any) -> dict[int, float]:
+    """logit_bias by token id, in OpenAI's form ({"id": bias}) or llama.cpp's (text keys,
+    [[id or text, bias]] pairs, `false` for never): a text biases each of its tokens; biases
+    of one token add up."""
+    bias = bias or {}
+    biased: dict[int, float] = {}
+    for key, value in bias.items() if isinstance(bias, dict) else bias:
+        if isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(bias, dict):
+            ids = [int(key)]
+        elif isinstance(key, int):
+            ids = [key]
+        else:
+            ids = tokenizer.encode(key, add_special_tokens=False)
+            if not ids:
+                raise InvalidRequest(f"logit_bias text {key!r} has no tokens", param="logit_bias")
+        for token in ids:
+            biased[token] = biased.get(token, 0.0) + (-math.inf if value is False else value)
+    return biased

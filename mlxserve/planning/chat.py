@@ -1,0 +1,141 @@
+"""A chat request -> what the shared planning step takes: the rendered prompt's token ids, the
+stops its template needs, the one output constraint (response_format and the like, or a forced
+tool call), and how the answer is read back (reasoning, tool calls). Every chat door (OpenAI
+chat, Ollama, Anthropic, Responses) prepares its canonical request here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..api.errors import InvalidRequest
+from ..chat.output import THINK_TAGS, OutputSpec
+from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
+from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
+from ..sampling.grammars import Constraint
+from ..settings import ChatSettings
+from .request import Chat, NamedTool, Request
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    request: Request  # for planning: the prompt as token ids, the constraint settled
+    output: OutputSpec
+    text: str  # the rendered prompt
+
+
+def prepare(request: Request, tokenizer: Any, settings: ChatSettings) -> ChatPrompt:
+    """Render the messages with the model's template (or --chat-template's) and plan how its
+    answer is read."""
+    chat = request.chat
+    tools = _offered_tools(chat)
+    calling = bool(tools) and chat.tool_choice != "none"
+    forced = calling and chat.tool_choice not in (None, "auto")
+    try:
+        text = render(
+            tokenizer,
+            chat.template_messages(),
+            tools,
+            add_generation_prompt=chat.generation_prompt,
+            continue_final_message=chat.continue_final_message,
+            template_kwargs=chat.template_kwargs,
+            override=settings.template,
+        )
+    except TemplateError as error:
+        raise InvalidRequest(
+            f"The model's chat template refused these messages: {error}",
+            param="messages",
+            code="invalid_messages",
+        ) from error
+    think = _think_tags(chat.reasoning_format or settings.reasoning_format, tokenizer)
+    syntax = syntax_for(tokenizer, tools, settings.tool_parser) if calling else None
+    if forced and not syntax.json_body:
+        syntax = None  # the forced calls are bare JSON: a syntax of JSON in tags is needed
+    output = OutputSpec(
+        think=think,
+        thinking_open=think is not None and _opens_thinking(text, think),
+        tools=syntax,
+        json_calls=calling and not forced,
+        forced=forced,
+        max_calls=None if chat.parallel_tool_calls else 1,
+    )
+    stop, options = request.stop, request.output
+    if template_info(tokenizer, settings.template).fallback and CHATML_END not in stop.strings:
+        stop = replace(stop, strings=(*stop.strings, CHATML_END))
+    if _markers_are_special(tokenizer, output):
+        options = replace(options, skip_special_tokens=False)  # else the tags vanish
+    constraint = _constraint(chat, request.constraint, tools, output if forced else None)
+    prepared = replace(
+        request,
+        prompt=prompt_ids(tokenizer, text),
+        stop=stop,
+        output=options,
+        constraint=constraint,
+    )
+    return ChatPrompt(prepared, output, text)
+
+
+def _offered_tools(chat: Chat) -> list[dict[str, Any]] | None:
+    tools = list(chat.tools) or None
+    choice = chat.tool_choice
+    if isinstance(choice, NamedTool):
+        if not any(t["function"]["name"] == choice.name for t in tools or []):
+            raise InvalidRequest(
+                f"tool_choice names the function {choice.name!r}, which is not among the tools.",
+                param="tool_choice",
+            )
+    elif choice == "required" and not tools:
+        raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
+    return tools
+
+
+def _constraint(
+    chat: Chat,
+    other: Constraint | None,
+    tools: list[dict[str, Any]] | None,
+    forced: OutputSpec | None,
+) -> Constraint | None:
+    """The request's own constraint (response_format and the like), or the forced calls'
+    grammar: in the model's syntax where its calls are JSON in tags (Hermes, Qwen), else as
+    bare JSON."""
+    if forced is None:
+        return other
+    if other is not None:
+        raise InvalidRequest(
+            f"Only one output constraint per request: tool_choice forces a call, and "
+            f"'{other.field}' constrains the answer too.",
+            param=other.field,
+            code="conflicting_parameters",
+        )
+    choice = chat.tool_choice
+    if isinstance(choice, NamedTool):
+        tools = [t for t in tools or [] if t["function"]["name"] == choice.name]
+    one = isinstance(choice, NamedTool) or not chat.parallel_tool_calls
+    if forced.tools is not None:
+        grammar = forced_call_grammar(tools or [], one, forced.tools)
+        return Constraint("tool_choice", "lark", grammar)
+    schema = forced_call_schema(tools or [], one)
+    return Constraint("tool_choice", "json_schema", json.dumps(schema, sort_keys=True))
+
+
+def _think_tags(reasoning_format: str, tokenizer: Any) -> tuple[str, str] | None:
+    if reasoning_format == "none":
+        return None
+    if getattr(tokenizer, "has_thinking", False):
+        return tokenizer.think_start, tokenizer.think_end
+    return THINK_TAGS
+
+
+def _opens_thinking(text: str, think: tuple[str, str]) -> bool:
+    """The generation prompt opens the thinking block itself (DeepSeek-R1, GLM): the answer
+    starts inside it."""
+    return text.rstrip().endswith(think[0])
+
+
+def _markers_are_special(tokenizer: Any, output: OutputSpec) -> bool:
+    markers = [*(output.think or ())]
+    if output.tools is not None:
+        markers += [output.tools.start, output.tools.end]
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    return any(m in special for m in markers if m)
