@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +38,7 @@ WORKER_GROUPS = {
 
 # Over Quart's 60 s default; MLXSERVE_LONG_STREAM_SECONDS=190 makes it the 3-minute check.
 LONG_STREAM_SECONDS = float(os.environ.get("MLXSERVE_LONG_STREAM_SECONDS", "65"))
+LONG_STREAM_STEP_S = 0.5  # the long stream's engine waits this long before each step
 LONG_STREAM_TEST = "test_a_stream_longer_than_a_minute_ends_with_done"
 
 
@@ -230,18 +233,23 @@ def smollm2_server(live_servers, smollm2_engine, request):
 
 
 @pytest.fixture(scope="session")
-def long_stream(live_servers, smollm2_engine) -> BackgroundStream:
-    """A greedy stream on SmolLM2 that ends LONG_STREAM_SECONDS after its first token (llama.cpp's
-    t_max_predict_ms, once a line break was written), however busy the machine is meanwhile."""
-    url = live_servers.shared(shared_model(SMOLLM2), engine=smollm2_engine).url
-    body = {
-        "prompt": "A shopping list:\n-",  # a line break within a few tokens
-        "max_tokens": -1,  # until the context is full: the time limit comes first
-        "ignore_eos": True,
-        "temperature": 0,
-        "t_max_predict_ms": int(LONG_STREAM_SECONDS * 1000),
-    }
-    return BackgroundStream(url, body)
+def long_stream(live_servers, tiny_model) -> Iterator[BackgroundStream]:
+    """A stream of LONG_STREAM_SECONDS, from a server of its own whose engine waits before each
+    step (a slow model, as a wrapper around the engine's step: the minute costs no CPU). Begun
+    with the SmolLM2 server (smollm2_server), so that it runs beside the tests on it."""
+    with live_servers.own(tiny_model) as live:
+        engine, step = live.engine, live.engine.step
+
+        def slow_step() -> None:
+            time.sleep(LONG_STREAM_STEP_S)
+            step()
+
+        engine.step = slow_step
+        tokens = int(LONG_STREAM_SECONDS / LONG_STREAM_STEP_S)
+        body = {"prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
+        stream = BackgroundStream(live.url, body)
+        yield stream
+        stream.join()
 
 
 def shared_model(name: str) -> Path:

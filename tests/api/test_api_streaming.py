@@ -145,7 +145,8 @@ def test_concurrent_streams_are_batched_and_all_finish(server):
 @pytest.mark.slow
 def test_a_stream_longer_than_a_minute_ends_with_done(smollm2_server, long_stream):
     """Quart cuts responses at 60 s by default (RESPONSE_TIMEOUT): ours must run to [DONE].
-    A real model's stream, begun with the SmolLM2 server (conftest.py) and ended by time."""
+    A stream from a slow engine (conftest.py's long_stream), begun with the SmolLM2 server so
+    that its minute passes beside the tests on that server."""
     stream = long_stream.join()
     elapsed = stream.elapsed_s
     assert elapsed > max(61, 0.8 * LONG_STREAM_SECONDS), f"the stream took only {elapsed:.0f} s"
