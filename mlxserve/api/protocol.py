@@ -420,7 +420,7 @@ class GenerationOptions(BaseModel):
 class CompletionFields(BaseModel):
     """The completions door's own fields. CompletionRequest lists this class after
     GenerationOptions, so pydantic (which orders fields by the reversed MRO) checks the prompt
-    first: of several faults, a missing or bad prompt is the one named."""
+    first: of several errors, a missing or bad prompt is the one named."""
 
     prompt: PromptInput = Field(
         description="text, token ids, or a list of either", json_schema_extra=PROMPT_SCHEMA
