@@ -138,6 +138,19 @@ def conversation(
     return turns
 
 
+def medians(pairs: list[tuple[Any, Any]]) -> tuple[int, float, float, float]:
+    """One turn (or agent step) over the runs, each a (warm, cold) pair of Turns or Steps: its
+    prompt's tokens (the first run's), and the medians of the cached share and of the TTFTs warm
+    and cold."""
+    warm = [w for w, _ in pairs]
+    return (
+        warm[0].prompt_tokens,
+        statistics.median(w.cached_tokens / w.prompt_tokens for w in warm),
+        statistics.median(w.ttft for w in warm),
+        statistics.median(c.ttft for _, c in pairs),
+    )
+
+
 def chat_report(model: str, args: argparse.Namespace, runs: list[list[tuple[Turn, Turn]]]) -> None:
     answers = statistics.median(w.answer_tokens for run in runs for w, _ in run)
     rows = [
@@ -149,15 +162,11 @@ def chat_report(model: str, args: argparse.Namespace, runs: list[list[tuple[Turn
         ("repeats", f"{len(runs)} conversations (medians of the TTFTs below)"),
     ]
     for turn in range(args.turns):
-        warm = [run[turn][0] for run in runs]
-        cold = [run[turn][1] for run in runs]
-        share = statistics.median(w.cached_tokens / w.prompt_tokens for w in warm)
-        ttft_warm = statistics.median(w.ttft for w in warm)
-        ttft_cold = statistics.median(c.ttft for c in cold)
+        prompt, share, ttft_warm, ttft_cold = medians([run[turn] for run in runs])
         rows.append(
             (
                 f"turn {turn + 1}: prompt, cached, TTFT warm / cold",
-                f"{warm[0].prompt_tokens} tok, {share:.1%} cached, {ttft_warm:.3f} / "
+                f"{prompt} tok, {share:.1%} cached, {ttft_warm:.3f} / "
                 f"{ttft_cold:.3f} s = {ttft_cold / ttft_warm:.1f}x",
             )
         )
@@ -326,16 +335,12 @@ def agent_report(model: str, args: argparse.Namespace, runs: list[list[tuple[Ste
         ("repeats", f"{len(runs)} sessions (each step: the median of the sessions)"),
     ]
     for step in range(args.steps):
-        warm = [run[step][0] for run in runs]
-        cold = [run[step][1] for run in runs]
-        share = statistics.median(w.cached_tokens / w.prompt_tokens for w in warm)
-        ttft_warm = statistics.median(w.ttft for w in warm)
-        ttft_cold = statistics.median(c.ttft for c in cold)
+        prompt, share, ttft_warm, ttft_cold = medians([run[step] for run in runs])
         target = "  (target >= 90%)" if step >= 2 else ""
         rows.append(
             (
                 f"step {step + 1}: prompt, cached, first block warm / cold",
-                f"{warm[0].prompt_tokens} tok, {share:.1%} cached{target}, {ttft_warm:.3f} / "
+                f"{prompt} tok, {share:.1%} cached{target}, {ttft_warm:.3f} / "
                 f"{ttft_cold:.3f} s = {ttft_cold / ttft_warm:.1f}x",
             )
         )

@@ -61,9 +61,8 @@ def pytest_collection_modifyitems(items):
     SmolLM2's, then WORKER_GROUPS' (in that order), then every other test as collected.
 
     The tests on SmolLM2 run one after the other: the engine tier's first, then the server's,
-    the long stream last, so that the minute it streams in the background (it starts with the
-    server, see smollm2_server) overlaps the others on that server, and no test of another
-    server's memory or timing, nor the engine tier's comparison with mlx-lm."""
+    the long stream's last, so that the minute it streams in the background (begun with the
+    SmolLM2 server, see smollm2_server and long_stream) passes while the others run."""
     on_smollm2 = [item for item in items if "smollm2_engine" in item.fixturenames]
     on_smollm2.sort(
         key=lambda item: (

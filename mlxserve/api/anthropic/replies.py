@@ -15,8 +15,6 @@ from ...planning.plan import Plan
 from ..responses import SequenceResult, note_usage
 from .shape import event
 
-THINKING_START = {"type": "thinking", "thinking": "", "signature": ""}
-
 
 @dataclass
 class Reply:

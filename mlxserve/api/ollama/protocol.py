@@ -42,7 +42,6 @@ SAMPLING_OPTIONS = {
     "mirostat_tau": "mirostat_tau",
     "mirostat_eta": "mirostat_eta",
 }
-THINK_LEVELS = ("high", "medium", "low")
 FOREVER = math.inf
 MAX_KEEP_ALIVE_S = 100 * 365 * 86400.0  # longer is for ever (and beyond what a clock holds)
 
