@@ -9,7 +9,7 @@ from quart import Blueprint, current_app
 
 from ..chat.templates import chat_capabilities
 from ..engine import EngineError
-from ..engine.models.pool import NO_ROOM_RETRY_AFTER_S, NoRoom
+from ..engine.states import NO_ROOM_RETRY_AFTER_S, NoRoom
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound, ServiceUnavailable
 from .log_once import FirstSight

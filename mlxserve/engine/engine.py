@@ -29,7 +29,7 @@ from .cluster.lockstep import Cluster, LockStep, follow
 from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .models.host import LoadedModel, ModelLoadError, model_id_for
-from .models.slot import LOADING_STATES, EngineState, LoadModel, ModelSlot, UnloadModel
+from .models.slot import LoadModel, ModelSlot, UnloadModel
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
@@ -42,6 +42,7 @@ from .sequences.followers import Follower, Followers
 from .sequences.live import LiveSequences
 from .sequences.starting import start_sequence
 from .sequences.state import SequenceState, read_logprob_rows
+from .states import LOADING_STATES, EngineError
 from .stats import EngineStats, RateMeter
 
 # An admitted request not submitted by then (it failed in between) no longer counts.
@@ -51,14 +52,6 @@ log = logging.getLogger("mlxserve.engine")
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
 CLEAR_CACHE_EVERY = 256
 READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
-
-
-class EngineError(Exception):
-    """The engine cannot take work now (not loaded, failed, stopped)."""
-
-    def __init__(self, message: str, state: EngineState):
-        super().__init__(message)
-        self.state = state
 
 
 def _not_reloadable(slot: ModelSlot) -> bool:

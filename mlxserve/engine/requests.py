@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..sampling.logprobs import Alternative
+from ..sampling.alternative import Alternative
 from ..sampling.params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
+MAX_BATCH = 32  # sequences in one model's batch (llama.cpp's slots)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,19 @@ class GenerationEvent:
     prompt_progress: PromptProgress | None = None  # an event of its own, with report_progress
     error: str | None = None
     unavailable: bool = False  # the error is the server's state (503), not this request's
+    code: str | None = None  # the error's code where it is not the usual one (engine_restarted)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+
+@dataclass(frozen=True)
+class RunningSlot:
+    """A sequence in the batch as llama.cpp's GET /slots shows it."""
+
+    slot: int
+    group_id: int
+    request: GenerationRequest
+    generated: int
+    seen_newline: bool

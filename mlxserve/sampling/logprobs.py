@@ -10,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..text import CONTEXT_TOKENS
+from .alternative import Alternative
 
 
 @dataclass
@@ -17,13 +18,6 @@ class LogprobRow:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # the k most likely tokens, most likely first
-
-
-@dataclass(frozen=True)
-class Alternative:
-    token_id: int
-    text: str
-    logprob: float
 
 
 class LogprobReader:

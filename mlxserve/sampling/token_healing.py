@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 
-import mlx.core as mx
 import numpy as np
 
 HEALED = " \t\r\n"  # a last token made only of these is healed
@@ -58,27 +57,3 @@ def heal(prefix: list[int], texts: TokenTexts) -> tuple[list[int], str]:
     if not last or last.strip(HEALED) or last.endswith(("\n", "\r")):
         return prefix, ""
     return prefix[:-1], last
-
-
-class HealingMask:
-    """Logits processor: until the healed text is written again, only tokens that continue it
-    keep their logits (EOS and the FIM end tokens never do)."""
-
-    def __init__(self, text: str, texts: TokenTexts, prompt_length: int):
-        self.rest = text
-        self.texts = texts
-        self.consumed = prompt_length
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if not self.rest:
-            return logits
-        if len(tokens) > self.consumed:
-            for token in tokens[self.consumed :].tolist():
-                written = self.texts.text(token)
-                self.rest = self.rest[len(written) :] if self.rest.startswith(written) else ""
-            self.consumed = len(tokens)
-        if not self.rest:
-            return logits
-        allowed = np.zeros(logits.shape[-1], dtype=bool)
-        allowed[self.texts.continuing(self.rest)] = True
-        return mx.where(mx.array(allowed), logits, -mx.inf)

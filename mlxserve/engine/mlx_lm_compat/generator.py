@@ -12,12 +12,12 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import base
 
+from ..requests import MAX_BATCH
 from . import batch_join, decode_step, mixed_batch
 from .contract import check_contract
 from .kv_reserve import reserve_for_generator
 from .lockstep_tokens import broadcast_sampled_tokens
 
-MAX_BATCH = 32
 PREFILL_BATCH = 8  # prompts prefilled side by side
 
 

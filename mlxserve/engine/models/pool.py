@@ -18,18 +18,14 @@ from pathlib import Path
 
 from ...platform import current_policy
 from ...registry import read_json
-from ..engine import Engine, EngineError
+from ..engine import Engine
+from ..states import EngineError, NoRoom
 from .host import size_text
 
 log = logging.getLogger("mlxserve.engine")
 UNLOAD_POLL_S = 0.02  # how often a load waiting for room looks whether an eviction is done
 UNLOAD_WAIT_S = 30.0  # ... and how long it waits for one
-NO_ROOM_RETRY_AFTER_S = 5  # a busy model frees its memory once its requests end
 NO_ROOM_GRACE_S = 1.0  # ... and one whose last request is ending is waited for this long
-
-
-class NoRoom(Exception):
-    """The model does not fit beside the resident ones, and none of them can be unloaded."""
 
 
 @dataclass(frozen=True)

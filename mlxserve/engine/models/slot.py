@@ -13,15 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from ...platform import PlatformPolicy
+from ..states import LOADING_STATES, EngineState
 from .host import LoadedModel, LoadProgress, ModelLoadError, load_model, model_id_for
 
 log = logging.getLogger("mlxserve.engine")
 
-EngineState = Literal["starting", "loading", "ready", "unloaded", "error", "stopped"]
-LOADING_STATES = frozenset({"starting", "loading"})  # a model is on its way
 MAX_WAIT_S = 3600.0  # the longest single wait for work; a longer idle unload waits again
 
 
