@@ -337,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(5 s once a stop signal came)",
     )
     serve.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine inside the HTTP server's process, not in a supervised process of "
+        "its own (then an engine crash ends the server; --distributed always does)",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -432,6 +438,7 @@ def serve(args: argparse.Namespace) -> int:
         idle_unload_s=args.idle_unload,
         max_stream_gap=args.max_stream_gap,
         distributed=args.distributed,
+        engine_in_process=args.engine_in_process,
         rank_timeout_s=args.rank_timeout,
         **memory,
     )

@@ -10,19 +10,20 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from .api.admission import DRAINING
 from .api.app import create_app
-from .engine import Engine
-from .engine.models.host import model_id_for
-from .engine.models.pool import Adapter, ModelPool
 from .platform.blas import slow_blas_reason
-from .registry import read_json
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .engine.models.pool import ModelPool
+    from .ipc.supervisor import EngineSupervisor
 
 log = logging.getLogger("mlxserve")
 
@@ -64,81 +65,6 @@ def warn_if_slow_blas() -> None:
         )
 
 
-def new_engine(settings: Settings, source: str, **options) -> Engine:
-    """An engine for `source` as the settings say (not started); `options`: Engine's others
-    (its name, thread, loader, cluster, on_fatal)."""
-    return Engine(
-        source,
-        prefix_cache_bytes=settings.prefix_cache_bytes,
-        fim_template=settings.fim_template,
-        idle_unload_s=settings.idle_unload_s,
-        rank_timeout_s=settings.rank_timeout_s,
-        max_stream_gap=settings.max_stream_gap,
-        prefix_cache_dir=settings.prefix_cache_dir,
-        prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
-        kv_bits=settings.kv_bits,
-        kv_group_size=settings.kv_group_size,
-        **options,
-    )
-
-
-def pool_for(settings: Settings, engine: Engine) -> ModelPool:
-    """Every model the settings serve, `engine` (the default model's) first; the others' engines
-    run on its thread."""
-    configured = {model_id_for(source): source for source in settings.models}
-    served = {model_id_for(settings.model): settings.model, **configured}
-    by_source = {source: name for name, source in served.items()}
-
-    def make_engine(source: str, name: str, **options) -> Engine:
-        return new_engine(settings, source, name=name, thread=engine.thread, **options)
-
-    adapters = {}
-    for name, path in settings.adapters:
-        named = read_json(Path(path).expanduser() / "adapter_config.json").get("model")
-        base = by_source.get(named, named if named in served else engine.model_name)
-        adapters[name] = Adapter(path, base)
-    pins = tuple(by_source.get(pin, model_id_for(pin)) for pin in settings.pins)
-    names = {*served, *adapters}
-    for pin in pins:
-        if pin not in names:
-            log.warning("--pin %s: no such model is served (--model or --adapter)", pin)
-    for alias, target in settings.aliases:
-        if target not in names and target not in by_source:
-            log.warning(
-                "--alias %s=%s: %s is not served here (--model or --adapter): requests for %s "
-                "load it only with --allow-switch, else the default model answers them",
-                alias,
-                target,
-                target,
-                alias,
-            )
-    return ModelPool(
-        engine,
-        make_engine,
-        settings.memory_budget_bytes,
-        aliases=dict(settings.aliases),
-        adapters=adapters,
-        configured=configured,
-        pinned=pins,
-    )
-
-
-async def start_served_models(pool: ModelPool, settings: Settings) -> None:
-    """Load the models named at start besides the default (in the order given), and the
-    pinned adapters; one that does not fit is said so and left for a request to load."""
-    from .engine.models.pool import NoRoom
-
-    names = [model_id_for(s) for s in settings.models]
-    names += [name for name in pool.pinned if name in pool.adapters]
-    for name in names:
-        if name == pool.default_name:
-            continue
-        try:
-            await pool.acquire(name)
-        except NoRoom as error:
-            log.warning("not loaded at start: %s", error)
-
-
 async def run(
     settings: Settings,
     engine: Engine,
@@ -150,6 +76,8 @@ async def run(
 
     Setting `stopping` drains first: new generation requests get 503, those in flight get
     `settings.drain_timeout_s` to finish, then `shutdown` is set."""
+    from .engine.models.served import pool_for, start_served_models
+
     pool = pool_for(settings, engine)
     app = create_app(settings, pool)
     starting = None
@@ -208,11 +136,36 @@ def set_switch_interval() -> None:
         sys.setswitchinterval(float(milliseconds) / 1000)
 
 
+async def run_front(
+    settings: Settings,
+    shutdown: asyncio.Event,
+    stopping: asyncio.Event | None = None,
+    supervisor: EngineSupervisor | None = None,
+) -> None:
+    """Serve until `shutdown` is set, the engine in a process of its own (ipc/): started
+    now, watched, restarted when it dies; stopped (drained as `run` drains) at the end."""
+    from .ipc.supervisor import EngineSupervisor
+
+    supervisor = supervisor or EngineSupervisor(settings)
+    pool = await supervisor.start()
+    app = create_app(settings, pool)
+    drain = None
+    if stopping is not None:
+        drain = asyncio.create_task(drain_then_stop(app, pool, stopping, shutdown, settings))
+    try:
+        await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
+    finally:
+        if drain is not None:
+            drain.cancel()
+        await supervisor.close()
+
+
 def serve_forever(settings: Settings) -> int:
     """Run the server; returns the process exit code (1 when the model failed to load).
 
-    With `settings.distributed` (under mlx.launch), rank 0 serves HTTP and every other rank
-    follows its engine in lock-step (engine/cluster/lockstep.py)."""
+    The engine runs in a process of its own (ipc/), unless `settings.engine_in_process` or
+    `settings.distributed`: under mlx.launch, rank 0 serves HTTP beside its engine and every
+    other rank follows that engine in lock-step (engine/cluster/lockstep.py)."""
     cluster = None
     if settings.distributed:
         from .engine.cluster.lockstep import Cluster
@@ -220,6 +173,8 @@ def serve_forever(settings: Settings) -> int:
         cluster = Cluster()
         log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
         if not cluster.leader:
+            from .engine import Engine
+
             return Engine(
                 settings.model,
                 fim_template=settings.fim_template,
@@ -227,8 +182,10 @@ def serve_forever(settings: Settings) -> int:
                 rank_timeout_s=settings.rank_timeout_s,
             ).follow()
     warn_if_exposed(settings)
-    warn_if_slow_blas()
     set_switch_interval()
+    in_process = settings.engine_in_process or cluster is not None
+    if in_process:
+        warn_if_slow_blas()
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -236,6 +193,7 @@ def serve_forever(settings: Settings) -> int:
         stopping = asyncio.Event()
         failed: list[str] = []
         signalled: list[tuple[str, int]] = []  # the first stop signal, and sequences in flight
+        default: list = []  # the default model's engine (or its stand-in)
 
         def on_fatal(message: str) -> None:
             failed.append(message)
@@ -245,12 +203,11 @@ def serve_forever(settings: Settings) -> int:
             """The first Ctrl-C or SIGTERM drains; a second one stops at once."""
             if stopping.is_set():
                 shutdown.set()
-            else:
-                signalled.append((signum.name, engine.pending_sequences))
-                engine.stopping_soon()
+            elif default:
+                signalled.append((signum.name, default[0].pending_sequences))
+                default[0].stopping_soon()
             stopping.set()
 
-        engine = new_engine(settings, settings.model, on_fatal=on_fatal, cluster=cluster)
         # Stop cleanly on Ctrl-C and SIGTERM, even when started with SIGINT ignored (a background
         # job of a non-interactive shell): Hypercorn installs no handlers given a shutdown trigger.
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -262,10 +219,26 @@ def serve_forever(settings: Settings) -> int:
             settings.port,
             settings.model,
         )
-        try:
-            await run(settings, engine, shutdown, stopping=stopping)
-        finally:
-            engine.stop()
+        if in_process:
+            from .engine.models.served import new_engine
+
+            engine = new_engine(settings, settings.model, on_fatal=on_fatal, cluster=cluster)
+            default.append(engine)
+            try:
+                await run(settings, engine, shutdown, stopping=stopping)
+            finally:
+                engine.stop()
+        else:
+            from .ipc.mlx_lm_text import use_text_only_mlx_lm
+            from .ipc.supervisor import EngineSupervisor
+
+            use_text_only_mlx_lm()
+            supervisor = EngineSupervisor(settings, on_fatal=on_fatal)
+            default.append(supervisor.pool.default)
+            try:
+                await run_front(settings, shutdown, stopping, supervisor)
+            finally:
+                supervisor.kill()
         cause, in_flight = signalled[0] if signalled else ("the engine failed", 0)
         log.info("stopped (%s): %d sequences were in flight", cause, in_flight)
         if failed and cluster is not None:

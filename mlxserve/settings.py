@@ -116,4 +116,5 @@ class Settings:
     idle_unload_s: float | None = None  # free the model after this long without requests
     max_stream_gap: float | None = DEFAULT_MAX_STREAM_GAP  # None: prefill unbounded
     distributed: bool = False  # one model over the ranks mlx.launch started
+    engine_in_process: bool = False  # the engine in the HTTP server's process (no ipc/)
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails

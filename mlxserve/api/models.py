@@ -8,7 +8,7 @@ import logging
 from quart import Blueprint, current_app
 
 from ..chat.templates import chat_capabilities
-from ..engine import EngineError
+from ..engine import LOADING_STATES, EngineError
 from ..engine.states import NO_ROOM_RETRY_AFTER_S, NoRoom
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound, ServiceUnavailable
@@ -84,6 +84,10 @@ async def acquire(name: str, source: str | None = None):
     try:
         return await pool().acquire(name, source)
     except EngineError as error:
+        if error.state in LOADING_STATES:  # the engine process restarts (ipc/)
+            raise ServiceUnavailable(
+                str(error), code="model_loading", headers={"Retry-After": "1"}
+            ) from error
         raise InvalidRequest(str(error), param="model", code="switch_not_possible") from error
     except NoRoom as error:
         raise ServiceUnavailable(

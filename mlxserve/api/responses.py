@@ -73,7 +73,7 @@ async def collect(events: AsyncIterator[GenerationEvent], plan: Plan) -> list[Se
 
 def raise_on_error(event: GenerationEvent) -> None:
     if event.error and event.unavailable:
-        raise ServiceUnavailable(event.error, code="server_unavailable")
+        raise ServiceUnavailable(event.error, code=event.code or "server_unavailable")
     if event.error:
         raise ServerError(event.error, code="generation_failed")
 
@@ -206,10 +206,10 @@ def whole_response(
     return response
 
 
-def error_chunk(message: str, unavailable: bool = False) -> dict[str, Any]:
+def error_chunk(message: str, unavailable: bool = False, code: str | None = None) -> dict[str, Any]:
     """A stream's last chunk when generation fails after the 200 went out."""
     kind = "service_unavailable" if unavailable else "server_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 def sse(payload: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ from .models.slot import LoadModel, ModelSlot, UnloadModel
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, kv_tokens
+from .requests import GenerationEvent, GenerationRequest, RunningSlot, kv_tokens
 from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
@@ -324,7 +324,7 @@ class Engine:
         group_kv_tokens = kv_tokens(requests)
         self.pending_sequences += len(requests)
         self.pending_kv_tokens += group_kv_tokens
-        self._inbox.put(Add(group))
+        self.add_group(group)
         remaining = len(group.requests)
         try:
             while remaining:
@@ -336,7 +336,28 @@ class Engine:
             self.pending_sequences -= len(requests)
             self.pending_kv_tokens -= group_kv_tokens
             if remaining:
-                self._inbox.put(Cancel(group.group_id))
+                self.cancel_group(group.group_id)
+
+    def add_group(self, group: Group) -> None:
+        """Hand a group to the engine thread (`submit`'s, or the front process's through
+        ipc/engine_main.py, whose events go to the group's sink)."""
+        self._inbox.put(Add(group))
+
+    def cancel_group(self, group_id: int) -> None:
+        self._inbox.put(Cancel(group_id))
+
+    async def running_slots(self) -> list[RunningSlot]:
+        """The batch's sequences as llama.cpp's GET /slots shows them."""
+        return [
+            RunningSlot(seq.slot, group_id, seq.request, seq.generated, seq.lines.seen_newline)
+            for group_id, seq in self.live.snapshot()
+        ]
+
+    def keep_alive_left_s(self) -> float | None:
+        """Seconds until an idle unload (None: never: pinned, or no --idle-unload)."""
+        slot = self.slot
+        idle = None if slot.pinned else slot.idle_unload_s
+        return None if idle is None else slot.last_work + idle - time.monotonic()
 
     # ---- the engine thread ------------------------------------------------------------------
 

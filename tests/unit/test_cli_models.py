@@ -70,7 +70,7 @@ def test_a_second_model_that_is_not_there_stops_serve(tiny_model, capsys):
 
 
 def test_a_pin_or_an_alias_naming_nothing_served_is_said_at_start(tiny_model, caplog):
-    from mlxserve.server import new_engine, pool_for
+    from mlxserve.engine.models.served import new_engine, pool_for
     from mlxserve.settings import Settings
 
     settings = Settings(

@@ -152,7 +152,7 @@ async def stream(
     try:
         async for event in events:
             if event.error:
-                yield sse(error_chunk(event.error, event.unavailable))
+                yield sse(error_chunk(event.error, event.unavailable, event.code))
                 return
             result = results[event.index]
             if event.prompt_progress is not None:

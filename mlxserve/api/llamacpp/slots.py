@@ -12,7 +12,7 @@ from typing import Any
 from quart import Blueprint, request
 from quart_schema import document_querystring
 
-from ...engine import MAX_BATCH, GenerationRequest
+from ...engine import MAX_BATCH, GenerationRequest, RunningSlot
 from ...planning.defaults import DRY
 from ..dispatch import ready_model
 from ..errors import APIError, NotSupported, ServiceUnavailable
@@ -27,8 +27,8 @@ async def get_slots():
     engine, loaded = await ready_model(request.args.get("model"))  # llama.cpp's router mode
     if fail_on_no_slot() and engine.pending_sequences >= MAX_BATCH:
         raise ServiceUnavailable("no slot available", code="no_slot_available")
-    live = {seq.slot: (group_id, seq) for group_id, seq in engine.live.snapshot()}
-    return [slot_view(i, live.get(i), loaded.context_length) for i in range(MAX_BATCH)]
+    running = {r.slot: r for r in await engine.running_slots()}
+    return [slot_view(i, running.get(i), loaded.context_length) for i in range(MAX_BATCH)]
 
 
 def fail_on_no_slot() -> bool:
@@ -55,7 +55,7 @@ async def act_on_slot(id_slot: str):
     )
 
 
-def slot_view(slot: int, running: tuple[int, Any] | None, n_ctx: int) -> dict[str, Any]:
+def slot_view(slot: int, running: RunningSlot | None, n_ctx: int) -> dict[str, Any]:
     """llama.cpp's slot object: idle, or the sequence in it."""
     view: dict[str, Any] = {
         "id": slot,
@@ -67,14 +67,13 @@ def slot_view(slot: int, running: tuple[int, Any] | None, n_ctx: int) -> dict[st
     if running is None:
         view["next_token"] = next_token(has_new_line=False, remain=-1, decoded=0)
         return view
-    group_id, seq = running
-    request_ = seq.request
-    view["id_task"] = group_id
+    request_ = running.request
+    view["id_task"] = running.group_id
     view["params"] = slot_params(request_)
     view["next_token"] = next_token(
-        has_new_line=seq.lines.seen_newline,
-        remain=request_.max_tokens - seq.generated,
-        decoded=seq.generated,
+        has_new_line=running.seen_newline,
+        remain=request_.max_tokens - running.generated,
+        decoded=running.generated,
     )
     return view
 

@@ -252,8 +252,8 @@ def capabilities(entry: ModelEntry) -> list[str]:
 
 
 def expires_at(engine) -> str:
-    idle = None if engine.slot.pinned else engine.idle_unload_s
-    left = engine.slot.last_work + idle - time.monotonic() if idle is not None else math.inf
+    left = engine.keep_alive_left_s()
+    left = math.inf if left is None else left
     if left > MAX_KEEP_ALIVE_S:
         return NEVER
     return rfc3339(time.time() + max(0.0, left))

@@ -156,7 +156,7 @@ async def stream_chat(
             yield chunk(index, {"role": "assistant", "content": ""})
         async for event in events:
             if event.error:
-                yield sse(error_chunk(event.error, event.unavailable))
+                yield sse(error_chunk(event.error, event.unavailable, event.code))
                 return
             index = event.index
             if event.prompt_progress is not None:  # llama.cpp's shape for it

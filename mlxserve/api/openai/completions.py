@@ -88,7 +88,7 @@ async def stream_completion(
     try:
         async for event in events:
             if event.error:
-                yield sse(error_chunk(event.error, event.unavailable))
+                yield sse(error_chunk(event.error, event.unavailable, event.code))
                 return
             index, result = event.index, results[event.index]
             if event.prompt_progress is not None:

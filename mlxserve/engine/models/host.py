@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,13 +11,13 @@ from typing import Any
 
 import mlx.nn as nn
 
-from ...fim import CONFIG_KEY, Fim, FimError, model_fim
+from ...fim import CONFIG_KEY, FimError, model_fim
+from ...planning.model_facts import ModelFacts
 from ...platform import PlatformPolicy, current_policy
 from ...registry import context_length_of
-from ...sampling.grammars import GrammarCompiler
-from ...sampling.token_healing import TokenTexts
 from ..mlx_lm_compat.quantized_kv import install as install_quantized_kv
 from ..prefix.fingerprint import model_fingerprint
+from .naming import model_id_for, size_text
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
@@ -37,26 +36,13 @@ class ModelLoadError(Exception):
 
 
 @dataclass
-class LoadedModel:
-    model_id: str
-    path: str
-    model: nn.Module
-    tokenizer: Any  # mlx-lm TokenizerWrapper
-    context_length: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
-    kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
+class LoadedModel(ModelFacts):
+    """The model's facts (planning/model_facts.py) and the model itself."""
+
+    model: nn.Module = field(kw_only=True)
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
     decode_step_s: float | None = None  # one sequence's decode step, timed at load
-    fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
-    how_it_runs: str = ""  # what the platform does to it, its KV's kind included
-    weight_bytes: int = 0  # memory its weights take, as this platform runs them (its own only)
-    base_model: str | None = None  # an adapter's: the model whose weights it shares
-    _grammars: GrammarCompiler | None = field(default=None, repr=False)
-    _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _token_texts: TokenTexts | None = field(default=None, repr=False)
 
     def fingerprint(self) -> str | None:
         """What its KV depends on (`prefix/fingerprint.py`: reads blocks of every weight
@@ -64,24 +50,6 @@ class LoadedModel:
         if self.weights_folder is None:
             return None
         return model_fingerprint(self.weights_folder, self.how_it_runs)
-
-    @property
-    def grammars(self) -> GrammarCompiler:
-        """The grammar compiler for this tokenizer, built on first use (about a second)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(
-                    self.tokenizer._tokenizer, self.vocab_size, list(self.eos_token_ids)
-                )
-            return self._grammars
-
-    @property
-    def token_texts(self) -> TokenTexts:
-        """Each token's text, for token healing; built on first use (a fraction of a second)."""
-        with self._grammars_lock:
-            if self._token_texts is None:
-                self._token_texts = TokenTexts.of(self.tokenizer._tokenizer)
-            return self._token_texts
 
 
 class LoadProgress:
@@ -128,16 +96,6 @@ class LoadProgress:
             "elapsed_s": round(now - self.started, 1),
             "phase_elapsed_s": round(now - self.phase_started, 1),
         }
-
-
-def size_text(count: int) -> str:
-    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
-
-
-def model_id_for(path_or_repo: str) -> str:
-    """The name clients use: a local folder's name, or the repo id as given."""
-    path = Path(path_or_repo).expanduser()
-    return path.name if path.exists() else path_or_repo
 
 
 def check_model_source(path_or_repo: str) -> None:

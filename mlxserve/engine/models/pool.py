@@ -20,18 +20,12 @@ from ...platform import current_policy
 from ...registry import read_json
 from ..engine import Engine
 from ..states import EngineError, NoRoom
-from .host import size_text
+from .naming import ServedNames, size_text
 
 log = logging.getLogger("mlxserve.engine")
 UNLOAD_POLL_S = 0.02  # how often a load waiting for room looks whether an eviction is done
 UNLOAD_WAIT_S = 30.0  # ... and how long it waits for one
 NO_ROOM_GRACE_S = 1.0  # ... and one whose last request is ending is waited for this long
-
-
-@dataclass(frozen=True)
-class Adapter:
-    path: str  # mlx-lm's adapter folder
-    base: str  # the name of the model whose weights it shares
 
 
 @dataclass
@@ -69,20 +63,20 @@ class ModelPool:
         default: Engine,
         make_engine: Callable[..., Engine],
         budget_bytes: int,
-        aliases: dict[str, str] | None = None,
-        adapters: dict[str, Adapter] | None = None,
-        configured: dict[str, str] | None = None,
-        pinned: tuple[str, ...] = (),
+        names: ServedNames | None = None,
     ):
         """`make_engine(source, name, loader=None)`: a new engine on `default`'s thread, not
-        started. `configured`: name -> source of the models named at start (loaded on request
-        whatever --allow-switch says). `pinned`: names never unloaded to make room."""
+        started. `names`: the models named at start (loaded on request whatever
+        --allow-switch says), the adapters, the pins (never unloaded to make room) and the
+        aliases."""
+        names = names or ServedNames(default.model_name)
         self.default_name = default.model_name
         self.budget_bytes = budget_bytes
-        self.aliases = dict(aliases or {})
-        self.adapters = dict(adapters or {})
-        self.configured = dict(configured or {})
-        self.pinned = set(pinned)
+        self.names_served = names
+        self.aliases = names.aliases
+        self.adapters = names.adapters
+        self.configured = names.configured
+        self.pinned = set(names.pinned)
         self._make_engine = make_engine
         self._residents: dict[str, Resident] = {
             default.model_name: Resident(
@@ -116,20 +110,10 @@ class ModelPool:
         return resident.engine if resident is not None else None
 
     def resolve(self, name: str | None, by_source: bool = True) -> str | None:
-        """The name of the model a request's `name` routes to: the default for none, an alias's
-        target, a model by its name or (`by_source`) its source; None for a model this pool
-        does not know."""
-        if not name:
-            return self.default_name
-        name = self.aliases.get(name, name)
-        if name in self._residents or name in self.adapters or name in self.configured:
-            return name
-        if not by_source:
-            return None
-        for resident_name, resident in self._residents.items():
-            if name == resident.engine.model_source:
-                return resident_name
-        return None
+        """The name of the model a request's `name` routes to (`ServedNames.resolve`)."""
+        residents = {n: r.engine.model_source for n, r in self._residents.items()}
+        served = ServedNames(self.default_name, self.configured, self.adapters, (), self.aliases)
+        return served.resolve(name, residents, by_source)
 
     def is_pinned(self, name: str) -> bool:
         return name in self.pinned

@@ -5,21 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..requests import GenerationEvent, GenerationRequest
 
-_held = threading.local()  # the events of the posts held on this thread, by loop
+_held = threading.local()  # the events of the posts held on this thread, by destination
+# Where another process's groups' events go: called with a step's [(group_id, event), ...].
+Sink = Callable[[list[tuple[int, GenerationEvent]]], None]
 
 
 @contextlib.contextmanager
 def posted_together() -> Iterator[None]:
-    """Hold the events posted on this thread inside the block and hand each loop its share in
-    one call at the end: the server's loop wakes once per engine step, not once per token (each
-    wake-up writes to its self-pipe and queues a callback while the engine thread holds the
-    interpreter's lock)."""
+    """Hold the events posted on this thread inside the block and hand each loop (or sink) its
+    share in one call at the end: the server's loop wakes once per engine step, not once per
+    token (each wake-up writes to its self-pipe and queues a callback while the engine thread
+    holds the interpreter's lock), and the front process gets one message per step."""
     if getattr(_held, "events", None) is not None:  # already holding: the outer block hands over
         yield
         return
@@ -28,9 +30,12 @@ def posted_together() -> Iterator[None]:
         yield
     finally:
         _held.events = None
-        for loop, events in held.items():
-            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: cancels follow
-                loop.call_soon_threadsafe(_put_all, events)
+        for destination, events in held.items():
+            if isinstance(destination, asyncio.AbstractEventLoop):
+                with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: cancels follow
+                    destination.call_soon_threadsafe(_put_all, events)
+            else:
+                destination(events)
 
 
 def _put_all(events: list[tuple[asyncio.Queue, Any]]) -> None:
@@ -40,21 +45,29 @@ def _put_all(events: list[tuple[asyncio.Queue, Any]]) -> None:
 
 @dataclass
 class Group:
-    """One submitted request's sequences, and where their events go (None on other ranks)."""
+    """One submitted request's sequences, and where their events go: a queue on an event loop
+    in this process, or a sink to the front process (neither on other ranks)."""
 
     group_id: int
     requests: Sequence[GenerationRequest]
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
+    sink: Sink | None = None
     disk_read: bool = False  # its prompts' prefixes on disk were looked for (engine thread)
     reading: int = 0  # of those, being read now (engine thread)
 
     def post(self, event: GenerationEvent) -> None:
         """Hand `event` to the submitter's loop; dropped if nobody can listen any more (ranks
         other than 0, or a loop already closed: its cancel is on the way)."""
+        held = getattr(_held, "events", None)
+        if self.sink is not None:
+            if held is not None:
+                held.setdefault(self.sink, []).append((self.group_id, event))
+            else:
+                self.sink([(self.group_id, event)])
+            return
         if self.loop is None or self.loop.is_closed():
             return
-        held = getattr(_held, "events", None)
         if held is not None:
             held.setdefault(self.loop, []).append((self.events, event))
             return

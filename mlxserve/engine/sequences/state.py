@@ -15,8 +15,8 @@ import mlx.core as mx
 
 from ...sampling.chain import SequenceSampler, make_processors
 from ...sampling.grammar_mask import GrammarMask
-from ...sampling.logprobs import LogprobReader, LogprobRow
 from ...sampling.healing_mask import HealingMask
+from ...sampling.logprobs import LogprobReader, LogprobRow
 from ...text import IncrementalDetokenizer, LineRules, StopMatcher
 from ..failures.row_guard import RowGuard
 from ..models.host import LoadedModel

@@ -1,0 +1,141 @@
+"""The engine's whole interface as seen from the front process: msgpack messages (msgspec) over
+ZeroMQ. Requests, cancels and calls go to the engine; one `Events` message a step (every
+sequence's events of that step), `Report`s of the engines' state and `Reply`s come back.
+
+Plain data only: the front decodes these without MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot
+from ..engine.stats import EngineStats
+from ..fim import Fim
+
+# ---- front -> engine ---------------------------------------------------------------------------
+
+
+class Submit(msgspec.Struct, tag=True):
+    """A group of sequences for `model`; its events carry `group_id`."""
+
+    group_id: int
+    model: str
+    requests: list[GenerationRequest]
+
+
+class Cancel(msgspec.Struct, tag=True):
+    group_id: int
+
+
+class Call(msgspec.Struct, tag=True):
+    """One of the pool's or an engine's operations (`engine_main.OPERATIONS`); its `Reply`
+    carries the same `call_id`."""
+
+    call_id: int
+    op: str
+    model: str = ""
+    args: dict[str, Any] = {}
+
+
+ToEngine = Submit | Cancel | Call
+
+# ---- engine -> front ---------------------------------------------------------------------------
+
+
+class Events(msgspec.Struct, tag=True):
+    """A step's events, each with its group's id."""
+
+    items: list[tuple[int, GenerationEvent]]
+
+
+@dataclass
+class FactsWire:
+    """`ModelFacts` as they cross: the tokenizer pickled (the engine's own, so that both sides
+    tokenize alike), the FIM template resolved."""
+
+    model_id: str
+    path: str
+    tokenizer: bytes
+    context_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    kv_bytes_per_token: int
+    fim: Fim | None
+    how_it_runs: str
+    weight_bytes: int
+    base_model: str | None
+
+
+class EngineView(msgspec.Struct):
+    """One engine as the front may see it."""
+
+    name: str
+    source: str
+    state: str
+    started: bool
+    begun: bool
+    loads: int  # models loaded so far: a new one means new facts
+    error: str | None
+    load_error: str | None
+    load_progress: dict[str, Any] | None
+    idle_unload_s: float | None
+    default_idle_unload_s: float | None
+    keep_alive_left_s: float | None
+    idle_for_eviction: bool
+    pending_change: bool
+    unloading: bool
+    stats: EngineStats
+    tokens_per_second: float
+    footprint: int
+    loaded: bool
+
+
+class PoolView(msgspec.Struct):
+    default_name: str
+    budget_bytes: int
+    memory_bytes: int
+    pinned: list[str]
+    engines: list[EngineView]
+
+
+class Report(msgspec.Struct, tag=True):
+    """The engines' state, sent whenever it changed (and once a poll while anything runs)."""
+
+    pool: PoolView
+
+
+class Reply(msgspec.Struct, tag=True):
+    """A `Call`'s outcome: `error` with its `kind` ("no_room", "engine", "unknown_model",
+    "failed"), or a value; the pool's state as the call left it."""
+
+    call_id: int
+    pool: PoolView
+    error: str | None = None
+    kind: str | None = None
+    state: str = ""
+    value: Any = None
+
+
+class Started(msgspec.Struct, tag=True):
+    """The engine process is up and listening; `pid` is its own."""
+
+    pid: int
+    pool: PoolView
+
+
+FromEngine = Events | Report | Reply | Started
+
+ENCODER = msgspec.msgpack.Encoder()
+TO_ENGINE = msgspec.msgpack.Decoder(ToEngine)
+FROM_ENGINE = msgspec.msgpack.Decoder(FromEngine)
+FACTS = msgspec.msgpack.Decoder(FactsWire)
+SLOTS = msgspec.msgpack.Decoder(list[RunningSlot])
+
+
+def encode(message) -> bytes:
+    return ENCODER.encode(message)

@@ -1,0 +1,372 @@
+"""The front's side of the engine process: starts it, talks to it, watches it, restarts it.
+
+When the engine process dies (a signal, an abort, out of memory), every sequence in flight ends
+at once with an error (503 `engine_restarted`), the engines show `restarting` (GET /health says
+why), a new engine process starts and loads the models that were loaded, and requests arriving
+meanwhile wait as for a first load. Deaths in a row, each soon after its start, back off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from ..engine.models.naming import ServedNames
+from ..engine.requests import GenerationEvent
+from ..engine.states import EngineError, NoRoom
+from ..settings import Settings
+from .remote import RemotePool
+from .schema import (
+    ENCODER,
+    FROM_ENGINE,
+    Call,
+    Cancel,
+    EngineView,
+    Events,
+    PoolView,
+    Reply,
+    Report,
+    Started,
+    encode,
+)
+
+log = logging.getLogger("mlxserve.ipc")
+ENGINE_COMMAND = (sys.executable, "-m", "mlxserve.ipc.engine_main")
+STOP_WAIT_S = 15.0  # a clean stop: the engine process's drain, then it is killed
+STABLE_S = 30.0  # an engine process that died sooner after its start counts as a crash loop
+MAX_BACKOFF_S = 30.0
+RESTARTED = "engine_restarted"
+
+
+def signal_text(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-returncode).name
+        return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class EngineSupervisor:
+    """One engine process at a time; `pool` stands for its engines in the front."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        command: tuple[str, ...] = ENGINE_COMMAND,
+        on_fatal: Callable[[str], None] | None = None,
+        stable_s: float = STABLE_S,
+    ):
+        """`command`: what starts the engine process (it reads the settings on its stdin).
+        `on_fatal`: called when the default model's first load fails (the server then stops,
+        as in one process). `stable_s`: how long an engine process must live for its death
+        not to count towards a crash loop."""
+        self.settings = settings
+        self.command = command
+        self.on_fatal = on_fatal
+        self.stable_s = stable_s
+        self.names = ServedNames.of(settings)
+        self.generation = 0  # engine processes started so far
+        self.restarts = 0
+        self.pid: int | None = None
+        self.pool = RemotePool(self, self.names, placeholder_view(settings, self.names))
+        self._folder = Path(tempfile.mkdtemp(prefix="mlxserve-"))  # 0700: this user's alone
+        self._context = zmq.asyncio.Context()
+        self._plain = zmq.Context()
+        self._to_engine = self._plain.socket(zmq.PUSH)
+        self._to_engine.setsockopt(zmq.LINGER, 0)
+        self._to_engine_address = f"ipc://{self._folder / 'to-engine'}"
+        self._to_engine.bind(self._to_engine_address)
+        self._from_engine = self._context.socket(zmq.PULL)
+        self._from_engine.setsockopt(zmq.LINGER, 0)
+        self._from_engine_address = f"ipc://{self._folder / 'from-engine'}"
+        self._from_engine.bind(self._from_engine_address)
+        self._groups: dict[int, tuple[asyncio.Queue, set[int]]] = {}
+        self._group_ids = itertools.count()
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._process: asyncio.subprocess.Process | None = None
+        self._started = asyncio.Event()
+        self._stopping = False
+        self._crashes_in_a_row = 0
+        self._tasks: list[asyncio.Task] = []
+        self._restore: list[tuple[str, str | None]] = []  # models to load again after a crash
+
+    # ---- life ----------------------------------------------------------------------------
+
+    async def start(self) -> RemotePool:
+        """Start the engine process (its models load on; requests meanwhile wait as for a
+        load)."""
+        self._tasks.append(asyncio.create_task(self._receive()))
+        await self._spawn()
+        self._tasks.append(asyncio.create_task(self._watch()))
+        return self.pool
+
+    async def _spawn(self) -> None:
+        self._started.clear()
+        self.generation += 1
+        self._process = await asyncio.create_subprocess_exec(
+            *self.command,
+            "--to-engine",
+            self._to_engine_address,
+            "--from-engine",
+            self._from_engine_address,
+            "--log-level",
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            stdin=asyncio.subprocess.PIPE,
+        )
+        self.pid = self._process.pid
+        self._process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
+        self._process.stdin.close()
+        self._spawned_at = time.monotonic()
+        log.info("engine process %d started", self.pid)
+
+    async def _watch(self) -> None:
+        while True:
+            process = self._process
+            returncode = await process.wait()
+            if self._stopping:
+                return
+            because = signal_text(returncode)
+            self._engine_died(because)
+            lived = time.monotonic() - self._spawned_at
+            self._crashes_in_a_row = self._crashes_in_a_row + 1 if lived < self.stable_s else 1
+            delay = 0.0
+            if self._crashes_in_a_row > 1:
+                delay = min(MAX_BACKOFF_S, 2.0 ** (self._crashes_in_a_row - 2))
+                log.error(
+                    "the engine process died %d times in a row, each within %.0f s of its "
+                    "start (last: %s); starting it again in %.0f s",
+                    self._crashes_in_a_row,
+                    self.stable_s,
+                    because,
+                    delay,
+                )
+                self.pool.engine_gone(
+                    f"restarting: the engine process died {self._crashes_in_a_row} times in "
+                    f"a row (last: {because}); next start in {delay:.0f} s"
+                )
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            self.restarts += 1
+            await self._spawn()
+
+    def _engine_died(self, because: str) -> None:
+        """Every sequence in flight ends now with a 503; calls waiting get an error."""
+        self._started.clear()
+        log.error("the engine process %s died (%s): restarting it", self.pid, because)
+        message = f"the engine process died ({because}); it is restarting"
+        for queue, open_indexes in self._groups.values():
+            for index in sorted(open_indexes):
+                queue.put_nowait(
+                    GenerationEvent(index=index, error=message, unavailable=True, code=RESTARTED)
+                )
+            open_indexes.clear()
+        self._groups.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineError(message, "restarting"))
+        self._calls.clear()
+        pool = self.pool
+        self._restore = [
+            (e.model_name, e.model_source)
+            for e in pool.engines
+            if e.view.loaded or e.view.state in ("loading", "starting") and e.view.started
+        ]
+        self._restore_default = pool.default_name
+        pool.engine_gone(f"restarting: the engine process died ({because})")
+
+    async def _restore_models(self) -> None:
+        """The models loaded before a crash, loaded again (the default loads by itself)."""
+        for name, source in self._restore:
+            if name == self.pool.default_name:
+                continue
+            with contextlib.suppress(EngineError, NoRoom, KeyError):
+                await self.call("acquire", name, source=source)
+        default = getattr(self, "_restore_default", None)
+        if default and default != self.pool.default_name and self.pool.get(default):
+            self.call_soon("make_default", default)
+        for name in self.pool.pinned ^ set(self.names.pinned):
+            self.call_soon("pin", name, pinned=name in self.pool.pinned)
+
+    def stop_engine(self) -> None:
+        """Ask the engine process to stop (its engines fail what is still in flight)."""
+        if not self._stopping:
+            self._stopping = True
+            self._send(encode(Call(next(self._call_ids), "stop")))
+
+    async def close(self) -> None:
+        """Stop the engine process (killed if it does not end in STOP_WAIT_S), and the sockets."""
+        self.stop_engine()
+        process = self._process
+        if process is not None and process.returncode is None:
+            try:
+                await asyncio.wait_for(process.wait(), STOP_WAIT_S)
+            except asyncio.TimeoutError:
+                log.warning("the engine process did not stop in %.0f s: killed", STOP_WAIT_S)
+                process.kill()
+                await process.wait()
+        for task in self._tasks:
+            task.cancel()
+        self._to_engine.close()
+        self._from_engine.close()
+        self._context.term()
+        self._plain.term()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def kill(self) -> None:
+        """At the front's exit without a clean stop: the engine process goes with it."""
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signal.SIGKILL)
+
+    # ---- talking -------------------------------------------------------------------------
+
+    def encode(self, value) -> bytes:
+        return ENCODER.encode(value)
+
+    def _send(self, data: bytes) -> bool:
+        try:
+            self._to_engine.send(data, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # no engine process connected (it died, or is starting)
+            return False
+
+    def open_group(self, size: int) -> tuple[int, asyncio.Queue]:
+        group_id = next(self._group_ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._groups[group_id] = (queue, set(range(size)))
+        return group_id, queue
+
+    def send(self, message, group_id: int) -> None:
+        """A group's Submit; when no engine process takes it, its sequences end at once."""
+        if not self._send(encode(message)):
+            entry = self._groups.pop(group_id, None)
+            if entry is not None:
+                queue, open_indexes = entry
+                for index in sorted(open_indexes):
+                    queue.put_nowait(
+                        GenerationEvent(
+                            index=index,
+                            error="the engine process is restarting",
+                            unavailable=True,
+                            code=RESTARTED,
+                        )
+                    )
+
+    def close_group(self, group_id: int, cancel: bool) -> None:
+        if self._groups.pop(group_id, None) is not None and cancel:
+            self._send(encode(Cancel(group_id)))
+
+    async def wait_started(self, timeout: float) -> None:
+        """Until an engine process is up (at once but while one starts or restarts)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._started.wait(), timeout)
+
+    async def call(self, op: str, model: str = "", **args) -> Reply:
+        """One pool or engine operation in the engine process; its errors raised here."""
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        if not self._send(encode(Call(call_id, op, model, args))):
+            self._calls.pop(call_id, None)
+            raise EngineError("the engine process is restarting", "restarting")
+        reply: Reply = await future
+        if reply.error is None:
+            return reply
+        if reply.kind == "no_room":
+            raise NoRoom(reply.error)
+        if reply.kind == "unknown_model":
+            raise KeyError(model)
+        raise EngineError(reply.error, reply.state or "error")
+
+    def call_soon(self, op: str, model: str = "", **args) -> None:
+        """A call whose outcome nobody waits for (its failure is logged)."""
+
+        async def run() -> None:
+            try:
+                await self.call(op, model, **args)
+            except (EngineError, NoRoom, KeyError) as error:
+                log.warning("%s %s: %s", op, model, error)
+
+        asyncio.get_running_loop().create_task(run())
+
+    async def _receive(self) -> None:
+        socket = self._from_engine
+        while True:
+            message = FROM_ENGINE.decode(await socket.recv(copy=False))
+            if isinstance(message, Events):
+                groups = self._groups
+                for group_id, event in message.items:
+                    entry = groups.get(group_id)
+                    if entry is not None:
+                        if event.finished:
+                            entry[1].discard(event.index)
+                        entry[0].put_nowait(event)
+            elif isinstance(message, Report):
+                self.pool.apply(message.pool)
+                self._check_first_load()
+            elif isinstance(message, Reply):
+                self.pool.apply(message.pool)
+                future = self._calls.pop(message.call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif isinstance(message, Started):
+                self.pid = message.pid
+                self.pool.apply(message.pool)
+                if self.generation > 1:
+                    asyncio.get_running_loop().create_task(self._restore_models())
+                self._started.set()
+
+    def _check_first_load(self) -> None:
+        """The default model's first load failed: the server cannot serve (as in one
+        process: it exits 1)."""
+        default = self.pool.default
+        view = default.view
+        if view.state == "error" and not view.loads and self.generation == 1 and self.on_fatal:
+            on_fatal, self.on_fatal = self.on_fatal, None
+            on_fatal(view.error or "the model failed to load")
+
+
+def placeholder_view(settings: Settings, names: ServedNames) -> PoolView:
+    """The pool before the engine process's first report: the default model starting."""
+    from ..engine.stats import EngineStats
+
+    starting = EngineView(
+        name=names.default_name,
+        source=settings.model,
+        state="starting",
+        started=True,
+        begun=False,
+        loads=0,
+        error=None,
+        load_error=None,
+        load_progress=None,
+        idle_unload_s=settings.idle_unload_s,
+        default_idle_unload_s=settings.idle_unload_s,
+        keep_alive_left_s=None,
+        idle_for_eviction=False,
+        pending_change=False,
+        unloading=False,
+        stats=EngineStats(),
+        tokens_per_second=0.0,
+        footprint=0,
+        loaded=False,
+    )
+    return PoolView(
+        names.default_name, settings.memory_budget_bytes, 0, list(names.pinned), [starting]
+    )

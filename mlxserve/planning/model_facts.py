@@ -1,0 +1,50 @@
+"""What planning and the front doors read of a loaded model: its tokenizer and sizes, no weights
+and no MLX. The engine's `LoadedModel` is these facts plus the model; the front process gets
+them from the engine process (ipc/) with the tokenizer the engine loaded."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..fim import Fim
+from ..sampling.grammars import GrammarCompiler
+from ..sampling.token_healing import TokenTexts
+
+
+@dataclass
+class ModelFacts:
+    model_id: str
+    path: str
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    context_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    kv_bytes_per_token: int = 0  # KV cache memory one token of one sequence takes
+    fim: Fim | None = None  # its fill-in-the-middle template, when the vocabulary has one
+    how_it_runs: str = ""  # what the platform does to it, its KV's kind included
+    weight_bytes: int = 0  # memory its weights take, as this platform runs them (its own only)
+    base_model: str | None = None  # an adapter's: the model whose weights it shares
+    _grammars: GrammarCompiler | None = field(default=None, repr=False)
+    _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _token_texts: TokenTexts | None = field(default=None, repr=False)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this tokenizer, built on first use (about a second)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.tokenizer._tokenizer, self.vocab_size, list(self.eos_token_ids)
+                )
+            return self._grammars
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Each token's text, for token healing; built on first use (a fraction of a second)."""
+        with self._grammars_lock:
+            if self._token_texts is None:
+                self._token_texts = TokenTexts.of(self.tokenizer._tokenizer)
+            return self._token_texts
