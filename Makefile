@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-tiers test-fast test-portable test-clients clients lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable test-soak test-clients clients lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
@@ -26,7 +26,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients"
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak"
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev

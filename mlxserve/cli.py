@@ -379,8 +379,7 @@ def exit_without_finalizing(code: int) -> NoReturn:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .engine.models.adapters import check_adapter_folder
-    from .engine.models.host import ModelLoadError, check_model_source
+    from .engine.models.sources import ModelLoadError, check_adapter_folder, check_model_source
 
     models = list(dict.fromkeys(args.model or [str(DEFAULT_MODEL)]))
     model = models[0]

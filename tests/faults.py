@@ -9,8 +9,8 @@ Stages: `sampler`, `grammar`, `detokenizer` (the row's own code), `forward` (the
 a batch holding the row raises half-way through the model's layers, after some layers wrote
 their KV) and `prefill` (so does any pass carrying the row's prompt).
 
-`python -m tests.faults serve ...` is `mlxserve serve ...` with them installed (the server of
-`scripts/soak.py --fault-rate`)."""
+`python -m tests.faults serve ...` is `mlxserve serve --engine-in-process ...` with them installed
+(the server of `scripts/soak.py --fault-rate`)."""
 
 from __future__ import annotations
 
@@ -286,4 +286,6 @@ if __name__ == "__main__":
     from mlxserve.cli import main
 
     install()
+    # The faults ride on the requests' Python objects: the engine runs in this process.
+    sys.argv.append("--engine-in-process")
     sys.exit(main())

@@ -146,3 +146,63 @@ class LiveServers:
         for live in self._shared.values():
             live.__exit__(None, None, None)
         self._shared.clear()
+
+
+class FrontServer:
+    """The front (Hypercorn on a thread of this process) with its engine in a process of its own,
+    as `mlxserve serve` runs them: the real supervisor, sockets and engine process.
+    `engine_command`: what starts the engine process (tests/engine_faults.py's for an abort);
+    `stable_s`: the supervisor's crash-loop window."""
+
+    def __init__(self, model, engine_command=None, stable_s: float | None = None, **settings):
+        self.settings = Settings(model=str(model), host="127.0.0.1", port=free_port(), **settings)
+        self.url = f"http://127.0.0.1:{self.settings.port}"
+        self.options = {}
+        if engine_command is not None:
+            self.options["command"] = tuple(engine_command)
+        if stable_s is not None:
+            self.options["stable_s"] = stable_s
+        self.supervisor = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._listening = threading.Event()
+
+    def _serve(self) -> None:
+        from mlxserve.ipc.supervisor import EngineSupervisor
+        from mlxserve.server import run_front
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._shutdown = asyncio.Event()
+            self.supervisor = EngineSupervisor(self.settings, **self.options)
+            self._listening.set()
+            await run_front(self.settings, self._shutdown, supervisor=self.supervisor)
+
+        asyncio.run(main())
+
+    @property
+    def pool(self):
+        return self.supervisor.pool
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"{self.url} not healthy in {timeout} s")
+
+    def __enter__(self) -> FrontServer:
+        self._thread.start()
+        self._listening.wait(10)
+        self.wait_healthy()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop and self._shutdown:
+            self._loop.call_soon_threadsafe(self._shutdown.set)
+        self._thread.join(30)

@@ -177,7 +177,7 @@ async def read_rest_of_body(response):
 def registry_for(settings: Settings) -> Registry:
     """The --model folders and the default model first, then --models-dir, HF cache, LM
     Studio."""
-    from ..engine.models.host import model_id_for
+    from ..engine.models.naming import model_id_for
 
     pinned = []
     for source in (settings.model, *settings.models):

@@ -108,6 +108,13 @@ class EngineCollector:
                 for engine in engines:
                     metric.add_metric([engine.model_name], read(engine))
                 yield metric
+        restarts = getattr(self.pool, "restarts", None)  # the engine's own process (ipc/)
+        if restarts is not None:
+            metric = CounterMetricFamily(
+                "mlxserve_engine_restarts", "Engine processes restarted after dying"
+            )
+            metric.add_metric([], restarts)
+            yield metric
 
 
 class Telemetry:

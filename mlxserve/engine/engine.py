@@ -28,8 +28,9 @@ from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
 from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
-from .models.host import LoadedModel, ModelLoadError, model_id_for
+from .models.host import LoadedModel, model_id_for
 from .models.slot import LoadModel, ModelSlot, UnloadModel
+from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes

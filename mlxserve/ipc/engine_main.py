@@ -327,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = msgspec.json.decode(sys.stdin.buffer.read(), type=Settings, dec_hook=_path)
 
+    from ..server import warn_if_slow_blas
+
+    warn_if_slow_blas()
+
     async def run() -> None:
         process = EngineProcess(settings, args.to_engine, args.from_engine)
         await process.serve()
@@ -336,4 +340,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import exit_without_finalizing
+
+    exit_without_finalizing(main())

@@ -28,6 +28,7 @@ import zmq.asyncio
 from ..engine.models.naming import ServedNames
 from ..engine.requests import GenerationEvent
 from ..engine.states import EngineError, NoRoom
+from ..platform.blas import cpu_environment
 from ..settings import Settings
 from .remote import RemotePool
 from .schema import (
@@ -127,6 +128,7 @@ class EngineSupervisor:
             "--log-level",
             logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             stdin=asyncio.subprocess.PIPE,
+            env=cpu_environment(os.environ),  # what `mlxserve serve` re-executes itself under
         )
         self.pid = self._process.pid
         self._process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))

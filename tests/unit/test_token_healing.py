@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxserve.sampling.token_healing import HealingMask, TokenTexts, heal
+from mlxserve.sampling.healing_mask import HealingMask
+from mlxserve.sampling.token_healing import TokenTexts, heal
 
 # id:        0    1    2      3     4        5     6      7       8          9     10
 TEXTS = ["", " ", "  ", " x", "\n  ", "return", "  y", "x", " return", "\n", "\n\t"]

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
-from ..models.host import ModelLoadError
+from ..models.sources import ModelLoadError
 from ..scheduling.messages import Add
 from .doorbell import Doorbell
 

@@ -10,33 +10,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 
-from .host import LoadedModel, ModelLoadError, weight_bytes
-
-ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
-
-
-def check_adapter_folder(path: str) -> None:
-    """Fail fast (ModelLoadError) on a folder that is not an mlx-lm adapter."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ModelLoadError(f"adapter folder not found: {path}")
-    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
-    if missing:
-        raise ModelLoadError(
-            f"{path} is not an mlx-lm adapter folder: it has no {' or '.join(missing)}"
-        )
-    try:
-        config = json.loads((folder / "adapter_config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"{path}/adapter_config.json: {error}") from error
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}/adapter_config.json is not a JSON object")
+from .host import LoadedModel, weight_bytes
+from .sources import ModelLoadError, check_adapter_folder
 
 
 def shared_copy(value: Any) -> Any:

@@ -18,21 +18,24 @@ from ...registry import context_length_of
 from ..mlx_lm_compat.quantized_kv import install as install_quantized_kv
 from ..prefix.fingerprint import model_fingerprint
 from .naming import model_id_for, size_text
+from .sources import (
+    ModelLoadError,
+    cached_hub_folder,
+    check_model_source,
+    first_line,
+    hub_endpoint,
+    hub_failed,
+    looks_like_path,
+)
 
 FALLBACK_CONTEXT = 4096  # a model folder that declares no context window
 # A calibration prefill slower than this (MLX's reference BLAS: 20 s or more) is timed once,
 # not twice: it was most of a minute-long load.
 REPEAT_TIMING_UNDER_S = 2.0
-HUB_TIMEOUT_S = 10.0  # the start-up check that the Hugging Face hub answers
 # A load reads (and converts) this many bytes of weights between two turns of the other models'
 # streams: their gap while a model loads is a slice's read, not the whole load.
 LOAD_SLICE_BYTES = 64 << 20
-LOCAL_FOLDER_HINT = "or serve a model folder on this machine: --model /path/to/folder"
 log = logging.getLogger("mlxserve.engine")
-
-
-class ModelLoadError(Exception):
-    """The model could not be loaded; the message is one line a user can act on."""
 
 
 @dataclass
@@ -98,90 +101,6 @@ class LoadProgress:
         }
 
 
-def check_model_source(path_or_repo: str) -> None:
-    """Fail fast, before serving, on a source that cannot possibly load: a folder that is not
-    a model, or a hub repo id that is not in the local cache while the hub cannot be reached
-    (or has no such repo)."""
-    path = Path(path_or_repo).expanduser()
-    if _looks_like_path(path_or_repo):
-        if not path.is_dir():
-            raise ModelLoadError(f"model folder not found: {path_or_repo}")
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path_or_repo} has no config.json: not an mlx-lm model folder")
-    elif _cached_hub_folder(path_or_repo) is None:
-        _check_hub(path_or_repo)
-
-
-def _looks_like_path(path_or_repo: str) -> bool:
-    return path_or_repo.startswith((".", "/", "~")) or Path(path_or_repo).expanduser().exists()
-
-
-def _cached_hub_folder(repo: str) -> Path | None:
-    """`repo`'s snapshot folder in the local Hugging Face cache, if it is there."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        config = try_to_load_from_cache(repo, "config.json")
-    except ValueError:  # not a repo id at all
-        return None
-    return Path(config).parent if isinstance(config, str) else None
-
-
-def _not_cached(repo: str) -> str:
-    from huggingface_hub import constants
-
-    return (
-        f"model {repo} is not a folder here nor in the local Hugging Face cache "
-        f"({constants.HF_HUB_CACHE})"
-    )
-
-
-def _hub_endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def _hub_failed(repo: str, what: str) -> ModelLoadError:
-    return ModelLoadError(
-        f"{_not_cached(repo)}, and {what}; check the network (or HF_ENDPOINT), {LOCAL_FOLDER_HINT}"
-    )
-
-
-def _check_hub(repo: str) -> None:
-    """One look-up on the hub for a repo not in the cache: an unreachable hub, or no such repo,
-    is a one-line error before serving, not a failed load after it."""
-    from huggingface_hub import constants, model_info
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
-    if constants.HF_HUB_OFFLINE:
-        raise ModelLoadError(
-            f"{_not_cached(repo)}, and HF_HUB_OFFLINE is set, so it is not downloaded from "
-            f"{constants.ENDPOINT}: unset HF_HUB_OFFLINE, {LOCAL_FOLDER_HINT}"
-        )
-    try:
-        model_info(repo, timeout=HUB_TIMEOUT_S)
-    except ValueError as error:  # huggingface_hub's HFValidationError
-        raise ModelLoadError(
-            f"model folder not found, and not a Hugging Face repo id either: {repo} ({error})"
-        ) from error
-    except RepositoryNotFoundError as error:
-        raise ModelLoadError(
-            f"{_not_cached(repo)}, and {constants.ENDPOINT} has no such repo (or it is private "
-            f"or gated: `hf auth login`); {LOCAL_FOLDER_HINT.removeprefix('or ')}"
-        ) from error
-    except HfHubHTTPError:
-        return  # the hub answered: the download itself may still work
-    except Exception as error:  # the network's errors (httpx, OSError), in the user's words
-        reason = f"{type(error).__name__}: {_first_line(error)}"
-        raise _hub_failed(repo, f"{constants.ENDPOINT} cannot be reached ({reason})") from error
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def load_model(
     path_or_repo: str,
     fim_template: str | None = None,
@@ -199,13 +118,13 @@ def load_model(
     slices of the load (weights read, converted, timed), where other models' streams step."""
     import mlx_lm
 
-    from_hub = not _looks_like_path(path_or_repo)
+    from_hub = not looks_like_path(path_or_repo)
     if not from_hub:  # a hub repo was looked up before serving; its download says what failed
         check_model_source(path_or_repo)
     policy = policy if policy is not None else current_policy()
     progress = progress if progress is not None else LoadProgress(path_or_repo)
     sharded = cluster is not None and cluster.size > 1
-    folder = _cached_hub_folder(path_or_repo) if from_hub else Path(path_or_repo).expanduser()
+    folder = cached_hub_folder(path_or_repo) if from_hub else Path(path_or_repo).expanduser()
     try:
         if sharded:
             shard_of = progress.count_weights(folder) if folder is not None else path_or_repo
@@ -217,17 +136,15 @@ def load_model(
             else:
                 progress.enter("reading config and tokenizer", str(folder))
             model, tokenizer, config = mlx_lm.load(path_or_repo, lazy=True, return_config=True)
-            folder = folder or _cached_hub_folder(path_or_repo)
+            folder = folder or cached_hub_folder(path_or_repo)
             weights = progress.count_weights(folder) if folder is not None else ""
             progress.enter("reading weights", weights)
             eval_in_slices(model, between)
     except Exception as error:  # mlx-lm raises many kinds; the user needs one clear line
         if from_hub and folder is None:
-            failed = f"downloading it from {_hub_endpoint()} failed ({_first_line(error)})"
-            raise _hub_failed(path_or_repo, failed) from error
-        raise ModelLoadError(
-            f"could not load model {path_or_repo}: {_first_line(error)}"
-        ) from error
+            failed = f"downloading it from {hub_endpoint()} failed ({first_line(error)})"
+            raise hub_failed(path_or_repo, failed) from error
+        raise ModelLoadError(f"could not load model {path_or_repo}: {first_line(error)}") from error
     try:
         fim = model_fim(tokenizer.get_vocab(), config, fim_template)
     except FimError as error:

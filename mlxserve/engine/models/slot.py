@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ...platform import PlatformPolicy
 from ..states import LOADING_STATES, EngineState
-from .host import LoadedModel, LoadProgress, ModelLoadError, load_model, model_id_for
+from .host import LoadedModel, LoadProgress, load_model, model_id_for
+from .sources import ModelLoadError
 
 log = logging.getLogger("mlxserve.engine")
 

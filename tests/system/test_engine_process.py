@@ -1,0 +1,232 @@
+"""The engine in a process of its own (mlxserve/ipc/), as `mlxserve serve` runs it: every front
+door through it, and the supervisor: a killed or aborting engine process ends what was in flight
+with a 503 `engine_restarted` within 2 s, is restarted with its models, and the server answers
+again; a crash loop backs off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..helpers import complete
+from ..live_server import FrontServer, free_port
+
+STREAMS = 16
+DEATH_TO_ERROR_S = 2.0  # the issue's bound: from the engine's death to every stream's end
+
+
+@pytest.fixture(scope="module")
+def front(tiny_model):
+    with FrontServer(tiny_model, stable_s=0.0) as live:
+        yield live
+
+
+class ReadStream:
+    """A streamed completion read on a thread of its own: its payloads, the time of its first
+    and its last chunk."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        self.chunks: list = []
+        self.first = threading.Event()
+        self.ended_at: float | None = None
+        self.status: int | None = None
+        self._thread = threading.Thread(target=self._read, args=(url, body), daemon=True)
+        self._thread.start()
+
+    def _read(self, url: str, body: dict) -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as reply:
+                self.status = reply.status_code
+                for line in reply.iter_lines():
+                    if line.startswith("data: "):
+                        payload = line[len("data: ") :]
+                        self.chunks.append(payload if payload == "[DONE]" else json.loads(payload))
+                        self.first.set()
+        self.ended_at = time.monotonic()
+        self.first.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def error(self) -> dict | None:
+        last = [c for c in self.chunks if isinstance(c, dict)]
+        return last[-1].get("error") if last else None
+
+
+def start_streams(url: str, count: int = STREAMS) -> list[ReadStream]:
+    body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
+    streams = [ReadStream(url, body) for _ in range(count)]
+    for stream in streams:
+        assert stream.first.wait(60), "a stream got no chunk"
+    return streams
+
+
+def assert_ended_with_restart(streams: list[ReadStream], died_at: float) -> None:
+    for stream in streams:
+        stream.join(DEATH_TO_ERROR_S + 5)
+    ended = [s for s in streams if s.ended_at is not None]
+    assert len(ended) == len(streams), f"{len(streams) - len(ended)} streams still run"
+    late = [round(s.ended_at - died_at, 2) for s in streams if s.ended_at - died_at > 2.0]
+    assert not late, f"streams ended later than {DEATH_TO_ERROR_S} s after the death: {late}"
+    for stream in streams:
+        assert stream.status == 200
+        assert stream.error is not None, stream.chunks[-2:]
+        assert stream.error["code"] == "engine_restarted", stream.error
+        assert stream.error["type"] == "service_unavailable"
+
+
+def test_every_door_through_the_engine_process(front):
+    import anthropic
+    import ollama
+    import openai
+
+    client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0)
+    text = client.completions.create(model="tiny", prompt="Once upon", max_tokens=8)
+    assert text.usage.completion_tokens == 8
+    pieces = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=6,
+            stream=True,
+            logprobs=True,
+            top_logprobs=2,
+        )
+    )
+    assert pieces[-1].choices[0].finish_reason in ("length", "stop")
+    assert any(p.choices and p.choices[0].logprobs for p in pieces)
+    reply = ollama.Client(host=front.url).chat(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 5}
+    )
+    assert reply.done and 0 < reply.eval_count <= 5
+    message = anthropic.Anthropic(base_url=front.url, api_key="unused").messages.create(
+        model="tiny", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert 0 < message.usage.output_tokens <= 5
+    with httpx.Client(base_url=front.url, timeout=60) as http:
+        body = http.post("/completion", json={"prompt": "Once", "n_predict": 4}).json()
+        assert body["tokens_predicted"] == 4
+        tokens = http.post("/tokenize", json={"content": "Once upon"}).json()["tokens"]
+        assert http.post("/detokenize", json={"tokens": tokens}).json()["content"] == "Once upon"
+        schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+        constrained = http.post(
+            "/completion", json={"prompt": "{", "n_predict": 40, "json_schema": schema}
+        ).json()
+        assert json.loads(constrained["content"])["a"] in (True, False)
+        models = http.get("/v1/models").json()["data"]
+        assert models[0]["id"] == front.pool.default_name
+        status = http.get("/admin/status").json()
+        assert status["state"] == "ready" and status["memory_bytes"] > 0
+        metrics = http.get("/metrics").text
+        assert "mlxserve_engine_restarts_total" in metrics
+        assert 'mlxserve_generated_tokens_total{model="tiny"}' in metrics
+
+
+def test_slots_show_a_stream_running_in_the_engine_process(front):
+    [stream] = start_streams(front.url, 1)
+    slots = httpx.get(front.url + "/slots", timeout=30).json()
+    stream.join(60)
+    busy = [s for s in slots if s["is_processing"]]
+    assert len(busy) == 1 and busy[0]["params"]["n_predict"] == 1500
+
+
+def kill_during_streams(front: FrontServer) -> None:
+    streams = start_streams(front.url)
+    pid = front.supervisor.pid
+    died_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    assert_ended_with_restart(streams, died_at)
+    front.wait_healthy(120)
+    assert front.supervisor.pid != pid
+    with httpx.Client(base_url=front.url, timeout=60) as http:
+        assert complete(http, prompt="Once upon", max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("runs", [2, pytest.param(20, marks=pytest.mark.soak)])
+def test_killed_engine_process_ends_streams_and_comes_back(front, runs):
+    """kill -9 of the engine process during 16 streams: each ends with a 503 error event within
+    2 s, the engine restarts and reloads the model, the server answers 200 again."""
+    restarts = front.supervisor.restarts
+    for _ in range(runs):
+        kill_during_streams(front)
+    assert front.supervisor.restarts == restarts + runs
+    metrics = httpx.get(front.url + "/metrics").text
+    assert f"mlxserve_engine_restarts_total {float(restarts + runs)}" in metrics
+
+
+def test_request_during_a_restart_waits_for_it(front):
+    """A request arriving while the engine process restarts waits, as during a first load."""
+    os.kill(front.supervisor.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    health = None
+    while time.monotonic() < deadline:
+        health = httpx.get(front.url + "/health", timeout=5)
+        if health.status_code == 503:
+            break
+    assert health.status_code == 503 and health.json()["status"] == "restarting", health.text
+    with httpx.Client(base_url=front.url, timeout=120) as http:
+        assert complete(http, prompt="Once upon", max_tokens=3)["usage"]["completion_tokens"] == 3
+
+
+def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
+    """SIGABRT inside the engine's step (as MLX's Metal backend aborts): the same as a kill."""
+    trigger = tmp_path / "abort"
+    monkeypatch.setenv("MLXSERVE_ABORT_FILE", str(trigger))
+    command = (sys.executable, "-m", "tests.engine_faults")
+    with FrontServer(tiny_model, engine_command=command, stable_s=0.0) as live:
+        streams = start_streams(live.url, 4)
+        trigger.touch()
+        while trigger.exists():
+            time.sleep(0.005)
+        died_at = time.monotonic()
+        assert_ended_with_restart(streams, died_at)
+        live.wait_healthy(120)
+        assert live.supervisor.restarts == 1
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            assert complete(http, prompt="Once", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_a_crash_loop_backs_off_and_says_why(tiny_model):
+    """An engine process that dies at once, again and again, is started again later each time,
+    and the default model's error says so."""
+    from mlxserve.ipc.supervisor import EngineSupervisor
+    from mlxserve.settings import Settings
+
+    async def crash_loop() -> tuple[int, str | None]:
+        command = (sys.executable, "-c", "import sys; sys.exit(3)")
+        supervisor = EngineSupervisor(Settings(model=str(tiny_model)), command=command)
+        pool = await supervisor.start()
+        await asyncio.sleep(5)  # starts at 0, 0, +1 s, +2 s: the 4th waits 4 s
+        restarts, error = supervisor.restarts, pool.default.error
+        await supervisor.close()
+        return restarts, error
+
+    restarts, error = asyncio.run(crash_loop())
+    assert restarts == 3, restarts
+    assert "died 4 times in a row (last: exit code 3); next start in 4 s" in error
+
+
+def test_the_front_never_imports_mlx(tiny_model):
+    """The front process, serving every kind of request, never loads MLX."""
+    script = Path(__file__).with_name("front_alone.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_model), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["statuses"] == [200] * len(report["statuses"]), report
+    assert report["mlx_modules"] == [], report
