@@ -50,6 +50,8 @@ ENGINE_COMMAND = (sys.executable, "-m", "mlxserve.ipc.engine_main")
 STOP_WAIT_S = 15.0  # a clean stop: the engine process's drain, then it is killed
 STABLE_S = 30.0  # an engine process that died sooner after its start counts as a crash loop
 MAX_BACKOFF_S = 30.0
+CONNECT_WAIT_S = 5.0  # a started engine process's inbox is connected by then
+CONNECT_POLL_S = 0.005
 RESTARTED = "engine_restarted"
 
 
@@ -284,9 +286,14 @@ class EngineSupervisor:
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
-        if not self._send(encode(Call(call_id, op, model, args))):
-            self._calls.pop(call_id, None)
-            raise EngineError("the engine process is restarting", "restarting")
+        data = encode(Call(call_id, op, model, args))
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while not self._send(data):
+            # a new engine process's socket connects a moment after it said it started
+            if not self._started.is_set() or time.monotonic() > deadline:
+                self._calls.pop(call_id, None)
+                raise EngineError("the engine process is restarting", "restarting")
+            await asyncio.sleep(CONNECT_POLL_S)
         reply: Reply = await future
         if reply.error is None:
             return reply

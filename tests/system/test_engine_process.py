@@ -119,7 +119,12 @@ def test_every_door_through_the_engine_process(front):
         assert body["tokens_predicted"] == 4
         tokens = http.post("/tokenize", json={"content": "Once upon"}).json()["tokens"]
         assert http.post("/detokenize", json={"tokens": tokens}).json()["content"] == "Once upon"
-        schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+        schema = {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        }
         constrained = http.post(
             "/completion", json={"prompt": "{", "n_predict": 40, "json_schema": schema}
         ).json()
