@@ -181,8 +181,12 @@ class RemoteEngine:
         if unloaded and self.state not in ("error", "stopped", *LOADING_STATES):
             await self.supervisor.call("ensure_loaded", self.model_name)
         deadline = time.monotonic() + timeout
-        while self.state in LOADING_STATES and time.monotonic() < deadline:
+        while self._on_its_way() and time.monotonic() < deadline:
             await asyncio.sleep(READY_POLL_S)
+
+    def _on_its_way(self) -> bool:
+        """A load (or a restart) under way, or asked for and not begun yet."""
+        return self.state in LOADING_STATES or self.view.pending_change and not self.view.unloading
 
     # ---- admission (the event loop's thread) -------------------------------------------------
 

@@ -193,7 +193,7 @@ def test_a_crashed_server_is_an_error_with_the_log_tail(tiny_models_dir, tmp_pat
         controller.process.wait(10)
         snapshot = controller.refresh()
         assert snapshot.state == "error" and "-9" in snapshot.error
-        assert "serving on http://127.0.0.1" in snapshot.log_tail
+        assert "model tiny ready" in snapshot.log_tail
         assert menu.title(snapshot).startswith("⚠")
         assert menu.find(menu.build(snapshot, False), "Start server").enabled
     finally:
