@@ -17,7 +17,7 @@ from hypercorn.config import Config
 
 from .api.admission import DRAINING
 from .api.app import create_app
-from .platform.blas import slow_blas_reason
+from .platform.blas import warn_if_slow
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -52,16 +52,6 @@ def warn_if_exposed(settings: Settings) -> None:
             "listening on %s without an API key: anyone on the network can use this server "
             "(set --api-key or MLXSERVE_API_KEY)",
             settings.host,
-        )
-
-
-def warn_if_slow_blas() -> None:
-    reason = slow_blas_reason()
-    if reason is not None:
-        log.warning(
-            "MLX's CPU backend runs on its reference BLAS, 10-30x slower than OpenBLAS on "
-            "prompts and batches: %s",
-            reason,
         )
 
 
@@ -185,7 +175,7 @@ def serve_forever(settings: Settings) -> int:
     set_switch_interval()
     in_process = settings.engine_in_process or cluster is not None
     if in_process:
-        warn_if_slow_blas()
+        warn_if_slow()
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

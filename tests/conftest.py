@@ -32,6 +32,7 @@ SMOLLM2_ID = "SmolLM2"  # in the ids of the tests on it, for pytest_xdist_make_s
 # are widened at load.
 WORKER_GROUPS = {
     "tests/system/test_distributed.py": "distributed",
+    "tests/system/test_engine_process.py": "engine process",  # one front, one engine process
     "tests/api/test_demo_model.py": "default model",
     "tests/api/test_editor_replays.py": "default model",
 }

@@ -327,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = msgspec.json.decode(sys.stdin.buffer.read(), type=Settings, dec_hook=_path)
 
-    from ..server import warn_if_slow_blas
+    from ..platform.blas import warn_if_slow
 
-    warn_if_slow_blas()
+    warn_if_slow()
 
     async def run() -> None:
         process = EngineProcess(settings, args.to_engine, args.from_engine)

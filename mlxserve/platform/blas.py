@@ -128,3 +128,16 @@ def flush_denormals() -> bool:
     if hasattr(process, "blas_thread_shutdown_"):  # OpenBLAS preloaded: its next call restarts
         process.blas_thread_shutdown_()
     return True
+
+
+def warn_if_slow() -> None:
+    """Say at start, where MLX's CPU backend will run on its reference BLAS."""
+    import logging
+
+    reason = slow_blas_reason()
+    if reason is not None:
+        logging.getLogger("mlxserve").warning(
+            "MLX's CPU backend runs on its reference BLAS, 10-30x slower than OpenBLAS on "
+            "prompts and batches: %s",
+            reason,
+        )
