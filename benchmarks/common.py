@@ -66,6 +66,21 @@ def bench_parser(
     return parser
 
 
+def add_engine_flag(parser: argparse.ArgumentParser) -> None:
+    """`--engine-in-process`: the server measured with its engine in its own process (as
+    `mlxserve serve --engine-in-process` runs), not in a process of its own (the default)."""
+    parser.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="serve with the engine inside the HTTP server's process (one process), not in a "
+        "supervised process of its own",
+    )
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    return ["--engine-in-process"] if getattr(args, "engine_in_process", False) else []
+
+
 def default_model() -> str:
     """The shared SmolLM2 if present (a real >= 100M model), else the embedded demo model."""
     return str(SHARED_MODEL) if SHARED_MODEL.is_dir() else demo_model()

@@ -56,8 +56,10 @@ from common import (
     ROW_ERRORS,
     WORDS,
     Streamed,
+    add_engine_flag,
     bench_parser,
     default_model,
+    engine_flags,
     openblas_library,
     print_table,
     reexec_for_cpu,
@@ -124,6 +126,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="with --in-process: where the engine thread spends its time (stack_sampler.py)",
     )
+    add_engine_flag(parser)
     args = parser.parse_args()
     levels, max_tokens = DEFAULTS[args.against]
     args.concurrency = args.concurrency or list(levels)
@@ -401,7 +404,8 @@ def against_batch_generator(args: argparse.Namespace, path: str, sampling: dict 
         if args.switch_interval_ms is not None:
             env[SWITCH_INTERVAL_ENV] = str(args.switch_interval_ms)
         try:
-            with served(partial(start_server, path, env=env), "batch-limit") as server:
+            start = partial(start_server, path, extra=engine_flags(args), env=env)
+            with served(start, "batch-limit") as server:
                 repeat(
                     lambda tag: concurrency_row(
                         server.url, c, args.max_tokens, sampling, clients=args.clients, tag=tag

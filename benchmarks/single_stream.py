@@ -40,8 +40,10 @@ import httpx
 from common import (
     ROW_ERRORS,
     ServerFailed,
+    add_engine_flag,
     bench_parser,
     default_model,
+    engine_flags,
     print_table,
     reexec_for_cpu,
     row_failed,
@@ -64,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--skip-samplers", action="store_true", help="leave out the sampler and grammar rows"
     )
+    add_engine_flag(parser)
     return parser.parse_args()
 
 
@@ -202,7 +205,7 @@ def decode_and_sampler_rows(args: argparse.Namespace, model_path: str) -> None:
     grammar: list[float] = []
     try:
         with (
-            served(partial(start_server, model_path), "bench") as server,
+            served(partial(start_server, model_path, extra=engine_flags(args)), "bench") as server,
             httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0)) as client,
         ):
             base_url = server.url
