@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         if argv is None:  # the real command line, not a caller's list
-            reexec_for_cpu()
+            if args.engine_in_process or args.distributed:  # else the engine process gets it
+                reexec_for_cpu()
             exit_without_finalizing(serve(args))
         return serve(args)
     return 2
