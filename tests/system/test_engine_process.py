@@ -146,6 +146,26 @@ def test_slots_show_a_stream_running_in_the_engine_process(front):
     assert len(busy) == 1 and busy[0]["params"]["n_predict"] == 1500
 
 
+def cancelled_total(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("mlxserve_cancelled_sequences_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no mlxserve_cancelled_sequences_total")
+
+
+def test_a_client_that_leaves_cancels_its_sequence_in_the_engine_process(front):
+    before = cancelled_total(front.url)
+    body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=front.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as reply:
+            lines = reply.iter_lines()
+            assert next(lines).startswith("data: ")
+    deadline = time.monotonic() + 10
+    while cancelled_total(front.url) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cancelled_total(front.url) == before + 1
+
+
 def kill_during_streams(front: FrontServer) -> None:
     streams = start_streams(front.url)
     pid = front.supervisor.pid
