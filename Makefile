@@ -17,6 +17,9 @@ serve: $(VENV)/.installed
 # on cores the other workers need. (Every comparison a test makes is within one process.)
 XDIST := -n logical --dist loadgroup
 TEST_ENV := OPENBLAS_NUM_THREADS=1
+# The engine's own process (supervision, kills, aborts): platform-independent, so it runs once,
+# in the portable pass, which ends a minute before the other.
+ENGINE_PROCESS_TESTS := tests/system/test_engine_process.py
 
 # Every tier, and beside it the engine and API tiers again as a Mac's GPU runs them
 # (test-portable): together they keep both cores of a small machine busy to the end. Each
@@ -26,7 +29,8 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak"
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak" \
+		--ignore=$(ENGINE_PROCESS_TESTS)
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev
@@ -38,7 +42,8 @@ test-fast: $(VENV)/.installed-dev
 # above, and the tiny coder takes the infill paths here; so do the http_only modules (validation,
 # security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
-	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api -m "not slow and not http_only"
+	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api \
+		$(ENGINE_PROCESS_TESTS) -m "not slow and not http_only and not soak"
 
 # The coding agents (Claude Code, Codex, opencode, Continue's cn, aider, llm), installed from
 # their registries into build/clients/ (scripts/install_clients.sh pins their versions), each
