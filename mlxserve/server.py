@@ -69,11 +69,26 @@ async def run(
     from .engine.models.served import pool_for, start_served_models
 
     pool = pool_for(settings, engine)
-    app = create_app(settings, pool)
     starting = None
     if start_engine:
         engine.start()  # the others load after it, while the server already answers
         starting = asyncio.create_task(start_served_models(pool, settings))
+    try:
+        await serve_app(settings, pool, shutdown, stopping)
+    finally:
+        if starting is not None:
+            starting.cancel()
+        if start_engine:  # the default engine's owner stops it; the others are the pool's
+            for other in pool.engines[1:]:
+                await asyncio.to_thread(other.stop)
+
+
+async def serve_app(
+    settings: Settings, pool, shutdown: asyncio.Event, stopping: asyncio.Event | None
+) -> None:
+    """The app over `pool` (a ModelPool, or ipc's RemotePool) on Hypercorn until `shutdown`;
+    setting `stopping` drains first."""
+    app = create_app(settings, pool)
     drain = None
     if stopping is not None:
         drain = asyncio.create_task(drain_then_stop(app, pool, stopping, shutdown, settings))
@@ -82,11 +97,6 @@ async def run(
     finally:
         if drain is not None:
             drain.cancel()
-        if starting is not None:
-            starting.cancel()
-        if start_engine:  # the default engine's owner stops it; the others are the pool's
-            for other in pool.engines[1:]:
-                await asyncio.to_thread(other.stop)
 
 
 def pending_sequences(pool: ModelPool) -> int:
@@ -138,15 +148,9 @@ async def run_front(
 
     supervisor = supervisor or EngineSupervisor(settings)
     pool = await supervisor.start()
-    app = create_app(settings, pool)
-    drain = None
-    if stopping is not None:
-        drain = asyncio.create_task(drain_then_stop(app, pool, stopping, shutdown, settings))
     try:
-        await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown.wait)
+        await serve_app(settings, pool, shutdown, stopping)
     finally:
-        if drain is not None:
-            drain.cancel()
         await supervisor.close()
 
 

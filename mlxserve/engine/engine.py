@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP
+from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
 from .failures.recovery import FailedSteps
@@ -34,7 +35,7 @@ from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, RunningSlot, kv_tokens
+from .requests import GenerationEvent, GenerationRequest, RunningSlot
 from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
@@ -46,8 +47,6 @@ from .sequences.state import SequenceState, read_logprob_rows
 from .states import LOADING_STATES, EngineError
 from .stats import EngineStats, RateMeter
 
-# An admitted request not submitted by then (it failed in between) no longer counts.
-RESERVATION_TTL_S = 30.0
 log = logging.getLogger("mlxserve.engine")
 
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
@@ -64,7 +63,7 @@ def _slot_attribute(name: str) -> property:
     return property(lambda engine: getattr(engine.slot, name), doc=f"The model slot's {name}.")
 
 
-class Engine:
+class Engine(AdmittedWork):
     """One model, one batch; its steps run on an `EngineThread`, in turn with other models'."""
 
     def __init__(
@@ -144,10 +143,7 @@ class Engine:
         self.live = LiveSequences()
         self._followers = Followers()
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
-        # Submitted and not finished, counted on the event loop's thread (admission control).
-        self.pending_sequences = 0
-        self.pending_kv_tokens = 0
-        self._reservations: dict[int, tuple[float, int, int]] = {}  # id: (when, sequences, kv)
+        AdmittedWork.__init__(self)
         self._reading: dict[int, Group] = {}  # groups waiting for a read from disk, by id
         self._adopting: collections.deque[Prefetched] = collections.deque()  # reads to take in
 
@@ -285,32 +281,6 @@ class Engine:
         """The loop of a rank other than 0 (engine/cluster/lockstep.py); the process's exit code."""
         return follow(self)
 
-    def reserve(self, requests: Sequence[GenerationRequest]) -> int:
-        """Count `requests` as in flight from their admission on (`admitted_sequences`,
-        `admitted_kv_tokens`), before `submit` starts them: a stream's submit starts only once
-        its response does, and requests arriving together were each admitted as if alone. A
-        reservation never submitted lapses after RESERVATION_TTL_S. Event loop thread only."""
-        now = time.monotonic()
-        for key, (when, _, _) in list(self._reservations.items()):
-            if now - when > RESERVATION_TTL_S:
-                del self._reservations[key]
-        key = next(self._ids)
-        self._reservations[key] = (now, len(requests), kv_tokens(requests))
-        return key
-
-    @property
-    def admitted_sequences(self) -> int:
-        return self.pending_sequences + sum(n for _, n, _ in self._reservations.values())
-
-    @property
-    def admitted_kv_tokens(self) -> int:
-        return self.pending_kv_tokens + sum(t for _, _, t in self._reservations.values())
-
-    def admitted_kv_bytes(self) -> int:
-        """KV memory the requests admitted here take (0 without a model)."""
-        loaded = self.slot.loaded
-        return self.admitted_kv_tokens * loaded.kv_bytes_per_token if loaded is not None else 0
-
     async def submit(
         self, requests: Sequence[GenerationRequest], reservation: int | None = None
     ) -> AsyncIterator[GenerationEvent]:
@@ -319,25 +289,21 @@ class Engine:
 
         Stop iterating (or get cancelled) to cancel whatever is still running.
         """
-        self._reservations.pop(reservation, None)
+        self.release(reservation)
         self.check_ready()
         group = Group(next(self._ids), list(requests), asyncio.get_running_loop(), asyncio.Queue())
-        group_kv_tokens = kv_tokens(requests)
-        self.pending_sequences += len(requests)
-        self.pending_kv_tokens += group_kv_tokens
-        self.add_group(group)
         remaining = len(group.requests)
-        try:
-            while remaining:
-                event: GenerationEvent = await group.events.get()
-                if event.finished:
-                    remaining -= 1
-                yield event
-        finally:
-            self.pending_sequences -= len(requests)
-            self.pending_kv_tokens -= group_kv_tokens
-            if remaining:
-                self.cancel_group(group.group_id)
+        with self.counted(requests):
+            self.add_group(group)
+            try:
+                while remaining:
+                    event: GenerationEvent = await group.events.get()
+                    if event.finished:
+                        remaining -= 1
+                    yield event
+            finally:
+                if remaining:
+                    self.cancel_group(group.group_id)
 
     def add_group(self, group: Group) -> None:
         """Hand a group to the engine thread (`submit`'s, or the front process's through

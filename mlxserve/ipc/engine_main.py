@@ -266,20 +266,7 @@ async def _facts(process: EngineProcess, model: str) -> FactsWire | None:
     loaded = engine.loaded if engine is not None else None
     if loaded is None:
         return None
-    return FactsWire(
-        model_id=loaded.model_id,
-        path=loaded.path,
-        tokenizer=await asyncio.to_thread(pickle.dumps, loaded.tokenizer),
-        context_length=loaded.context_length,
-        vocab_size=loaded.vocab_size,
-        eos_token_ids=tuple(loaded.eos_token_ids),
-        bos_token_id=loaded.bos_token_id,
-        kv_bytes_per_token=loaded.kv_bytes_per_token,
-        fim=loaded.fim,
-        how_it_runs=loaded.how_it_runs,
-        weight_bytes=loaded.weight_bytes,
-        base_model=loaded.base_model,
-    )
+    return FactsWire.of(loaded, await asyncio.to_thread(pickle.dumps, loaded.tokenizer))
 
 
 async def _slots(process: EngineProcess, model: str):

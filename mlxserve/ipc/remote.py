@@ -5,25 +5,24 @@ process's reports and calls (ipc/schema.py). Admission's counts are the front's 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import pickle
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..engine.admitted import AdmittedWork
 from ..engine.models.naming import ServedNames
-from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot, kv_tokens
+from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot
 from ..engine.states import LOADING_STATES, EngineError
 from ..engine.stats import EngineStats
 from ..planning.model_facts import ModelFacts
-from .schema import FACTS, SLOTS, EngineView, PoolView, Submit
+from .schema import FACTS, SLOTS, EngineView, PoolView, Submit, encode
 
 if TYPE_CHECKING:
     from .supervisor import EngineSupervisor
 
 log = logging.getLogger("mlxserve.ipc")
-RESERVATION_TTL_S = 30.0  # an admitted request not submitted by then no longer counts
 START_WAIT_S = 120.0  # a request's wait for a (re)starting engine process, as for a load
 READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
 
@@ -38,7 +37,7 @@ class LoadProgressView:
         return dict(self._progress)
 
 
-class RemoteEngine:
+class RemoteEngine(AdmittedWork):
     """One engine of the engine process, as the front doors see an `Engine`."""
 
     def __init__(self, supervisor: EngineSupervisor, view: EngineView):
@@ -47,10 +46,7 @@ class RemoteEngine:
         self.facts: ModelFacts | None = None
         self._facts_key: tuple[int, int] | None = None  # (engine process, load) of `facts`
         self._fetching: tuple[int, int] | None = None
-        self._ids = itertools.count()
-        self.pending_sequences = 0
-        self.pending_kv_tokens = 0
-        self._reservations: dict[int, tuple[float, int, int]] = {}
+        AdmittedWork.__init__(self)
         self.restarting_because: str | None = None  # the engine process died: why
 
     # ---- the reported state -----------------------------------------------------------------
@@ -69,7 +65,7 @@ class RemoteEngine:
             reply = await self.supervisor.call("facts", self.model_name)
             if reply.value is None:
                 return
-            wire = FACTS.decode(self.supervisor.encode(reply.value))
+            wire = FACTS.decode(encode(reply.value))
             tokenizer = await asyncio.to_thread(pickle.loads, wire.tokenizer)
         except Exception as error:  # the engine process died meanwhile, or the model left
             log.debug("facts of %s not fetched: %s", self.model_name, error)
@@ -77,20 +73,7 @@ class RemoteEngine:
         finally:
             if self._fetching == key:
                 self._fetching = None
-        self.facts = ModelFacts(
-            model_id=wire.model_id,
-            path=wire.path,
-            tokenizer=tokenizer,
-            context_length=wire.context_length,
-            vocab_size=wire.vocab_size,
-            eos_token_ids=tuple(wire.eos_token_ids),
-            bos_token_id=wire.bos_token_id,
-            kv_bytes_per_token=wire.kv_bytes_per_token,
-            fim=wire.fim,
-            how_it_runs=wire.how_it_runs,
-            weight_bytes=wire.weight_bytes,
-            base_model=wire.base_model,
-        )
+        self.facts = wire.facts(tokenizer)
         self._facts_key = key
 
     def engine_gone(self, because: str) -> None:
@@ -145,7 +128,7 @@ class RemoteEngine:
 
     async def running_slots(self) -> list[RunningSlot]:
         reply = await self.supervisor.call("slots", self.model_name)
-        return SLOTS.decode(self.supervisor.encode(reply.value or []))
+        return SLOTS.decode(encode(reply.value or []))
 
     # ---- asking the engine -----------------------------------------------------------------
 
@@ -188,52 +171,25 @@ class RemoteEngine:
         """A load (or a restart) under way, or asked for and not begun yet."""
         return self.state in LOADING_STATES or self.view.pending_change and not self.view.unloading
 
-    # ---- admission (the event loop's thread) -------------------------------------------------
-
-    def reserve(self, requests: Sequence[GenerationRequest]) -> int:
-        now = time.monotonic()
-        for key, (when, _, _) in list(self._reservations.items()):
-            if now - when > RESERVATION_TTL_S:
-                del self._reservations[key]
-        key = next(self._ids)
-        self._reservations[key] = (now, len(requests), kv_tokens(requests))
-        return key
-
-    @property
-    def admitted_sequences(self) -> int:
-        return self.pending_sequences + sum(n for _, n, _ in self._reservations.values())
-
-    @property
-    def admitted_kv_tokens(self) -> int:
-        return self.pending_kv_tokens + sum(t for _, _, t in self._reservations.values())
-
-    def admitted_kv_bytes(self) -> int:
-        loaded = self.loaded
-        return self.admitted_kv_tokens * loaded.kv_bytes_per_token if loaded is not None else 0
-
     async def submit(
         self, requests: Sequence[GenerationRequest], reservation: int | None = None
     ) -> AsyncIterator[GenerationEvent]:
         """As `Engine.submit`, through the engine process."""
-        self._reservations.pop(reservation, None)
+        self.release(reservation)
         self.check_ready()
         requests = list(requests)
         group_id, events = self.supervisor.open_group(len(requests))
-        group_kv_tokens = kv_tokens(requests)
-        self.pending_sequences += len(requests)
-        self.pending_kv_tokens += group_kv_tokens
-        self.supervisor.send(Submit(group_id, self.model_name, requests), group_id)
         remaining = len(requests)
-        try:
-            while remaining:
-                event: GenerationEvent = await events.get()
-                if event.finished:
-                    remaining -= 1
-                yield event
-        finally:
-            self.pending_sequences -= len(requests)
-            self.pending_kv_tokens -= group_kv_tokens
-            self.supervisor.close_group(group_id, cancel=remaining > 0)
+        with self.counted(requests):
+            self.supervisor.send(Submit(group_id, self.model_name, requests), group_id)
+            try:
+                while remaining:
+                    event: GenerationEvent = await events.get()
+                    if event.finished:
+                        remaining -= 1
+                    yield event
+            finally:
+                self.supervisor.close_group(group_id, cancel=remaining > 0)
 
 
 class RemotePool:

@@ -7,7 +7,7 @@ Plain data only: the front decodes these without MLX.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import msgspec
@@ -15,6 +15,7 @@ import msgspec
 from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot
 from ..engine.stats import EngineStats
 from ..fim import Fim
+from ..planning.model_facts import ModelFacts
 
 # ---- front -> engine ---------------------------------------------------------------------------
 
@@ -55,7 +56,7 @@ class Events(msgspec.Struct, tag=True):
 @dataclass
 class FactsWire:
     """`ModelFacts` as they cross: the tokenizer pickled (the engine's own, so that both sides
-    tokenize alike), the FIM template resolved."""
+    tokenize alike), the FIM template resolved. The same field names as `ModelFacts`."""
 
     model_id: str
     path: str
@@ -69,6 +70,15 @@ class FactsWire:
     how_it_runs: str
     weight_bytes: int
     base_model: str | None
+
+    @classmethod
+    def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:
+        values = {f.name: getattr(facts, f.name) for f in fields(cls)}
+        return cls(**{**values, "tokenizer": tokenizer})
+
+    def facts(self, tokenizer: Any) -> ModelFacts:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ModelFacts(**{**values, "tokenizer": tokenizer})
 
 
 class EngineView(msgspec.Struct):

@@ -32,7 +32,6 @@ from ..platform.blas import cpu_environment
 from ..settings import Settings
 from .remote import RemotePool
 from .schema import (
-    ENCODER,
     FROM_ENGINE,
     Call,
     Cancel,
@@ -102,6 +101,7 @@ class EngineSupervisor:
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._process: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start's: every socket's thread
         self._started = asyncio.Event()
         self._stopping = False
         self._crashes_in_a_row = 0
@@ -113,6 +113,7 @@ class EngineSupervisor:
     async def start(self) -> RemotePool:
         """Start the engine process (its models load on; requests meanwhile wait as for a
         load)."""
+        self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.create_task(self._receive()))
         await self._spawn()
         self._tasks.append(asyncio.create_task(self._watch()))
@@ -208,14 +209,19 @@ class EngineSupervisor:
             self.call_soon("pin", name, pinned=name in self.pool.pinned)
 
     def stop_engine(self) -> None:
-        """Ask the engine process to stop (its engines fail what is still in flight)."""
+        """Ask the engine process to stop (its engines fail what is still in flight). From any
+        thread (a drain stops the pool from a worker thread): the socket is the loop's alone."""
         if not self._stopping:
             self._stopping = True
-            self._send(encode(Call(next(self._call_ids), "stop")))
+            data = encode(Call(next(self._call_ids), "stop"))
+            self._loop.call_soon_threadsafe(self._send, data)
 
     async def close(self) -> None:
         """Stop the engine process (killed if it does not end in STOP_WAIT_S), and the sockets."""
         self.stop_engine()
+        await asyncio.sleep(
+            0
+        )  # its message sent (a callback on this loop) before the sockets close
         process = self._process
         if process is not None and process.returncode is None:
             try:
@@ -239,9 +245,6 @@ class EngineSupervisor:
                 os.kill(self._process.pid, signal.SIGKILL)
 
     # ---- talking -------------------------------------------------------------------------
-
-    def encode(self, value) -> bytes:
-        return ENCODER.encode(value)
 
     def _send(self, data: bytes) -> bool:
         try:
