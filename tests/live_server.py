@@ -22,6 +22,7 @@ from typing import IO
 import httpx
 
 from mlxserve.engine import Engine
+from mlxserve.engine.models.served import new_engine
 from mlxserve.server import run
 from mlxserve.settings import Settings
 
@@ -65,50 +66,73 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {base}-{base + PORTS_PER_BLOCK - 1}")
 
 
-class LiveServer:
-    """`engine`: serve one already started (and stopped by its owner), instead of a new one."""
+class ServerThread:
+    """A server's event loop on a thread of this process, on 127.0.0.1 and a free port:
+    `_main` serves until `_shutdown` is set (`__exit__`)."""
 
-    def __init__(
-        self, model: str, start_engine: bool = True, engine: Engine | None = None, **settings
-    ):
-        self.settings = Settings(model=model, host="127.0.0.1", port=free_port(), **settings)
-        self.own_engine = engine is None
-        self.engine = engine or Engine(
-            model,
-            prefix_cache_bytes=self.settings.prefix_cache_bytes,
-            fim_template=self.settings.fim_template,
-            idle_unload_s=self.settings.idle_unload_s,
-            prefix_cache_dir=self.settings.prefix_cache_dir,
-            prefix_cache_disk_bytes=self.settings.prefix_cache_disk_bytes,
-            kv_bits=self.settings.kv_bits,
-            kv_group_size=self.settings.kv_group_size,
-        )
-        self.start_engine = start_engine and self.own_engine
+    def __init__(self, model, **settings):
+        self.settings = Settings(model=str(model), host="127.0.0.1", port=free_port(), **settings)
         self.url = f"http://127.0.0.1:{self.settings.port}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._listening = threading.Event()
 
+    async def _main(self) -> None:
+        raise NotImplementedError
+
     def _serve(self) -> None:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._shutdown = asyncio.Event()
-            self._listening.set()
-            await run(self.settings, self.engine, self._shutdown, self.start_engine)
+            await self._main()
 
         asyncio.run(main())
 
-    def __enter__(self) -> LiveServer:
+    def _start(self) -> None:
         self._thread.start()
         self._listening.wait(10)
-        deadline = time.monotonic() + 30
+
+    def wait_healthy(self, timeout: float = 120, ready: bool = True) -> None:
+        """Until /health answers (`ready`: 200)."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                httpx.get(self.url + "/health", timeout=1)
-                break
+                status = httpx.get(self.url + "/health", timeout=1).status_code
+                if status == 200 or not ready:
+                    return
             except httpx.TransportError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
+        if ready:
+            raise AssertionError(f"{self.url} not healthy in {timeout} s")
+
+    def __exit__(self, *exc) -> None:
+        if self._loop and self._shutdown:
+            self._loop.call_soon_threadsafe(self._shutdown.set)
+        self._thread.join(self.join_timeout_s)
+
+    join_timeout_s = 15.0
+
+
+class LiveServer(ServerThread):
+    """`engine`: serve one already started (and stopped by its owner), instead of a new one."""
+
+    def __init__(
+        self, model: str, start_engine: bool = True, engine: Engine | None = None, **settings
+    ):
+        super().__init__(model, **settings)
+        self.own_engine = engine is None
+        self.engine = engine or new_engine(self.settings, model)
+        self.start_engine = start_engine and self.own_engine
+
+    async def _main(self) -> None:
+        self._listening.set()
+        await run(self.settings, self.engine, self._shutdown, self.start_engine)
+
+    def __enter__(self) -> LiveServer:
+        self._start()
+        self.wait_healthy(30, ready=False)
         if self.start_engine:
             # A generous bound: the portable pass loads SmolLM2 in about a minute here when
             # both cores are busy (its load-time prefill timing runs MLX's quantized kernels).
@@ -116,9 +140,7 @@ class LiveServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._loop and self._shutdown:
-            self._loop.call_soon_threadsafe(self._shutdown.set)
-        self._thread.join(15)
+        super().__exit__(*exc)
         if self.own_engine:
             self.engine.stop()
 
@@ -148,61 +170,36 @@ class LiveServers:
         self._shared.clear()
 
 
-class FrontServer:
+class FrontServer(ServerThread):
     """The front (Hypercorn on a thread of this process) with its engine in a process of its own,
     as `mlxserve serve` runs them: the real supervisor, sockets and engine process.
     `engine_command`: what starts the engine process (tests/engine_faults.py's for an abort);
     `stable_s`: the supervisor's crash-loop window."""
 
+    join_timeout_s = 30.0
+
     def __init__(self, model, engine_command=None, stable_s: float | None = None, **settings):
-        self.settings = Settings(model=str(model), host="127.0.0.1", port=free_port(), **settings)
-        self.url = f"http://127.0.0.1:{self.settings.port}"
+        super().__init__(model, **settings)
         self.options = {}
         if engine_command is not None:
             self.options["command"] = tuple(engine_command)
         if stable_s is not None:
             self.options["stable_s"] = stable_s
         self.supervisor = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._shutdown: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._listening = threading.Event()
 
-    def _serve(self) -> None:
+    async def _main(self) -> None:
         from mlxserve.ipc.supervisor import EngineSupervisor
         from mlxserve.server import run_front
 
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._shutdown = asyncio.Event()
-            self.supervisor = EngineSupervisor(self.settings, **self.options)
-            self._listening.set()
-            await run_front(self.settings, self._shutdown, supervisor=self.supervisor)
-
-        asyncio.run(main())
+        self.supervisor = EngineSupervisor(self.settings, **self.options)
+        self._listening.set()
+        await run_front(self.settings, self._shutdown, supervisor=self.supervisor)
 
     @property
     def pool(self):
         return self.supervisor.pool
 
-    def wait_healthy(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"{self.url} not healthy in {timeout} s")
-
     def __enter__(self) -> FrontServer:
-        self._thread.start()
-        self._listening.wait(10)
+        self._start()
         self.wait_healthy()
         return self
-
-    def __exit__(self, *exc) -> None:
-        if self._loop and self._shutdown:
-            self._loop.call_soon_threadsafe(self._shutdown.set)
-        self._thread.join(30)
