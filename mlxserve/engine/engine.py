@@ -320,11 +320,17 @@ class Engine(AdmittedWork):
             for group_id, seq in self.live.snapshot()
         ]
 
-    def keep_alive_left_s(self) -> float | None:
-        """Seconds until an idle unload (None: never: pinned, or no --idle-unload)."""
+    def keep_alive_until(self) -> float | None:
+        """When (time.monotonic(), the same clock in every process) an idle unload is due;
+        None: never (pinned, or no --idle-unload)."""
         slot = self.slot
         idle = None if slot.pinned else slot.idle_unload_s
-        return None if idle is None else slot.last_work + idle - time.monotonic()
+        return None if idle is None else slot.last_work + idle
+
+    def keep_alive_left_s(self) -> float | None:
+        """Seconds until an idle unload (None: never)."""
+        until = self.keep_alive_until()
+        return None if until is None else until - time.monotonic()
 
     # ---- the engine thread ------------------------------------------------------------------
 

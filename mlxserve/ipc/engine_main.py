@@ -43,6 +43,7 @@ from .schema import (
 )
 
 log = logging.getLogger("mlxserve.engine")
+EMPTY_POOL = PoolView("", 0, 0, [], [])  # a reply's pool until the call has run
 REPORT_EVERY_S = 0.05  # the front's view of the engines lags their state by this at most
 PARENT_CHECK_EVERY_S = 0.5  # how soon the engine process notices its front is gone
 
@@ -114,7 +115,7 @@ class EngineProcess:
             load_progress=progress.as_dict() if progress is not None else None,
             idle_unload_s=engine.idle_unload_s,
             default_idle_unload_s=engine.default_idle_unload_s,
-            keep_alive_left_s=engine.keep_alive_left_s(),
+            keep_alive_until=engine.keep_alive_until(),
             idle_for_eviction=engine.idle_for_eviction,
             pending_change=slot.pending is not None,
             unloading=slot.unloading,
@@ -156,7 +157,7 @@ class EngineProcess:
 
     async def call(self, message: Call) -> None:
         operation = OPERATIONS.get(message.op)
-        reply = Reply(message.call_id, self.view())
+        reply = Reply(message.call_id, EMPTY_POOL)
         try:
             if operation is None:
                 raise ValueError(f"no operation {message.op!r}")

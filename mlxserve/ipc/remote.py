@@ -11,13 +11,15 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..engine.admitted import AdmittedWork
 from ..engine.models.naming import ServedNames
 from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot
 from ..engine.states import LOADING_STATES, EngineError
 from ..engine.stats import EngineStats
 from ..planning.model_facts import ModelFacts
-from .schema import FACTS, SLOTS, EngineView, PoolView, Submit, encode
+from .schema import EngineView, FactsWire, PoolView, Submit
 
 if TYPE_CHECKING:
     from .supervisor import EngineSupervisor
@@ -65,7 +67,7 @@ class RemoteEngine(AdmittedWork):
             reply = await self.supervisor.call("facts", self.model_name)
             if reply.value is None:
                 return
-            wire = FACTS.decode(encode(reply.value))
+            wire = msgspec.convert(reply.value, FactsWire)
             tokenizer = await asyncio.to_thread(pickle.loads, wire.tokenizer)
         except Exception as error:  # the engine process died meanwhile, or the model left
             log.debug("facts of %s not fetched: %s", self.model_name, error)
@@ -124,11 +126,12 @@ class RemoteEngine(AdmittedWork):
         return self.view.tokens_per_second
 
     def keep_alive_left_s(self) -> float | None:
-        return self.view.keep_alive_left_s
+        until = self.view.keep_alive_until
+        return None if until is None else until - time.monotonic()
 
     async def running_slots(self) -> list[RunningSlot]:
         reply = await self.supervisor.call("slots", self.model_name)
-        return SLOTS.decode(encode(reply.value or []))
+        return msgspec.convert(reply.value or [], list[RunningSlot])
 
     # ---- asking the engine -----------------------------------------------------------------
 

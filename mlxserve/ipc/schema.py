@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ..engine.requests import GenerationEvent, GenerationRequest, RunningSlot
+from ..engine.requests import GenerationEvent, GenerationRequest
 from ..engine.stats import EngineStats
 from ..fim import Fim
 from ..planning.model_facts import ModelFacts
@@ -82,27 +82,29 @@ class FactsWire:
 
 
 class EngineView(msgspec.Struct):
-    """One engine as the front may see it."""
+    """One engine as the front may see it (the defaults: one not begun yet)."""
 
     name: str
     source: str
     state: str
-    started: bool
-    begun: bool
-    loads: int  # models loaded so far: a new one means new facts
-    error: str | None
-    load_error: str | None
-    load_progress: dict[str, Any] | None
-    idle_unload_s: float | None
-    default_idle_unload_s: float | None
-    keep_alive_left_s: float | None
-    idle_for_eviction: bool
-    pending_change: bool
-    unloading: bool
-    stats: EngineStats
-    tokens_per_second: float
-    footprint: int
-    loaded: bool
+    started: bool = True
+    begun: bool = False
+    loads: int = 0  # models loaded so far: a new one means new facts
+    error: str | None = None
+    load_error: str | None = None
+    load_progress: dict[str, Any] | None = None
+    idle_unload_s: float | None = None
+    default_idle_unload_s: float | None = None
+    # when an idle unload is due (time.monotonic(): one clock for both processes), so that the
+    # view does not change while nothing happens
+    keep_alive_until: float | None = None
+    idle_for_eviction: bool = False
+    pending_change: bool = False
+    unloading: bool = False
+    stats: EngineStats = msgspec.field(default_factory=EngineStats)
+    tokens_per_second: float = 0.0
+    footprint: int = 0
+    loaded: bool = False
 
 
 class PoolView(msgspec.Struct):
@@ -143,8 +145,6 @@ FromEngine = Events | Report | Reply | Started
 ENCODER = msgspec.msgpack.Encoder()
 TO_ENGINE = msgspec.msgpack.Decoder(ToEngine)
 FROM_ENGINE = msgspec.msgpack.Decoder(FromEngine)
-FACTS = msgspec.msgpack.Decoder(FactsWire)
-SLOTS = msgspec.msgpack.Decoder(list[RunningSlot])
 
 
 def encode(message) -> bytes:

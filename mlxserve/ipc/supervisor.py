@@ -356,28 +356,13 @@ class EngineSupervisor:
 
 def placeholder_view(settings: Settings, names: ServedNames) -> PoolView:
     """The pool before the engine process's first report: the default model starting."""
-    from ..engine.stats import EngineStats
-
+    idle = settings.idle_unload_s
     starting = EngineView(
-        name=names.default_name,
-        source=settings.model,
-        state="starting",
-        started=True,
-        begun=False,
-        loads=0,
-        error=None,
-        load_error=None,
-        load_progress=None,
-        idle_unload_s=settings.idle_unload_s,
-        default_idle_unload_s=settings.idle_unload_s,
-        keep_alive_left_s=None,
-        idle_for_eviction=False,
-        pending_change=False,
-        unloading=False,
-        stats=EngineStats(),
-        tokens_per_second=0.0,
-        footprint=0,
-        loaded=False,
+        names.default_name,
+        settings.model,
+        "starting",
+        idle_unload_s=idle,
+        default_idle_unload_s=idle,
     )
     return PoolView(
         names.default_name, settings.memory_budget_bytes, 0, list(names.pinned), [starting]
