@@ -394,8 +394,6 @@ def serve(args: argparse.Namespace) -> int:
     except ModelLoadError as error:
         print(f"mlxserve: error: {error}", file=sys.stderr)
         return 2
-    from .server import serve_forever
-
     try:
         api_key = read_api_key(args.api_key, args.api_key_file)
         limits = request_limits(args)
@@ -442,7 +440,17 @@ def serve(args: argparse.Namespace) -> int:
         rank_timeout_s=args.rank_timeout,
         **memory,
     )
-    return serve_forever(settings)
+    supervisor = None
+    if not (settings.engine_in_process or settings.distributed):
+        from .ipc.mlx_lm_text import use_text_only_mlx_lm
+        from .ipc.supervisor import EngineSupervisor
+
+        use_text_only_mlx_lm()  # before anything imports mlx-lm: the front loads no MLX
+        supervisor = EngineSupervisor(settings)
+        supervisor.spawn()  # now: its imports run while this process imports the HTTP server
+    from .server import serve_forever
+
+    return serve_forever(settings, supervisor)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -154,8 +154,9 @@ async def run_front(
         await supervisor.close()
 
 
-def serve_forever(settings: Settings) -> int:
+def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None) -> int:
     """Run the server; returns the process exit code (1 when the model failed to load).
+    `supervisor`: the engine process's, started already (None: started here).
 
     The engine runs in a process of its own (ipc/), unless `settings.engine_in_process` or
     `settings.distributed`: under mlx.launch, rank 0 serves HTTP beside its engine and every
@@ -227,12 +228,13 @@ def serve_forever(settings: Settings) -> int:
             from .ipc.supervisor import EngineSupervisor
 
             use_text_only_mlx_lm()
-            supervisor = EngineSupervisor(settings, on_fatal=on_fatal)
-            default.append(supervisor.pool.default)
+            engine_process = supervisor or EngineSupervisor(settings)
+            engine_process.on_fatal = on_fatal
+            default.append(engine_process.pool.default)
             try:
-                await run_front(settings, shutdown, stopping, supervisor)
+                await run_front(settings, shutdown, stopping, engine_process)
             finally:
-                supervisor.kill()
+                engine_process.kill()
         cause, in_flight = signalled[0] if signalled else ("the engine failed", 0)
         log.info("stopped (%s): %d sequences were in flight", cause, in_flight)
         if failed and cluster is not None:

@@ -9,14 +9,18 @@ meanwhile wait as for a first load. Deaths in a row, each soon after its start, 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import importlib
 import itertools
 import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +56,10 @@ MAX_BACKOFF_S = 30.0
 CONNECT_WAIT_S = 5.0  # a started engine process's inbox is connected by then
 CONNECT_POLL_S = 0.005
 RESTARTED = "engine_restarted"
+
+
+def import_tokenizer_modules() -> None:
+    importlib.import_module("mlx_lm.tokenizer_utils")
 
 
 def signal_text(returncode: int) -> str:
@@ -92,15 +100,16 @@ class EngineSupervisor:
         self._to_engine.setsockopt(zmq.LINGER, 0)
         self._to_engine_address = f"ipc://{self._folder / 'to-engine'}"
         self._to_engine.bind(self._to_engine_address)
-        self._from_engine = self._context.socket(zmq.PULL)
-        self._from_engine.setsockopt(zmq.LINGER, 0)
+        # bound by `start`, on its loop (the engine process's messages wait in its socket
+        # meanwhile: ZeroMQ connects whichever side comes first)
+        self._from_engine: zmq.asyncio.Socket | None = None
         self._from_engine_address = f"ipc://{self._folder / 'from-engine'}"
-        self._from_engine.bind(self._from_engine_address)
         self._groups: dict[int, tuple[asyncio.Queue, set[int]]] = {}
         self._group_ids = itertools.count()
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: subprocess.Popen | None = None
+        self._exited: concurrent.futures.Future | None = None  # its return code, once it ends
         self._loop: asyncio.AbstractEventLoop | None = None  # start's: every socket's thread
         self._started = asyncio.Event()
         self._stopping = False
@@ -111,38 +120,44 @@ class EngineSupervisor:
     # ---- life ----------------------------------------------------------------------------
 
     async def start(self) -> RemotePool:
-        """Start the engine process (its models load on; requests meanwhile wait as for a
-        load)."""
+        """Start the engine process, unless `spawn` already did (its models load on; requests
+        meanwhile wait as for a load)."""
         self._loop = asyncio.get_running_loop()
+        self._from_engine = self._context.socket(zmq.PULL)
+        self._from_engine.setsockopt(zmq.LINGER, 0)
+        self._from_engine.bind(self._from_engine_address)
         self._tasks.append(asyncio.create_task(self._receive()))
-        await self._spawn()
+        if self._process is None:
+            self.spawn()
         self._tasks.append(asyncio.create_task(self._watch()))
+        # What unpickling the model's tokenizer imports (transformers: most of a second), on
+        # a thread while the engine process starts, rather than after its model is ready.
+        self._tasks.append(asyncio.create_task(asyncio.to_thread(import_tokenizer_modules)))
         return self.pool
 
-    async def _spawn(self) -> None:
+    def spawn(self) -> None:
+        """Start an engine process now: `mlxserve serve` calls it before it imports the HTTP
+        server, so that both processes' imports run at once."""
         self._started.clear()
         self.generation += 1
-        self._process = await asyncio.create_subprocess_exec(
-            *self.command,
-            "--to-engine",
-            self._to_engine_address,
-            "--from-engine",
-            self._from_engine_address,
-            "--log-level",
-            logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-            stdin=asyncio.subprocess.PIPE,
-            env=cpu_environment(os.environ),  # what `mlxserve serve` re-executes itself under
-        )
-        self.pid = self._process.pid
-        self._process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
-        self._process.stdin.close()
+        command = [*self.command, "--to-engine", self._to_engine_address]
+        command += ["--from-engine", self._from_engine_address, "--log-level"]
+        command.append(logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+        # under what `mlxserve serve` would re-execute itself with, for MLX's CPU backend
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, env=cpu_environment(os.environ))
+        process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
+        process.stdin.close()
+        self._process, self.pid = process, process.pid
         self._spawned_at = time.monotonic()
+        self._exited = exited = concurrent.futures.Future()
+        threading.Thread(
+            target=lambda: exited.set_result(process.wait()), name="engine-watch", daemon=True
+        ).start()
         log.info("engine process %d started", self.pid)
 
     async def _watch(self) -> None:
         while True:
-            process = self._process
-            returncode = await process.wait()
+            returncode = await asyncio.wrap_future(self._exited)
             if self._stopping:
                 return
             because = signal_text(returncode)
@@ -168,7 +183,7 @@ class EngineSupervisor:
             if self._stopping:
                 return
             self.restarts += 1
-            await self._spawn()
+            self.spawn()
 
     def _engine_died(self, because: str) -> None:
         """Every sequence in flight ends now with a 503; calls waiting get an error."""
@@ -219,17 +234,17 @@ class EngineSupervisor:
     async def close(self) -> None:
         """Stop the engine process (killed if it does not end in STOP_WAIT_S), and the sockets."""
         self.stop_engine()
-        await asyncio.sleep(
-            0
-        )  # its message sent (a callback on this loop) before the sockets close
+        await asyncio.sleep(0)  # the stop sent (a callback on this loop) before sockets close
         process = self._process
-        if process is not None and process.returncode is None:
+        if process is not None and process.poll() is None:
             try:
-                await asyncio.wait_for(process.wait(), STOP_WAIT_S)
+                await asyncio.wait_for(
+                    asyncio.shield(asyncio.wrap_future(self._exited)), STOP_WAIT_S
+                )
             except asyncio.TimeoutError:
                 log.warning("the engine process did not stop in %.0f s: killed", STOP_WAIT_S)
                 process.kill()
-                await process.wait()
+                await asyncio.wrap_future(self._exited)
         for task in self._tasks:
             task.cancel()
         self._to_engine.close()
@@ -240,9 +255,9 @@ class EngineSupervisor:
 
     def kill(self) -> None:
         """At the front's exit without a clean stop: the engine process goes with it."""
-        if self._process is not None and self._process.returncode is None:
+        if self._process is not None and self._process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._process.pid, signal.SIGKILL)
+                self._process.kill()
 
     # ---- talking -------------------------------------------------------------------------
 
