@@ -9,7 +9,7 @@ completion and stops the server once its first token arrives; then the same for
 `python -m mlx_lm.server`. Run `make serve` (or `make install`) once before, so the venv exists
 and no run includes pip. This script only prints; it asserts nothing.
 
-    python benchmarks/startup.py [--runs 3] [--model PATH] [--direct]
+    python benchmarks/startup.py [--runs 3] [--model PATH] [--direct [--engine-in-process]]
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from pathlib import Path
 
 from common import (
     REPO_ROOT,
+    add_engine_flag,
     bench_parser,
     demo_model,
+    engine_flags,
     free_port,
     log_file,
     mlxserve_command,
@@ -53,6 +55,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="start `python -m mlxserve serve` with this interpreter instead of `make serve`",
     )
+    add_engine_flag(parser)
     return parser.parse_args()
 
 
@@ -86,7 +89,11 @@ def main() -> int:
     args = parse_args()
     model = args.model or demo_model()
     if args.direct:
-        ours = ("mlxserve serve", lambda port, log: spawn(mlxserve_command(model, port), log))
+        extra = engine_flags(args)
+        ours = (
+            "mlxserve serve",
+            lambda port, log: spawn(mlxserve_command(model, port, extra), log),
+        )
     else:
         if not (REPO_ROOT / ".venv" / ".installed").exists():
             raise SystemExit("build the venv first: make install (or make serve once)")
