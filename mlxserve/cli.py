@@ -14,6 +14,7 @@ import jinja2
 
 from .chat.templates import CHATML
 from .chat.tool_calls import parser_names
+from .engine.cluster.launched import engine_in_front
 from .fim import TEMPLATE_NAMES, TEMPLATES
 from .flag_values import memory_size, name_and_value, read_api_key, stream_gap
 from .platform import reexec_for_cpu
@@ -340,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-in-process",
         action="store_true",
         help="run the engine inside the HTTP server's process, not in a supervised process of "
-        "its own (then an engine crash ends the server; --distributed always does)",
+        "its own (then an engine crash ends the server)",
     )
     serve.add_argument(
         "--log-level",
@@ -358,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         if argv is None:  # the real command line, not a caller's list
-            if args.engine_in_process or args.distributed:  # else the engine process gets it
-                reexec_for_cpu()
+            if engine_in_front(args.engine_in_process, args.distributed):
+                reexec_for_cpu()  # else the engine process is started under it
             exit_without_finalizing(serve(args))
         return serve(args)
     return 2
@@ -441,7 +442,7 @@ def serve(args: argparse.Namespace) -> int:
         **memory,
     )
     supervisor = None
-    if not (settings.engine_in_process or settings.distributed):
+    if not engine_in_front(settings.engine_in_process, settings.distributed):
         from .ipc.mlx_lm_text import use_text_only_mlx_lm
         from .ipc.supervisor import EngineSupervisor
 

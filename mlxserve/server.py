@@ -17,6 +17,7 @@ from hypercorn.config import Config
 
 from .api.admission import DRAINING
 from .api.app import create_app
+from .engine.cluster.launched import engine_in_front
 from .platform.blas import warn_if_slow
 from .settings import Settings
 
@@ -158,11 +159,13 @@ def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None
     """Run the server; returns the process exit code (1 when the model failed to load).
     `supervisor`: the engine process's, started already (None: started here).
 
-    The engine runs in a process of its own (ipc/), unless `settings.engine_in_process` or
-    `settings.distributed`: under mlx.launch, rank 0 serves HTTP beside its engine and every
-    other rank follows that engine in lock-step (engine/cluster/lockstep.py)."""
+    The engine runs in a process of its own (ipc/), unless `settings.engine_in_process`.
+    `settings.distributed`: under mlx.launch, rank 0 serves HTTP, its engine in a process of
+    its own, and every other rank is an engine that follows rank 0's in lock-step
+    (engine/cluster/lockstep.py)."""
     cluster = None
-    if settings.distributed:
+    in_process = engine_in_front(settings.engine_in_process, settings.distributed)
+    if settings.distributed and in_process:
         from .engine.cluster.lockstep import Cluster
 
         cluster = Cluster()
@@ -178,7 +181,6 @@ def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None
             ).follow()
     warn_if_exposed(settings)
     set_switch_interval()
-    in_process = settings.engine_in_process or cluster is not None
     if in_process:
         warn_if_slow()
 

@@ -46,6 +46,8 @@ log = logging.getLogger("mlxserve.engine")
 EMPTY_POOL = PoolView("", 0, 0, [], [])  # a reply's pool until the call has run
 REPORT_EVERY_S = 0.05  # the front's view of the engines lags their state by this at most
 PARENT_CHECK_EVERY_S = 0.5  # how soon the engine process notices its front is gone
+FLUSH_BEFORE_EXIT_S = 2.0  # at most, for the last messages to reach the front
+DISTRIBUTED_EXIT = 3  # the exit code when a distributed engine cannot go on
 
 
 class EngineProcess:
@@ -66,7 +68,14 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._remaining: dict[int, int] = {}  # group id: sequences not finished
         self._groups: dict[int, Any] = {}  # group id: its engine
-        self.engine = new_engine(settings, settings.model)
+        options = {}
+        if settings.distributed:  # rank 0 of the ranks mlx.launch started (cli.py decided)
+            from ..engine.cluster.lockstep import Cluster
+
+            cluster = Cluster()
+            log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
+            options = {"cluster": cluster, "on_fatal": self.exit_lost}
+        self.engine = new_engine(settings, settings.model, **options)
         self.pool = pool_for(settings, self.engine)
         self._last_report = b""
         self._stopping = asyncio.Event()
@@ -89,6 +98,18 @@ class EngineProcess:
                 else:
                     self._remaining[group_id] = left
         self.send(Events(items))
+
+    def exit_lost(self, message: str) -> None:
+        """Distributed: a rank is gone, or the model cannot load over the ranks. The engine has
+        ended every sequence with its error; the front gets them and the engines' last state,
+        then this process exits (its engine thread may be stuck in a collective), and the
+        front stops (the ranks cannot go on without one)."""
+        with self._send_lock:
+            self.outbox.send(encode(Report(self.view())))
+            self.outbox.close(linger=int(FLUSH_BEFORE_EXIT_S * 1000))  # sent, or given up
+            self._plain.term()
+        logging.shutdown()
+        os._exit(DISTRIBUTED_EXIT)
 
     def view(self) -> PoolView:
         pool = self.pool

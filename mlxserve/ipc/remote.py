@@ -233,6 +233,13 @@ class RemotePool:
         for engine in self._engines.values():
             engine.engine_gone(because)
 
+    def engine_failed(self, because: str) -> None:
+        """The engine process died for good (distributed): every engine in error."""
+        for engine in self._engines.values():
+            engine.view = msgspec.structs.replace(
+                engine.view, state="error", error=because, loaded=False
+            )
+
     @property
     def default(self) -> RemoteEngine:
         return self._engines[self.default_name]

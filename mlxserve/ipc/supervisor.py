@@ -161,6 +161,9 @@ class EngineSupervisor:
             if self._stopping:
                 return
             because = signal_text(returncode)
+            if self.settings.distributed:
+                self._distributed_engine_died(because)
+                return
             self._engine_died(because)
             lived = time.monotonic() - self._spawned_at
             self._crashes_in_a_row = self._crashes_in_a_row + 1 if lived < self.stable_s else 1
@@ -187,20 +190,8 @@ class EngineSupervisor:
 
     def _engine_died(self, because: str) -> None:
         """Every sequence in flight ends now with a 503; calls waiting get an error."""
-        self._started.clear()
         log.error("the engine process %s died (%s): restarting it", self.pid, because)
-        message = f"the engine process died ({because}); it is restarting"
-        for queue, open_indexes in self._groups.values():
-            for index in sorted(open_indexes):
-                queue.put_nowait(
-                    GenerationEvent(index=index, error=message, unavailable=True, code=RESTARTED)
-                )
-            open_indexes.clear()
-        self._groups.clear()
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(EngineError(message, "restarting"))
-        self._calls.clear()
+        self._fail_in_flight(f"the engine process died ({because}); it is restarting", RESTARTED)
         pool = self.pool
         self._restore = [
             (e.model_name, e.model_source)
@@ -209,6 +200,33 @@ class EngineSupervisor:
         ]
         self._restore_default = pool.default_name
         pool.engine_gone(f"restarting: the engine process died ({because})")
+
+    def _distributed_engine_died(self, because: str) -> None:
+        """Rank 0's engine is one of the ranks' lock-step: another cannot take its place, so
+        the server stops (as when a rank is lost), after ending what is still in flight."""
+        default = self.pool.default.view
+        message = default.error if default.state == "error" and default.error else None
+        message = message or f"the distributed server's engine process died ({because})"
+        log.error("%s: the server stops", message)
+        self._fail_in_flight(message, None)
+        self.pool.engine_failed(message)
+        if self.on_fatal:
+            on_fatal, self.on_fatal = self.on_fatal, None
+            on_fatal(message)
+
+    def _fail_in_flight(self, message: str, code: str | None) -> None:
+        self._started.clear()
+        for queue, open_indexes in self._groups.values():
+            for index in sorted(open_indexes):
+                queue.put_nowait(
+                    GenerationEvent(index=index, error=message, unavailable=True, code=code)
+                )
+            open_indexes.clear()
+        self._groups.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineError(message, "restarting" if code else "error"))
+        self._calls.clear()
 
     async def _restore_models(self) -> None:
         """The models loaded before a crash, loaded again (the default loads by itself)."""

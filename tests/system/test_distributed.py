@@ -287,13 +287,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(child) for child in found.stdout.split()]
+
+
+def engine_process(rank_0: int) -> int:
+    """Rank 0's engine process: the one child of its HTTP front."""
+    found = children(rank_0)
+    assert len(found) == 1, f"rank 0 ({rank_0}) has children {found}, not one engine process"
+    return found[0]
+
+
 def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
     """The ranks mlx.launch started, by rank."""
-    children = subprocess.run(
-        ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
-    ).stdout.split()
     ranks = {}
-    for pid in children:
+    for pid in children(launcher.pid):
         with open(f"/proc/{pid}/environ", "rb") as environ:
             for entry in environ.read().split(b"\0"):
                 if entry.startswith(b"MLX_RANK="):
@@ -331,11 +340,12 @@ def wait_gone(pids, seconds: float) -> list[int]:
 def test_idle_ranks_use_no_cpu(cluster):
     url, launcher, _ = cluster
     httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 4}, timeout=60)
-    ranks = rank_pids(launcher)
+    processes = {f"rank {rank}": pid for rank, pid in rank_pids(launcher).items()}
+    processes["rank 0's engine"] = engine_process(processes["rank 0"])
     time.sleep(1)
-    before = {rank: cpu_seconds(pid) for rank, pid in ranks.items()}
+    before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     time.sleep(3)
-    used = {rank: cpu_seconds(pid) - before[rank] for rank, pid in ranks.items()}
+    used = {name: cpu_seconds(pid) - before[name] for name, pid in processes.items()}
     assert all(seconds < 0.2 for seconds in used.values()), used  # spinning: ~1 s of 3
 
 
@@ -385,13 +395,18 @@ def test_a_rank_that_dies_fails_requests_with_503_and_stops_rank_0(ring, tiny_mo
         assert ranks[0].wait(30) != 0  # it stopped, and says it failed
 
 
-@pytest.mark.parametrize("when", ["idle", "mid-stream"])
+@pytest.mark.parametrize("when", ["idle", "its engine process mid-stream"])
 def test_without_rank_0_the_other_rank_exits(ring, tiny_model, tmp_path, when):
+    """Rank 0 killed (its engine process goes with it), or only its engine process: that
+    one's place in the ranks' lock-step cannot be taken, so the stream ends with a 503 and
+    rank 0's front stops too."""
     with ranks_by_hand(tiny_model, tmp_path, "--rank-timeout", "3") as (url, ranks):
         if when == "idle":
             ranks[0].kill()
         else:
-            with contextlib.suppress(httpx.HTTPError):  # rank 0, the server, is gone
-                stream_until_killed(url, ranks[0].pid)
+            errors = stream_until_killed(url, engine_process(ranks[0].pid))
+            assert errors and errors[0]["type"] == "service_unavailable", errors
+            assert "engine process died (SIGKILL)" in errors[0]["message"]
+            assert ranks[0].wait(15) == 1
         assert ranks[1].wait(15) == 1
     assert "rank 1 stops" in (tmp_path / "rank1.log").read_text()

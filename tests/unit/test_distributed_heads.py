@@ -1,13 +1,15 @@
 """How a model splits over the ranks is decided before its weights load: tensor parallel where
 its heads split, pipeline parallel where mlx-lm has it for the architecture, else a refusal with
 the numbers that would work (SmolLM2's 9 heads over 2 ranks failed in its first forward pass
-with mlx-lm's shape error)."""
+with mlx-lm's shape error). Rank 0 knows it is rank 0 from its launcher's variables, before
+MLX starts: its engine runs in a process of its own."""
 
 from __future__ import annotations
 
 import pytest
 from mlx_lm.utils import _get_classes
 
+from mlxserve.engine.cluster.launched import launched_rank
 from mlxserve.engine.cluster.lockstep import DistributedError, sharding
 
 
@@ -65,3 +67,18 @@ def test_a_pipeline_needs_a_layer_a_rank():
 def test_an_architecture_with_neither_is_refused():
     with pytest.raises(DistributedError, match="gemma architecture supports neither"):
         sharding(model("gemma", 4, 4), 2)
+
+
+@pytest.mark.parametrize(
+    ("environment", "rank"),
+    [
+        ({"MLX_RANK": "0"}, 0),  # mlx.launch: ring, JACCL, NCCL
+        ({"MLX_RANK": "2"}, 2),
+        ({"OMPI_COMM_WORLD_RANK": "1"}, 1),  # mpirun: Open MPI
+        ({"PMI_RANK": "0"}, 0),  # MPICH
+        ({"MLX_RANK": ""}, None),
+        ({}, None),
+    ],
+)
+def test_the_launchers_rank_is_read_before_mlx_starts(environment, rank):
+    assert launched_rank(environment) == rank

@@ -185,10 +185,10 @@ class LockStep:
             self._waiting_since = None
 
     def tick(self, messages: list, prefill: int | None, stop: bool, idle: bool = False) -> None:
-        """Send the tick; added groups go without their event loop and queue. `idle`: the
+        """Send the tick; added groups go without their event loop, queue or sink. `idle`: the
         others wait on the doorbell after it."""
         messages = [
-            Add(replace(m.group, loop=None, events=None)) if isinstance(m, Add) else m
+            Add(replace(m.group, loop=None, events=None, sink=None)) if isinstance(m, Add) else m
             for m in messages
         ]
         removed, self.removed = self.removed, []
