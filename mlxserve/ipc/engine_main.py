@@ -28,6 +28,7 @@ from ..engine.requests import GenerationEvent
 from ..engine.states import EngineError, NoRoom
 from ..settings import Settings
 from .schema import (
+    DISTRIBUTED_EXIT,
     TO_ENGINE,
     Call,
     Cancel,
@@ -47,7 +48,6 @@ EMPTY_POOL = PoolView("", 0, 0, [], [])  # a reply's pool until the call has run
 REPORT_EVERY_S = 0.05  # the front's view of the engines lags their state by this at most
 PARENT_CHECK_EVERY_S = 0.5  # how soon the engine process notices its front is gone
 FLUSH_BEFORE_EXIT_S = 2.0  # at most, for the last messages to reach the front
-DISTRIBUTED_EXIT = 3  # the exit code when a distributed engine cannot go on
 
 
 class EngineProcess:

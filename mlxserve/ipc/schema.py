@@ -17,6 +17,10 @@ from ..engine.stats import EngineStats
 from ..fim import Fim
 from ..planning.model_facts import ModelFacts
 
+# The engine process's exit code when, distributed, it cannot go on (a rank is lost, or the
+# model does not load over the ranks): the front then stops with an error too.
+DISTRIBUTED_EXIT = 3
+
 # ---- front -> engine ---------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from ..platform.blas import cpu_environment
 from ..settings import Settings
 from .remote import RemotePool
 from .schema import (
+    DISTRIBUTED_EXIT,
     FROM_ENGINE,
     Call,
     Cancel,
@@ -263,6 +264,10 @@ class EngineSupervisor:
                 log.warning("the engine process did not stop in %.0f s: killed", STOP_WAIT_S)
                 process.kill()
                 await asyncio.wrap_future(self._exited)
+        if process is not None and process.returncode == DISTRIBUTED_EXIT and self.on_fatal:
+            # it lost a rank while the front was stopping anyway (mlx.launch stops every rank
+            # when one dies): the server still failed
+            self._distributed_engine_died(signal_text(process.returncode))
         for task in self._tasks:
             task.cancel()
         self._to_engine.close()
