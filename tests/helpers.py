@@ -24,11 +24,17 @@ def texts(result: dict[str, Any]) -> list[str]:
 
 
 def stream_chunks(
-    http: httpx.Client, path: str = "/v1/completions", **body: Any
+    http: httpx.Client,
+    path: str = "/v1/completions",
+    *,
+    into: list | None = None,
+    leave: threading.Event | None = None,
+    **body: Any,
 ) -> list[dict[str, Any] | str]:
     """Every SSE data payload of a streamed completion (or chat, by `path`), parsed; '[DONE]'
-    kept as a string."""
-    chunks: list[dict[str, Any] | str] = []
+    kept as a string. `into`: the list they are appended to as they come; `leave`: once set,
+    the client disconnects after the next payload."""
+    chunks: list[dict[str, Any] | str] = [] if into is None else into
     with http.stream("POST", path, json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -36,6 +42,8 @@ def stream_chunks(
             if line.startswith("data: "):
                 payload = line[len("data: ") :]
                 chunks.append(payload if payload == "[DONE]" else json.loads(payload))
+                if leave is not None and leave.is_set():
+                    break
     return chunks
 
 
@@ -128,6 +136,7 @@ class BackgroundStream:
         self.chunks: list[dict[str, Any] | str] = []
         self.elapsed_s = 0.0
         self._error: BaseException | None = None
+        self._leave = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(url, body), daemon=True)
         self._thread.start()
 
@@ -135,10 +144,15 @@ class BackgroundStream:
         started = time.monotonic()
         try:
             with httpx.Client(base_url=url, timeout=None) as http:
-                self.chunks = stream_chunks(http, **body)
+                stream_chunks(http, into=self.chunks, leave=self._leave, **body)
         except BaseException as error:  # raised again in the test, by join
             self._error = error
         self.elapsed_s = time.monotonic() - started
+
+    def leave(self) -> BackgroundStream:
+        """The client disconnects (at its next payload); joined."""
+        self._leave.set()
+        return self.join()
 
     def join(self, timeout: float = 280) -> BackgroundStream:
         self._thread.join(timeout)

@@ -149,8 +149,8 @@ def test_the_least_recently_used_idle_model_makes_room_and_a_pinned_one_stays(
 
 def test_503_with_retry_after_when_no_model_can_make_room(live_server, tiny_model, tiny_models_dir):
     """Room for one: while the default streams, a request for another model gets a 503 with
-    Retry-After in each protocol's shape; once the stream ends, it loads in the default's
-    place."""
+    Retry-After in each protocol's shape; once the stream's client leaves, it loads in the
+    default's place."""
     live = live_server(
         tiny_model,
         own=True,
@@ -169,8 +169,10 @@ def test_503_with_retry_after_when_no_model_can_make_room(live_server, tiny_mode
         ollama_refused = http.post("/api/generate", json={"model": "tiny2", "prompt": "x"})
         assert ollama_refused.status_code == 503 and "tiny2" in ollama_refused.json()["error"]
         assert in_memory(http) == {"tiny"}
-        running.join()
-        assert "".join(streamed_texts(running.chunks).values())  # the stream was not harmed
+        assert wait_until(lambda: len(running.chunks) >= 10, 30)  # the stream goes on
+        running.leave()
+        assert "".join(streamed_texts(running.chunks).values())  # unharmed
+        assert not any("error" in chunk for chunk in running.chunks), running.chunks[-1]
         assert greedy(http, "tiny2")["model"] == "tiny2"
         assert in_memory(http) == {"tiny2"}
 
