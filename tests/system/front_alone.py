@@ -45,7 +45,9 @@ def ask(url: str) -> list[int]:
         return [
             http.post("/v1/completions", json={"prompt": "Once", "max_tokens": 4}).status_code,
             http.post("/v1/chat/completions", json={**chat, "tools": [TOOL]}).status_code,
-            http.post("/completion", json={"prompt": "{", "json_schema": schema}).status_code,
+            http.post(
+                "/completion", json={"prompt": "{", "json_schema": schema, "n_predict": 16}
+            ).status_code,
             http.post("/infill", json={"input_prefix": "def f(", "n_predict": 4}).status_code,
             http.post("/tokenize", json={"content": "Once upon"}).status_code,
             http.get("/v1/models").status_code,
