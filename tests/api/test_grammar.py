@@ -103,7 +103,7 @@ def is_json_object(text: str) -> bool:
 
 CASES = {
     "json_schema": ({"json_schema": PERSON}, 400, validates(PERSON)),
-    "json_object": ({"response_format": {"type": "json_object"}}, 2000, is_json_object),
+    "json_object": ({"response_format": {"type": "json_object"}}, 1000, is_json_object),
     "regex": ({"guided_regex": ISO_DATE}, 40, lambda t: re.fullmatch(ISO_DATE, t) is not None),
     "gbnf": ({"grammar": ARITHMETIC_GBNF}, 400, is_arithmetic),
     "lark": (

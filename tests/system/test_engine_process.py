@@ -40,6 +40,7 @@ class ReadStream:
         self.first = threading.Event()
         self.ended_at: float | None = None
         self.status: int | None = None
+        self._leave = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(url, body), daemon=True)
         self._thread.start()
 
@@ -52,11 +53,18 @@ class ReadStream:
                         payload = line[len("data: ") :]
                         self.chunks.append(payload if payload == "[DONE]" else json.loads(payload))
                         self.first.set()
+                        if self._leave.is_set():
+                            break
         self.ended_at = time.monotonic()
         self.first.set()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+    def leave(self) -> None:
+        """The client disconnects at its next payload."""
+        self._leave.set()
+        self.join(30)
 
     @property
     def error(self) -> dict | None:
@@ -141,7 +149,7 @@ def test_every_door_through_the_engine_process(front):
 def test_slots_show_a_stream_running_in_the_engine_process(front):
     [stream] = start_streams(front.url, 1)
     slots = httpx.get(front.url + "/slots", timeout=30).json()
-    stream.join(60)
+    stream.leave()
     busy = [s for s in slots if s["is_processing"]]
     assert len(busy) == 1 and busy[0]["params"]["n_predict"] == 1500
 
