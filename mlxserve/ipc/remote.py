@@ -86,8 +86,10 @@ class RemoteEngine(AdmittedWork):
     def state(self) -> str:
         if self.restarting_because is not None:
             return "restarting"
-        if self.view.state == "ready" and self.loaded is None:
+        if self.view.state == "ready" and self.view.loaded and self.loaded is None:
             return "loading"  # the front reads its facts still
+        # (ready and not loaded: an unload frees the memory, then says "unloaded", as in one
+        # process)
         return self.view.state
 
     @property

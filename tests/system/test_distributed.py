@@ -325,8 +325,8 @@ def stream_until_killed(url: str, pid: int) -> list[dict]:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     chunks.append(line[6:])
-                if len(chunks) == 5:
-                    os.kill(pid, signal.SIGKILL)
+                    if len(chunks) == 5:  # once: the pid may be reaped and reused after
+                        os.kill(pid, signal.SIGKILL)
     return [json.loads(c)["error"] for c in chunks if c.startswith('{"error"')]
 
 

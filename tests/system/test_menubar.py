@@ -155,7 +155,8 @@ def test_the_models_menu_pins_unloads_and_loads_two_served_models(tiny_models_di
         assert httpx.get(controller.url + "/admin/status").json()["models"][0]["pinned"] is True
 
         click(pinned, "tiny2", "Unload")
-        unloaded = refresh_until(controller, lambda s: not choice(s, "tiny2").loaded)
+        # (not loaded at once; "unloaded" once its memory is free)
+        unloaded = refresh_until(controller, lambda s: choice(s, "tiny2").state == "unloaded")
         assert choice(unloaded, "tiny2").memory_bytes == 0
         assert unloaded.models_memory_bytes == choice(unloaded, "tiny").memory_bytes
         assert unloaded.model == "tiny" and menu.title(unloaded) == "● tiny"
