@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts (prompt lookup; a draft model) that the target model verifies."""
