@@ -70,7 +70,7 @@ def test_the_next_turn_reuses_the_conversation_so_far(smollm2):
         {"role": "system", "content": "You answer in one short sentence. Turn check 42."},
         {"role": "user", "content": "Why is the sky blue?"},
     ]
-    first = ask(smollm2, messages, temperature=0, max_tokens=60)
+    first = ask(smollm2, messages, temperature=0, max_tokens=20)
     messages += [
         {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
         {"role": "user", "content": "And why are sunsets red?"},
