@@ -32,7 +32,7 @@ FUZZ_LIMITS = Limits(
     grammar_timeout_s=2.0,
     request_timeout_s=5.0,
 )
-EXAMPLES_PER_ROUTE = 20  # per route and mode: each route with a body gets this many
+EXAMPLES_PER_ROUTE = 12  # per route and mode: each route with a body gets this many
 ROUTES = {
     "POST /v1/completions",
     "POST /completion",
