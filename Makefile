@@ -16,9 +16,6 @@ serve: $(VENV)/.installed
 # OpenBLAS one thread in each: the workers are the parallelism, and idle OpenBLAS threads spin
 # on cores the other workers need. (Every comparison a test makes is within one process.)
 XDIST := -n logical --dist loadgroup
-# The every-tier pass outlasts the portable one beside it: a worker more than the CPUs keeps
-# them busy once it runs alone (its tests wait on servers and sockets a good part of the time).
-XDIST_TIERS := -n $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)") --dist loadgroup
 TEST_ENV := OPENBLAS_NUM_THREADS=1
 # The engine's own process (supervision, kills, aborts): platform-independent, so it runs once,
 # in the portable pass, which ends a minute before the other.
@@ -32,7 +29,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST_TIERS) -m "not clients and not soak" \
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak" \
 		--ignore=$(ENGINE_PROCESS_TESTS)
 
 # The unit and engine tiers: no HTTP, under a minute.
