@@ -45,6 +45,10 @@ test-portable: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api \
 		$(ENGINE_PROCESS_TESTS) -m "not slow and not http_only and not soak"
 
+# Failures and recoveries repeated: the engine process killed 20 times during 16 streams.
+test-soak: $(VENV)/.installed-dev
+	$(TEST_ENV) $(BIN)/python -m pytest $(ENGINE_PROCESS_TESTS) -m soak
+
 # The coding agents (Claude Code, Codex, opencode, Continue's cn, aider, llm), installed from
 # their registries into build/clients/ (scripts/install_clients.sh pins their versions), each
 # against a real server: a few minutes. One at a time: each agent is a few processes of its own.
