@@ -18,8 +18,13 @@ It also prints how far a position's logits move when the model sees it among k +
 verify pass rather than alone (`--logits-check`): the largest difference, and the argmax flips,
 over the verified positions of the `edit` run.
 
+`--pass-costs`: what a verify pass costs in the batch, the figure a draft length per batch size
+is chosen from: the time of one forward pass over B rows of 1 + k tokens each (a 512-token
+context each, B in 1, 4, 16; k in 0, 2, 4, 8), over the same pass with k = 0. A pass that costs
+(1 + k) times more gains nothing even when every draft is kept.
+
     python benchmarks/speculation_ceiling.py [--model PATH] [--max-tokens 256] [--draft 8]
-                                             [--repeats 3]
+                                             [--repeats 3] [--pass-costs]
 """
 
 from __future__ import annotations
@@ -45,7 +50,42 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft", type=int, default=8, help="most tokens drafted a pass")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--logits-check", action="store_true")
+    parser.add_argument("--pass-costs", action="store_true", help="only the verify passes' costs")
     return parser.parse_args()
+
+
+PASS_BATCHES = (1, 4, 16)
+PASS_DRAFTS = (0, 2, 4, 8)
+PASS_CONTEXT = 512
+
+
+def pass_costs(model, repeats: int) -> list[tuple[str, str]]:
+    """Per batch size: each draft length's forward pass over the k = 0 pass (median of
+    `repeats` x 5 passes, each from the same cache state)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, trim_prompt_cache
+
+    rows = []
+    for batch in PASS_BATCHES:
+        caches = [BatchKVCache([0] * batch) for _ in model.layers]
+        context = mx.random.randint(3, 1000, (batch, PASS_CONTEXT))
+        mx.eval(model(context, cache=caches)[:, -1])
+        seconds = {}
+        for k in PASS_DRAFTS:
+            times = []
+            for _ in range(repeats * 5):
+                inputs = mx.random.randint(3, 1000, (batch, 1 + k))
+                mx.eval(inputs)
+                started = time.perf_counter()
+                mx.eval(model(inputs, cache=caches))
+                times.append(time.perf_counter() - started)
+                trim_prompt_cache(caches, 1 + k)
+            seconds[k] = statistics.median(times)
+        ratios = ", ".join(f"k={k} {seconds[k] / seconds[0]:.2f}x" for k in PASS_DRAFTS[1:])
+        rows.append(
+            (f"{batch} rows: a pass of 1 + k tokens / of 1 ({seconds[0] * 1e3:.1f} ms)", ratios)
+        )
+    return rows
 
 
 def workloads(tokenizer) -> dict[str, list[int]]:
@@ -148,6 +188,9 @@ def main() -> None:
     path = args.model or default_model()
     model, tokenizer = load(path)
     current_policy().prepare_model(model)
+    if args.pass_costs:
+        print_table([("model", Path(path).name), *pass_costs(model, args.repeats)])
+        return
     rows = [
         ("model", Path(path).name),
         ("max tokens; most drafted a pass", f"{args.max_tokens}; {args.draft}"),
