@@ -1,0 +1,66 @@
+"""How many tokens a verify pass drafts, for the batch as it is: the rows' acceptance so far
+against what a wider pass costs at the batch's size.
+
+Every row of a pass pays its width (the rows are padded to the longest draft), so the width is
+chosen for the batch: the one that emits the most tokens per unit of pass time, each row's
+drafts kept one after the other with its own acceptance rate. Alone, a row drafts freely; in a
+compute-bound batch, only rows that are usually right make a wider pass pay.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+
+WIDTHS = (0, 2, 4, 8)  # drafted tokens a pass may carry
+PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
+SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
+
+
+def expected_tokens(acceptance: float, drafted: int) -> float:
+    """Tokens a row emits from a pass with `drafted` drafts, each kept with probability
+    `acceptance` until the first refusal, then the target's own: 1 + a + ... + a^drafted."""
+    return sum(acceptance**i for i in range(drafted + 1))
+
+
+def updated_acceptance(acceptance: float, drafted: int, kept: int) -> float:
+    """A row's acceptance after a pass (unchanged by a pass without drafts)."""
+    if drafted == 0:
+        return acceptance
+    return (1 - SMOOTHING) * acceptance + SMOOTHING * kept / drafted
+
+
+def choose_width(
+    acceptances: Sequence[float],
+    available: Sequence[int],
+    relative_cost: Callable[[int, int], float],
+    widths: Sequence[int] = WIDTHS,
+) -> int:
+    """The drafts a pass carries: the width among `widths` whose tokens per unit of time are
+    the most, for rows of `acceptances` with `available` drafts each (prompt lookup finds
+    fewer, or none); `relative_cost(rows, width)`: a pass's time over the plain pass's."""
+    rows = len(acceptances)
+
+    def rate(width: int) -> float:
+        tokens = sum(expected_tokens(a, min(width, n)) for a, n in zip(acceptances, available))
+        return tokens / relative_cost(rows, width)
+
+    return max(widths, key=lambda width: (rate(width), -width))
+
+
+def measured_costs(table: dict[int, dict[int, float]]) -> Callable[[int, int], float]:
+    """`relative_cost` from measured passes: {rows: {width: time over the plain pass}},
+    interpolated linearly in the width, at the smallest measured row count at or above `rows`
+    (the largest beyond them)."""
+    counts = sorted(table)
+
+    def cost(rows: int, width: int) -> float:
+        measured = table[counts[min(bisect_left(counts, rows), len(counts) - 1)]]
+        points = sorted({0: 1.0, **measured}.items())
+        for (w0, c0), (w1, c1) in zip(points, points[1:]):
+            if width <= w1:
+                return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
+        (w0, c0), (w1, c1) = points[-2], points[-1]
+        return c1 + (c1 - c0) * (width - w1) / (w1 - w0)
+
+    return cost
