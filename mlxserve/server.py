@@ -169,7 +169,6 @@ def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None
         from .engine.cluster.lockstep import Cluster
 
         cluster = Cluster()
-        log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
         if not cluster.leader:
             from .engine import Engine
 

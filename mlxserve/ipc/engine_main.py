@@ -72,9 +72,7 @@ class EngineProcess:
         if settings.distributed:  # rank 0 of the ranks mlx.launch started (cli.py decided)
             from ..engine.cluster.lockstep import Cluster
 
-            cluster = Cluster()
-            log.info("distributed: rank %d of %d (pid %d)", cluster.rank, cluster.size, os.getpid())
-            options = {"cluster": cluster, "on_fatal": self.exit_lost}
+            options = {"cluster": Cluster(), "on_fatal": self.exit_lost}
         self.engine = new_engine(settings, settings.model, **options)
         self.pool = pool_for(settings, self.engine)
         self._last_report = b""

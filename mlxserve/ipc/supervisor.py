@@ -211,18 +211,18 @@ class EngineSupervisor:
         log.error("%s: the server stops", message)
         self._fail_in_flight(message, None)
         self.pool.engine_failed(message)
+        self._fatal(message)
+
+    def _fatal(self, message: str) -> None:
+        """The server cannot serve: `on_fatal`, once."""
         if self.on_fatal:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(message)
 
     def _fail_in_flight(self, message: str, code: str | None) -> None:
         self._started.clear()
-        for queue, open_indexes in self._groups.values():
-            for index in sorted(open_indexes):
-                queue.put_nowait(
-                    GenerationEvent(index=index, error=message, unavailable=True, code=code)
-                )
-            open_indexes.clear()
+        for group in self._groups.values():
+            end_group(group, message, code)
         self._groups.clear()
         for future in self._calls.values():
             if not future.done():
@@ -300,18 +300,9 @@ class EngineSupervisor:
     def send(self, message, group_id: int) -> None:
         """A group's Submit; when no engine process takes it, its sequences end at once."""
         if not self._send(encode(message)):
-            entry = self._groups.pop(group_id, None)
-            if entry is not None:
-                queue, open_indexes = entry
-                for index in sorted(open_indexes):
-                    queue.put_nowait(
-                        GenerationEvent(
-                            index=index,
-                            error="the engine process is restarting",
-                            unavailable=True,
-                            code=RESTARTED,
-                        )
-                    )
+            group = self._groups.pop(group_id, None)
+            if group is not None:
+                end_group(group, "the engine process is restarting", RESTARTED)
 
     def close_group(self, group_id: int, cancel: bool) -> None:
         if self._groups.pop(group_id, None) is not None and cancel:
@@ -387,9 +378,16 @@ class EngineSupervisor:
         process: it exits 1)."""
         default = self.pool.default
         view = default.view
-        if view.state == "error" and not view.loads and self.generation == 1 and self.on_fatal:
-            on_fatal, self.on_fatal = self.on_fatal, None
-            on_fatal(view.error or "the model failed to load")
+        if view.state == "error" and not view.loads and self.generation == 1:
+            self._fatal(view.error or "the model failed to load")
+
+
+def end_group(group: tuple[asyncio.Queue, set[int]], message: str, code: str | None) -> None:
+    """Every sequence of the group still open ends now with `message` (a 503)."""
+    queue, open_indexes = group
+    for index in sorted(open_indexes):
+        queue.put_nowait(GenerationEvent(index=index, error=message, unavailable=True, code=code))
+    open_indexes.clear()
 
 
 def placeholder_view(settings: Settings, names: ServedNames) -> PoolView:

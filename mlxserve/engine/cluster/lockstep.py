@@ -46,6 +46,7 @@ class Cluster:
         self.group = group if group is not None else mx.distributed.init(strict=True)
         self.rank = self.group.rank()
         self.size = self.group.size()
+        log.info("distributed: rank %d of %d (pid %d)", self.rank, self.size, os.getpid())
         self.sharding: str | None = None  # "tensor" or "pipeline", once the model loaded
 
     @property
