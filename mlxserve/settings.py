@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .speculation.ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN
+from .speculation.planner import DEFAULT_DRAFT_TOKENS
+
 # A running stream's longest gap while prompts prefill beside it, in times its usual gap
 # (--max-stream-gap): the trade between its smoothness and the prompts' prefill time.
 DEFAULT_MAX_STREAM_GAP = 3.0
@@ -87,6 +90,16 @@ class ChatSettings:
 
 
 @dataclass(frozen=True)
+class SpeculationSettings:
+    """Prompt-lookup speculative decoding (speculation/): greedy rows draft the tokens that
+    followed the latest earlier occurrence of their last n tokens, verified in the batch."""
+
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS  # the most drafts a row verifies a pass; 0: off
+    ngram_min: int = DEFAULT_NGRAM_MIN
+    ngram_max: int = DEFAULT_NGRAM_MAX
+
+
+@dataclass(frozen=True)
 class Settings:
     model: str  # the default model: requests naming no model (or one not served) get it
     models: tuple[str, ...] = ()  # more models served beside it, loaded at start
@@ -107,6 +120,7 @@ class Settings:
     prefix_cache_disk_bytes: int | None = None  # that folder's budget (None: from free space)
     kv_bits: int | None = None  # KV caches quantized to these bits (None: the model's dtype)
     kv_group_size: int = 64  # ... in groups of this many values
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     fim_template: str | None = None  # None: detected from the model's vocabulary
     chat: ChatSettings = field(default_factory=ChatSettings)
     models_dirs: tuple[str, ...] = ()  # folders of model folders, besides the HF cache, LM Studio

@@ -23,7 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..platform import current_policy
-from ..settings import DEFAULT_MAX_STREAM_GAP
+from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
+from ..speculation.pass_costs import PassCosts
+from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
@@ -35,7 +37,7 @@ from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, RunningSlot
+from .requests import GenerationEvent, GenerationRequest, RunningSlot, joined, token_rounds
 from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
@@ -83,6 +85,7 @@ class Engine(AdmittedWork):
         thread: EngineThread | None = None,
         name: str | None = None,
         loader: Callable[..., LoadedModel] | None = None,
+        speculation: SpeculationSettings | None = None,
     ):
         """`thread`: the thread this engine takes its turns on, with other models' engines
         (None: one of its own). `name`: what clients call the model (None: from its source).
@@ -95,7 +98,8 @@ class Engine(AdmittedWork):
         template by name (None: detect). `idle_unload_s`: free the model after this long
         without work (None: never). `max_stream_gap`: a running stream's longest gap while
         prompts prefill beside it, in times its usual gap (None: prefill as fast as it
-        can)."""
+        can). `speculation`: prompt-lookup drafting (None or 0 drafts: off; off too over
+        ranks, whose passes must be alike, and with quantized KV, which is not rolled back)."""
         self.chunk_cost = chunk_cost(max_stream_gap)
         self.policy = current_policy()
         self.policy.limit_malloc_arenas()  # before this engine's threads allocate
@@ -107,6 +111,11 @@ class Engine(AdmittedWork):
         )
         self.stats = EngineStats()
         self._rate = RateMeter()
+        drafting = speculation is not None and speculation.draft_tokens > 0
+        self.speculation = speculation if drafting and not distributed and not kv_bits else None
+        self.pass_costs = PassCosts()  # learnt over the engine's life, across batches
+        self.draft_totals = DraftTotals()
+        self._last_decode: tuple[int, int, float] | None = None  # rows, width, start
         budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
         if distributed:  # each rank holds its shard of the KV: no one file is the whole of it
             prefix_cache_dir = None
@@ -461,6 +470,16 @@ class Engine(AdmittedWork):
         (the same on every rank: collectives of different shapes would pair up wrongly)."""
         loaded = self.slot.loaded
         pass_tokens = self.policy.prompt_pass_tokens or MAX_CHUNK
+        spec = self.speculation
+        planner = None
+        if spec is not None:
+            planner = DraftPlanner(
+                spec.draft_tokens,
+                spec.ngram_min,
+                spec.ngram_max,
+                costs=self.pass_costs,
+                totals=self.draft_totals,
+            )
         generator = ServerBatchGenerator(
             loaded.model,
             prefill_chunk=loaded.prefill_chunk,
@@ -468,6 +487,7 @@ class Engine(AdmittedWork):
             attention=self.policy.attention(),
             matmul_rows=self.policy.matmul_rows(),
             cluster=self.cluster,
+            planner=planner,
         )
         self.prefixes.new_batch()
         if generator.mixed is not None:
@@ -540,6 +560,7 @@ class Engine(AdmittedWork):
             self._failed.recover(error, point)
             return
         step_s = time.perf_counter() - started
+        self._time_passes(started, work.prompt_tokens, responses)
         # a chunk is paid by the step whose decode pass carried it
         paid = generator.paid_tokens(work.prompt_tokens)
         if self._leader:  # the other ranks run rank 0's chunks (its tick), never their own
@@ -577,6 +598,17 @@ class Engine(AdmittedWork):
             self._emit(responses)
         self._failed.passed()
 
+    def _time_passes(self, started: float, prompt_tokens: int, responses) -> None:
+        """The step before, timed start to start, to the draft planner's pass costs, when it was
+        a decode step alone (no prompt tokens in it or this one)."""
+        last, generator = self._last_decode, self.generator
+        if last is not None and self.speculation is not None:
+            self.pass_costs.observe(last[0], last[1], started - last[2])
+        self._last_decode = None
+        if responses and not prompt_tokens and not generator.prompt_work():
+            rows = len({r.uid for r in responses})
+            self._last_decode = (rows, generator.decode_batch.draft_width, started)
+
     def _report_progress(self, prompt_responses) -> None:
         """llama.cpp's prompt_progress: to each sequence that asked, how far its prompt is read
         (mlx-lm's prompt responses carry (read, total) of the tokens past the prefix cache)."""
@@ -592,33 +624,42 @@ class Engine(AdmittedWork):
                     seq.post(seq.progress(*progress))
 
     def _emit(self, responses) -> None:
-        """Each decoded token to its sequence; events posted, finished sequences removed."""
+        """Each decoded token to its sequence; events posted (a sequence's tokens of one step in
+        one event), finished sequences removed."""
         stats = self.stats
         stats.decode_steps += 1
-        stats.peak_batch = max(stats.peak_batch, len(responses))
+        live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
+        rounds = token_rounds(live)
+        stats.peak_batch = max(stats.peak_batch, len(rounds[0]) if rounds else 0)
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:
             self.policy.release_freed_memory(trim=True)
-        live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
                 self.prefixes.keep(r.all_tokens, r.prompt_cache)
         if not self._leader:
             return  # rank 0 decides what ended; its next tick says so
-        logprob_rows = read_logprob_rows(live)
-        finished = []
-        with posted_together():
-            for response, seq in live:
+        finished, events = [], {}
+        for token_round in rounds:
+            logprob_rows = read_logprob_rows(token_round)
+            for response, seq in token_round:
+                if seq.uid in events and events[seq.uid][-1].finished:
+                    continue  # ended by an earlier token of this step (a stop string)
                 event = self._advance(seq, response, logprob_rows.get(id(seq)))
                 stats.generated_tokens += event.error is None
-                seq.post(event)
+                events.setdefault(seq.uid, []).append(event)
                 if event.finished:
                     finished.append(seq)
+        with posted_together():
+            for _, seq in rounds[0] if rounds else ():
+                seq.post(joined(events[seq.uid]))
         self._remove(finished)
         self._failed.sent(live)
         if self.lockstep is not None:
             self.lockstep.removed += [s.uid for s in finished if s.uid is not None]
         stats.active_sequences = len(self.live)
         stats.tokens_per_second = self._rate.record(stats.generated_tokens)
+        stats.drafted_tokens = self.draft_totals.drafted
+        stats.accepted_tokens = self.draft_totals.accepted
 
     def _advance(self, seq: SequenceState, response, row) -> GenerationEvent:
         """The sequence's event for its token; an error event, ending it alone, where its

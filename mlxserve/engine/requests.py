@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..sampling.alternative import Alternative
@@ -46,6 +46,7 @@ class GenerationRequest:
     report_timings: bool = False  # every event carries the timings so far, not the last alone
     report_progress: bool = False  # events while the prompt is read (PromptProgress)
     healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
+    num_draft_tokens: int | None = None  # most drafts verified a pass (None: server's; 0: off)
 
 
 def kv_tokens(requests) -> int:
@@ -107,6 +108,32 @@ class GenerationEvent:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+
+def joined(events: list[GenerationEvent]) -> GenerationEvent:
+    """One sequence's events of one step (a verify pass emits several tokens) as one: their
+    text and tokens in order, the last one's count, ending and timings."""
+    if len(events) == 1:
+        return events[0]
+    return replace(
+        events[-1],
+        text="".join(e.text for e in events),
+        tokens=[t for e in events for t in e.tokens],
+        token_ids=[t for e in events for t in e.token_ids],
+    )
+
+
+def token_rounds(pairs: list[tuple]) -> list[list[tuple]]:
+    """A step's (response, sequence) pairs by round: every sequence's first token, then the
+    second of those with more, and so on (each round's logprobs are read in one go)."""
+    rounds: list[list[tuple]] = []
+    seen: dict[int, int] = {}
+    for pair in pairs:
+        k = seen[id(pair[1])] = seen.get(id(pair[1]), -1) + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(pair)
+    return rounds
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ class EngineStats:
     prefix_cache_bytes: int = 0
     prefix_disk_entries: int = 0  # this model's files in the prefix cache's folder
     prefix_disk_loads: int = 0  # prompts started from one of them
+    drafted_tokens: int = 0  # prompt-lookup drafts verified (speculation/)
+    accepted_tokens: int = 0  # of them, kept
     tokens_per_second: float = 0.0  # generated, over the last RATE_WINDOW_S seconds
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 WIDTHS = (0, 2, 4, 8)  # drafted tokens a pass may carry
 PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
 SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
+RECOVERY = 0.05  # pull towards the prior of each step a row had drafts but was not let draft
 
 
 def expected_tokens(acceptance: float, drafted: int) -> float:
@@ -28,6 +29,12 @@ def updated_acceptance(acceptance: float, drafted: int, kept: int) -> float:
     if drafted == 0:
         return acceptance
     return (1 - SMOOTHING) * acceptance + SMOOTHING * kept / drafted
+
+
+def recovered_acceptance(acceptance: float) -> float:
+    """A row kept from drafting by its low acceptance is let try again after a while: what it
+    copies changes (a chat turns to quoting code), and only a draft can show it."""
+    return acceptance + RECOVERY * (PRIOR_ACCEPTANCE - acceptance)
 
 
 def choose_width(

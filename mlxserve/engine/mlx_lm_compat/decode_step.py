@@ -6,6 +6,9 @@ Rows that ban the same token ids (EOS under ignore_eos) are banned in one op too
 whose rows are all greedy and report no logprobs skips normalising the logits. Everything else
 is as mlx-lm does it: the forward pass, each row's other logits processors on its row, the next
 tokens evaluated asynchronously while the current ones are read.
+
+Where the batch has a draft planner and no prompt work in the step, the step may instead verify
+drafted tokens (`speculative_step`).
 """
 
 from __future__ import annotations
@@ -15,29 +18,25 @@ from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
 from ...sampling.chain import BANNED, Ban
+from . import speculative_step
 
 
 def _step(self):
+    planner = getattr(self, "planner", None)
+    if planner is not None and getattr(self, "may_draft", False):
+        drafts = speculative_step.planned_drafts(self, planner)
+        if drafts is not None:
+            self.draft_width = max(map(len, drafts))
+            return speculative_step.verify_step(
+                self, planner, drafts, lambda logits, inputs: _processed(self, logits, inputs)
+            )
+    self.draft_width = 0
     self._current_tokens = self._next_tokens
     self._current_logprobs = self._next_logprobs
     inputs = self._current_tokens
 
     logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-
-    token_context = []
-    if any(self.logits_processors):
-        logits, own = _banned(logits, self.logits_processors)
-        if any(own):
-            rows = []
-            for e, processors in enumerate(own):
-                row = logits[e : e + 1]
-                if processors:  # only rows with processors keep a context
-                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
-                    token_context.append(context)
-                    for processor in processors:
-                        row = processor(context, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
+    logits, token_context = _processed(self, logits, inputs)
 
     samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
     if any(getattr(s, "needs_logprobs", True) for s in samplers):
@@ -53,6 +52,26 @@ def _step(self):
     for tokens, token in zip(self.tokens, inputs):
         tokens.append(token)
     return inputs, self._current_logprobs
+
+
+def _processed(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list]:
+    """`logits` (B, V) through each row's logits processors, `inputs` (B,) added to the token
+    context of each row that has some; and those contexts."""
+    token_context = []
+    if any(self.logits_processors):
+        logits, own = _banned(logits, self.logits_processors)
+        if any(own):
+            rows = []
+            for e, processors in enumerate(own):
+                row = logits[e : e + 1]
+                if processors:  # only rows with processors keep a context
+                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                    token_context.append(context)
+                    for processor in processors:
+                        row = processor(context, row)
+                rows.append(row)
+            logits = mx.concatenate(rows, axis=0)
+    return logits, token_context
 
 
 def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
@@ -79,5 +98,7 @@ def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
 
 
 def install() -> None:
-    """Swap the step into mlx-lm's class (idempotent)."""
+    """Swap the step, and `next` for steps that emit several tokens a row, into mlx-lm's class
+    (idempotent)."""
     GenerationBatch._step = _step
+    GenerationBatch.next = speculative_step.next_responses

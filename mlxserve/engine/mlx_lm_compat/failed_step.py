@@ -62,6 +62,8 @@ def restore(generator, point: StepCheckpoint) -> None:
     batch._next_tokens, batch._next_logprobs = point.next_tokens, point.next_logprobs
     for context, size in zip(batch._token_context, point.contexts):
         context._size = size
+    if generator.planner is not None:  # its indexes may hold the failed step's token
+        generator.planner.reset()
 
 
 def drop_prompts(generator, decoding: set[int]) -> None:

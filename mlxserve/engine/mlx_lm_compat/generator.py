@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import base
 
+from ...speculation.planner import DraftPlanner
 from ..requests import MAX_BATCH
 from . import batch_join, decode_step, mixed_batch
 from .contract import check_contract
@@ -24,7 +25,7 @@ PREFILL_BATCH = 8  # prompts prefilled side by side
 class ServerBatchGenerator(BatchGenerator):
     """Continuous batching with the engine's additions: fewer KV copies on joins (batch_join),
     prompt chunks riding in decode passes (mixed_batch), KV grown ahead (kv_reserve), rows that
-    sample alike drawn together (decode_step)."""
+    sample alike drawn together (decode_step), drafts verified (speculative_step)."""
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class ServerBatchGenerator(BatchGenerator):
         cluster=None,
         mixed_max_chunk: int | None = None,
         matmul_rows: Callable[[int], int] | None = None,
+        planner: DraftPlanner | None = None,
         **kwargs,
     ):
         """`prefill_chunk`: prompt tokens a step takes (the pacer changes it step by step);
@@ -67,11 +69,13 @@ class ServerBatchGenerator(BatchGenerator):
         self.decoded: list | None = None
         decode = self._generation_batch
         decode.next = self._recorded(decode.next)
+        self.planner = decode.planner = planner
 
     # ---- mlx-lm's methods, with the mixed batches' bookkeeping -----------------------------
 
     def _next(self):
         self.decoded = None
+        self._generation_batch.may_draft = self.planner is not None and not self.prompt_work()
         if self.mixed is None:
             return super()._next()
         return self.mixed.step(super()._next)
@@ -83,7 +87,14 @@ class ServerBatchGenerator(BatchGenerator):
 
         return recorded_next
 
+    def prompt_work(self) -> bool:
+        """Whether the next step runs prompt tokens (a chunk carried, or prompts waiting)."""
+        pending = self.mixed is not None and self.mixed.pending is not None
+        return pending or bool(len(self._prompt_batch) or self._unprocessed_sequences)
+
     def remove(self, uids, return_prompt_caches=False):
+        if self.planner is not None:
+            self.planner.forget(uids)
         if self.mixed is not None:
             self.mixed.before_remove(uids)
         return super().remove(uids, return_prompt_caches=return_prompt_caches)

@@ -186,6 +186,12 @@ def mixed_forward(
     return logits[:rows] if rows else None
 
 
+def _by_row(logits: mx.array | None, length: int) -> mx.array | None:
+    """Logits of decode rows fed `length` tokens each, (rows, length, V) whether the pass packed
+    them ((rows * length, 1, V), `mixed_forward`) or not."""
+    return None if logits is None else logits.reshape(-1, length, logits.shape[-1])
+
+
 def _padded(h: mx.array, real: int, matmul_rows: Callable[[int], int] | None) -> mx.array:
     """The first `real` rows of `h` (1, n, width), with zero rows after them up to
     `matmul_rows(real)`. The norms, projections and MLP work row by row, and attention reads
@@ -397,14 +403,15 @@ class MixedBatches:
         decode_parts = [(inputs[a:b], g) for a, b, g in zip(starts, starts[1:], groups)]
         ending = self._rows_ending()
         idle = [all(ending[a:b]) for a, b in zip(starts, starts[1:])]
+        length = inputs.shape[1]  # 1, or a verify pass's last token and drafts
         if not any(idle):
-            return self._forward(decode_parts)
+            return _by_row(self._forward(decode_parts), length)
         uids = self.generator._generation_batch.uids
         for a, b, skipped in zip(starts, starts[1:], idle):
             if skipped:
                 self._skipped.update(uids[a:b])
         live = [part for part, skipped in zip(decode_parts, idle) if not skipped]
-        return self._with_idle_rows(self._forward(live), starts, idle)
+        return self._with_idle_rows(_by_row(self._forward(live), length), starts, idle, length)
 
     def _rows_ending(self) -> list[bool]:
         """Per decode row, whether the token this pass reads is its last (`max_tokens`): mlx-lm
@@ -413,15 +420,17 @@ class MixedBatches:
         batch = self.generator._generation_batch
         return [n + 1 >= most for n, most in zip(batch._num_tokens, batch.max_tokens)]
 
-    def _with_idle_rows(self, logits: mx.array | None, starts: list[int], idle: list[bool]):
-        """`logits` of the live groups, with rows of zeros for the groups left out (sampled,
-        then dropped: their sequences end in this step)."""
+    def _with_idle_rows(
+        self, logits: mx.array | None, starts: list[int], idle: list[bool], length: int
+    ):
+        """`logits` (rows, length, V) of the live groups, with rows of zeros for the groups left
+        out (sampled, then dropped: their sequences end in this step)."""
         vocabulary = self.model.args.vocab_size
         dtype = mx.float32 if logits is None else logits.dtype
         pieces, at = [], 0
         for a, b, skipped in zip(starts, starts[1:], idle):
             if skipped:
-                pieces.append(mx.zeros((b - a, 1, vocabulary), dtype))
+                pieces.append(mx.zeros((b - a, length, vocabulary), dtype))
             else:
                 pieces.append(logits[at : at + b - a])
                 at += b - a

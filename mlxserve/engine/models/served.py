@@ -28,6 +28,7 @@ def new_engine(settings: Settings, source: str, **options) -> Engine:
         prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
         kv_bits=settings.kv_bits,
         kv_group_size=settings.kv_group_size,
+        speculation=settings.speculation,
         **options,
     )
 

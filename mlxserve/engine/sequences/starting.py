@@ -76,3 +76,17 @@ def insert_sequence(
         logits_processors=[setup.processors],
         stop_sequences=[StopSequences([[t] for t in setup.stop_ids] or None)],
     )
+    if generator.planner is not None and drafts_alone(seq, setup):
+        generator.planner.admit(seq.uid, request.num_draft_tokens)
+
+
+def drafts_alone(seq: SequenceState, setup) -> bool:
+    """Whether the sequence's tokens can be drafted and verified as the batch's verify pass
+    does: greedy, every logit as the model gives it (no logits processor: penalties, DRY,
+    grammars, bans), and no per-draw record of its sampler (post_sampling_probs)."""
+    return (
+        seq.request.sampling.greedy
+        and not setup.processors
+        and not setup.sampler.keep_final
+        and not seq.prefill_only
+    )

@@ -1,0 +1,132 @@
+"""A decode step that verifies drafted tokens: each row's token sampled in the step before and its
+drafts go through one forward pass, and every row emits that token, the drafts the target agrees
+with, and the target's own token after them (mlx-lm's step emits one token a row).
+
+Only greedy rows without logits processors draft (the planner admits no others); the batch's
+other rows ride in the same pass with no drafts, their first position sampled as in a plain step.
+Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
+tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+from ...sampling.batched import draw
+from ...speculation.planner import DraftPlanner
+from ...speculation.rollback import roll_back
+from ...speculation.verify import NO_DRAFT, kept_count
+from .batch_join import groups_of, rows_of
+
+
+def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[int]] | None:
+    """Each row's drafts for this step, or None for a plain step. Reads the tokens sampled in
+    the step before (waiting for them) only when some row's lookup finds drafts worth a pass."""
+    remaining = [most - n - 1 for n, most in zip(batch._num_tokens, batch.max_tokens)]
+    width = planner.width(batch.uids, batch.tokens, remaining)
+    if not width:
+        return None
+    current = batch._next_tokens.tolist()
+    drafts = planner.drafts(batch.uids, current, width, remaining)
+    return drafts if any(drafts) else None
+
+
+def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list[int]], processed):
+    """The step with `drafts`: (per row, the tokens it emits; their logprobs). `processed`:
+    the plain step's logits processors on a (B, V) slice, -> (logits, token contexts)."""
+    batch._current_tokens = current = batch._next_tokens
+    batch._current_logprobs = current_logprobs = batch._next_logprobs
+    rows, width = len(drafts), max(map(len, drafts))
+    drafted = mx.array([d + [NO_DRAFT] * (width - len(d)) for d in drafts])
+    fed = mx.maximum(drafted, 0).astype(current.dtype)  # a pad's position is rolled back
+    inputs = mx.concatenate([current[:, None], fed], axis=1)
+
+    logits = batch.model(inputs, cache=batch.prompt_cache)
+    logits = logits.reshape(rows, width + 1, logits.shape[-1])
+    first, token_context = processed(logits[:, 0, :], current)
+    samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers]
+    if any(getattr(s, "needs_logprobs", True) for s in samplers):
+        first = first - mx.logsumexp(first, axis=-1, keepdims=True)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    else:  # no row reports logprobs or samples: argmaxes of the logits as they are
+        logprobs = logits
+    sampled = draw(samplers, first)
+    chosen = mx.argmax(logits, axis=-1)
+    kept = kept_count(chosen[:, :-1] == drafted)
+    at = mx.arange(rows)
+    took = kept > 0
+    batch._next_tokens = mx.where(took, chosen[at, kept], sampled)
+    next_logprobs = mx.where(took[:, None], logprobs[at, kept], first)
+    batch._next_logprobs = list(next_logprobs)
+    mx.async_eval(batch._next_tokens, batch._next_logprobs, token_context)
+
+    mx.eval(current, current_logprobs, kept)
+    kept_rows = kept.tolist()
+    roll_back_rows(batch.prompt_cache, [width - k for k in kept_rows])
+    planner.record(batch.uids, [len(d) for d in drafts], kept_rows)
+    tokens, token_logprobs = [], []
+    for row, (token, draft, count) in enumerate(zip(current.tolist(), drafts, kept_rows)):
+        emitted = [token, *draft[:count]]
+        batch.tokens[row].extend(emitted)
+        tokens.append(emitted)
+        token_logprobs.append([current_logprobs[row], *(logprobs[row, j] for j in range(count))])
+    return tokens, token_logprobs
+
+
+def roll_back_rows(layers: list, rejected: list[int]) -> None:
+    """`rejected[row]` positions out of each row's KV, whichever groups hold the rows."""
+    if not any(rejected):
+        return
+    start = 0
+    for group in groups_of(layers):
+        count = rows_of(group[0])
+        roll_back(group, rejected[start : start + count])
+        start += count
+
+
+def next_responses(self: GenerationBatch) -> list:
+    """mlx-lm's `GenerationBatch.next` for steps that emit several tokens a row: a response per
+    token, each counted against `max_tokens` and stop tokens; a row that ends part-way drops the
+    tokens after its end, from its token list and its KV."""
+    if not self.uids:
+        return []
+    step_tokens, step_logprobs = self._step()
+    keep, responses, ended = [], [], []
+    for i, uid in enumerate(self.uids):
+        emitted = step_tokens[i] if isinstance(step_tokens[i], list) else [step_tokens[i]]
+        logprobs = step_logprobs[i] if isinstance(step_tokens[i], list) else [step_logprobs[i]]
+        finish, count = None, 0
+        for token in emitted:
+            count += 1
+            self._num_tokens[i] += 1
+            if self._num_tokens[i] >= self.max_tokens[i]:
+                finish = "length"
+            if self._matchers[i].advance(token):
+                finish = "stop"
+            if finish is not None:
+                break
+        for token, token_logprobs in zip(emitted[: count - 1], logprobs):
+            responses.append(self.Response(uid, token, token_logprobs, None, None, None))
+        last = emitted[count - 1]
+        if finish is None:
+            keep.append(i)
+            responses.append(self.Response(uid, last, logprobs[count - 1], None, None, None))
+            continue
+        surplus = len(emitted) - count
+        if surplus:
+            del self.tokens[i][-surplus:]
+        cache = self.extract_cache(i)
+        if surplus:
+            for layer in cache:
+                layer.trim(surplus)
+        ended.append(uid)
+        responses.append(
+            self.Response(uid, last, logprobs[count - 1], finish, cache, self.tokens[i])
+        )
+    if len(keep) < len(self.uids):
+        self.filter(keep)
+    planner = getattr(self, "planner", None)
+    if planner is not None and ended:
+        planner.forget(ended)
+    return responses

@@ -1,0 +1,49 @@
+"""What a verify pass of a given width costs against a plain decode step, measured while serving.
+
+The cost depends on the device (a GPU reads the weights once for a few more tokens; a CPU pays
+for each), the model and the batch's size, so it is learnt from the engine's own steps: the
+time from one step's start to the next, which counts what a speculating step loses by waiting
+for its tokens before the next pass, as well as its longer pass. Until a width has been timed
+at a batch size, an optimistic prior lets it be tried once.
+"""
+
+from __future__ import annotations
+
+SMOOTHING = 0.2  # weight of a new step's time in the running mean
+PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured width's cost per drafted token, over the plain step
+
+
+def bucket(rows: int) -> int:
+    """Batch sizes timed together: the power of two at or above `rows`."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+class PassCosts:
+    """Running mean step time by (batch bucket, width); `relative_cost` is the `choose_width`
+    cost function."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[tuple[int, int], float] = {}
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """A decode step of `rows` rows with `width` drafts (0: a plain step), with no prompt
+        work in it, took `seconds` start to start."""
+        key = (bucket(rows), width)
+        before = self._seconds.get(key)
+        self._seconds[key] = (
+            seconds if before is None else (1 - SMOOTHING) * before + SMOOTHING * seconds
+        )
+
+    def relative_cost(self, rows: int, width: int) -> float:
+        """A step of `width` drafts over the plain step, at `rows` rows."""
+        if width == 0:
+            return 1.0
+        size = bucket(rows)
+        plain, wide = self._seconds.get((size, 0)), self._seconds.get((size, width))
+        if plain is None or wide is None or plain <= 0:
+            return 1.0 + PRIOR_COST_PER_DRAFT * width
+        return wide / plain
+
+    def measured(self) -> dict[tuple[int, int], float]:
+        """(bucket, width): mean seconds, for /metrics' and benchmarks' eyes."""
+        return dict(self._seconds)

@@ -1,0 +1,137 @@
+"""Which rows of a decode batch draft in its next step, and how wide the verify pass is.
+
+The batch samples each row's next token a step ahead, on the device, and does not wait for it
+before the next pass. A speculating step must wait (its drafts follow that token), so the step
+first looks up each row's drafts from the tokens it already has, the first of them a guess at
+the token not yet read: where nothing matches, or the batch's rows are seldom right, the step
+runs as a plain one and waits for nothing. Otherwise it reads the tokens, looks up again after
+each, and verifies the drafts it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .draft_length import (
+    PRIOR_ACCEPTANCE,
+    WIDTHS,
+    choose_width,
+    recovered_acceptance,
+    updated_acceptance,
+)
+from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
+from .pass_costs import PassCosts
+
+DEFAULT_DRAFT_TOKENS = 8  # the most drafts a row carries in one pass
+
+
+@dataclass
+class RowDrafts:
+    """One row's drafting: its most drafts a pass, its n-gram index (built at its first step),
+    and how often its drafts were kept."""
+
+    limit: int
+    drafter: NgramDrafter | None = None
+    acceptance: float = PRIOR_ACCEPTANCE
+
+
+@dataclass
+class DraftTotals:
+    drafted: int = 0  # tokens drafted and verified
+    accepted: int = 0  # of them, kept
+    passes: int = 0  # verify passes
+
+
+@dataclass
+class DraftPlanner:
+    """Prompt-lookup drafting for the rows of one batch, by row uid."""
+
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS  # a row's most drafts a pass, unless it asks
+    n_min: int = DEFAULT_NGRAM_MIN
+    n_max: int = DEFAULT_NGRAM_MAX
+    costs: PassCosts = field(default_factory=PassCosts)
+    totals: DraftTotals = field(default_factory=DraftTotals)
+    rows: dict[int, RowDrafts] = field(default_factory=dict)
+
+    def admit(self, uid: int, limit: int | None = None) -> None:
+        """Row `uid` drafts up to `limit` tokens a pass (None: `draft_tokens`; 0: never)."""
+        limit = self.draft_tokens if limit is None else limit
+        if limit > 0:
+            self.rows[uid] = RowDrafts(limit)
+
+    def forget(self, uids: Sequence[int]) -> None:
+        for uid in uids:
+            self.rows.pop(uid, None)
+
+    def reset(self) -> None:
+        """Rebuild every row's index from the batch at its next step (a step failed part-way)."""
+        for row in self.rows.values():
+            row.drafter = None
+
+    def width(
+        self, uids: Sequence[int], tokens: Sequence[list[int]], remaining: Sequence[int]
+    ) -> int:
+        """The drafts the next pass would carry, from lookups on each row's `tokens` (those in
+        its KV, not yet the one sampled after them); 0: a plain step. `remaining`: tokens each
+        row may still emit after that one."""
+        if not self.rows:
+            return 0
+        acceptances, available, limits = [], [], [0]
+        for uid, row_tokens, left in zip(uids, tokens, remaining):
+            row = self.rows.get(uid)
+            if row is None or left <= 0:
+                acceptances.append(0.0)
+                available.append(0)
+                continue
+            drafter = self._synced(row, row_tokens)
+            guess = drafter.draft(row.limit + 1)  # the token to come, then its drafts
+            acceptances.append(row.acceptance)
+            available.append(max(0, min(len(guess) - 1, row.limit, left)))
+            limits.append(row.limit)
+        if not any(available):
+            return 0
+        widths = sorted({w for w in WIDTHS if w <= max(limits)} | {max(limits)})
+        width = choose_width(acceptances, available, self.costs.relative_cost, widths)
+        if width == 0:
+            for uid, count in zip(uids, available):
+                if count:
+                    row = self.rows[uid]
+                    row.acceptance = recovered_acceptance(row.acceptance)
+        return width
+
+    def drafts(
+        self, uids: Sequence[int], current: Sequence[int], width: int, remaining: Sequence[int]
+    ) -> list[list[int]]:
+        """Each row's drafts after its `current` token (now read), at most `width`."""
+        out = []
+        for uid, token, left in zip(uids, current, remaining):
+            row = self.rows.get(uid)
+            if row is None or row.drafter is None or left <= 0:
+                out.append([])
+                continue
+            row.drafter.append(token)
+            out.append(row.drafter.draft(min(width, row.limit, left)))
+        return out
+
+    def record(self, uids: Sequence[int], drafted: Sequence[int], kept: Sequence[int]) -> None:
+        """A verify pass's outcome: each row's drafts, and how many it kept."""
+        totals = self.totals
+        totals.passes += 1
+        for uid, count, accepted in zip(uids, drafted, kept):
+            row = self.rows.get(uid)
+            if row is None or not count:
+                continue
+            row.acceptance = updated_acceptance(row.acceptance, count, accepted)
+            totals.drafted += count
+            totals.accepted += accepted
+
+    def _synced(self, row: RowDrafts, tokens: list[int]) -> NgramDrafter:
+        """The row's index, holding the tokens its KV holds (and, after a speculating step, the
+        token read in it, which the batch's list gains at the end of the step)."""
+        drafter = row.drafter
+        if drafter is None or len(drafter.tokens) > len(tokens) + 1:
+            drafter = row.drafter = NgramDrafter(tokens, self.n_min, self.n_max)
+        elif len(drafter.tokens) < len(tokens):
+            drafter.extend(tokens[len(drafter.tokens) :])
+        return drafter
