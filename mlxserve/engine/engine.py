@@ -85,7 +85,7 @@ class Engine(AdmittedWork):
         thread: EngineThread | None = None,
         name: str | None = None,
         loader: Callable[..., LoadedModel] | None = None,
-        speculation: SpeculationSettings | None = None,
+        speculation: SpeculationSettings | None = SpeculationSettings(),  # noqa: B008 - frozen
     ):
         """`thread`: the thread this engine takes its turns on, with other models' engines
         (None: one of its own). `name`: what clients call the model (None: from its source).

@@ -44,13 +44,19 @@ class NgramDrafter:
         tokens.append(token)
 
     def draft(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the longest n-gram ending the sequence that
-        occurred before; [] when none did."""
+        """`limit` tokens that followed the longest n-gram ending the sequence that occurred
+        before; [] when none did. Where they reach the sequence's end, the copy goes on from
+        what it copied (a repeating sequence drafts its period over and over), as a copy that
+        overlaps its source does."""
         tokens = self.tokens
         if limit <= 0:
             return []
         for n in range(min(self.n_max, len(tokens)), self.n_min - 1, -1):
             end = self._ends.get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end : end + limit]
+                out = tokens[end : end + limit]
+                period = len(tokens) - end
+                while len(out) < limit:
+                    out.append(out[len(out) - period])
+                return out
         return []

@@ -12,12 +12,16 @@ from mlxserve.speculation.ngram import NgramDrafter
 
 def brute_force(tokens: list[int], limit: int, n_min: int, n_max: int) -> list[int]:
     """The definition, searched directly: for the longest n first, the latest start i < len - n
-    where tokens[i:i+n] equals the last n tokens; what follows it."""
+    where tokens[i:i+n] equals the last n tokens; what follows it, copied one token at a time
+    from the sequence as the copy extends it."""
     for n in range(min(n_max, len(tokens)), n_min - 1, -1):
         tail = tokens[-n:]
         for i in range(len(tokens) - n - 1, -1, -1):
             if tokens[i : i + n] == tail:
-                return tokens[i + n : i + n + limit]
+                extended = list(tokens)
+                for k in range(limit):
+                    extended.append(extended[i + n + k])
+                return extended[len(tokens) :]
     return []
 
 
@@ -25,7 +29,8 @@ def test_code_repeated_from_the_prompt_is_drafted():
     prompt = [5, 6, 7, 8, 9, 10, 11, 12]  # "def f(x): return x + 1"
     drafter = NgramDrafter(prompt + [1, 2, 5, 6])  # the answer starts writing it again
     assert drafter.draft(4) == [7, 8, 9, 10]
-    assert drafter.draft(100) == [7, 8, 9, 10, 11, 12, 1, 2, 5, 6]  # up to the end
+    # past the end, the copy goes on from itself: the answer as if it repeated again
+    assert drafter.draft(12) == [7, 8, 9, 10, 11, 12, 1, 2, 5, 6, 7, 8]
     drafter.extend([7, 8])
     assert drafter.draft(2) == [9, 10]
 
@@ -35,6 +40,11 @@ def test_the_longest_ngram_wins_then_the_latest_occurrence():
     assert drafter.draft(1) == [40]  # "1 2 3" (n=3) beats the later "2 3" (n=2)
     drafter = NgramDrafter([2, 3, 40, 2, 3, 50, 2, 3], n_min=2, n_max=3)
     assert drafter.draft(1) == [50]  # the latest "2 3" before the end
+
+
+def test_a_repeating_sequence_drafts_its_period_again():
+    assert NgramDrafter([9, 4, 4, 4]).draft(5) == [4, 4, 4, 4, 4]
+    assert NgramDrafter([9, 1, 2, 3, 1, 2, 3, 1, 2]).draft(5) == [3, 1, 2, 3, 1]
 
 
 def test_no_earlier_occurrence_no_draft():

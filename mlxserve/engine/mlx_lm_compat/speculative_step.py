@@ -2,7 +2,8 @@
 drafts go through one forward pass, and every row emits that token, the drafts the target agrees
 with, and the target's own token after them (mlx-lm's step emits one token a row).
 
-Only greedy rows without logits processors draft (the planner admits no others); the batch's
+Only greedy rows without logits processors (but bans of fixed ids) draft (the planner admits
+no others); the batch's
 other rows ride in the same pass with no drafts, their first position sampled as in a plain step.
 Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
 tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
@@ -14,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
+from ...sampling.chain import BANNED
 from ...speculation.planner import DraftPlanner
 from ...speculation.rollback import roll_back
 from ...speculation.verify import NO_DRAFT, kept_count
@@ -43,7 +45,7 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     inputs = mx.concatenate([current[:, None], fed], axis=1)
 
     logits = batch.model(inputs, cache=batch.prompt_cache)
-    logits = logits.reshape(rows, width + 1, logits.shape[-1])
+    logits = banned_everywhere(logits.reshape(rows, width + 1, -1), batch.logits_processors)
     first, token_context = processed(logits[:, 0, :], current)
     samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers]
     if any(getattr(s, "needs_logprobs", True) for s in samplers):
@@ -72,6 +74,17 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
         tokens.append(emitted)
         token_logprobs.append([current_logprobs[row], *(logprobs[row, j] for j in range(count))])
     return tokens, token_logprobs
+
+
+def banned_everywhere(logits: mx.array, processors: list) -> mx.array:
+    """(B, L, V) logits with each row's bans of fixed ids (`Ban`: ignore_eos) at every position:
+    a drafting row's only processors, the same wherever the token falls."""
+    for row, row_processors in enumerate(processors):
+        for processor in row_processors or ():
+            ban = getattr(processor, "ban", None)
+            if ban is not None:
+                logits[row, :, ban.index] = BANNED
+    return logits
 
 
 def roll_back_rows(layers: list, rejected: list[int]) -> None:

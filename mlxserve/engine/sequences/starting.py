@@ -82,11 +82,12 @@ def insert_sequence(
 
 def drafts_alone(seq: SequenceState, setup) -> bool:
     """Whether the sequence's tokens can be drafted and verified as the batch's verify pass
-    does: greedy, every logit as the model gives it (no logits processor: penalties, DRY,
-    grammars, bans), and no per-draw record of its sampler (post_sampling_probs)."""
+    does: greedy, its logits as the model gives them but for bans of fixed ids (ignore_eos),
+    which hold at every position alike (no penalties, DRY, grammars or min_tokens, which
+    change token by token), and no per-draw record of its sampler (post_sampling_probs)."""
     return (
         seq.request.sampling.greedy
-        and not setup.processors
+        and all(p.ban is not None for p in setup.processors)
         and not setup.sampler.keep_final
         and not seq.prefill_only
     )

@@ -1,0 +1,225 @@
+"""Prompt-lookup drafts verified inside the batch: greedy rows emit exactly the tokens they emit
+without drafts, several a step; every other row beside them is as it was; `max_tokens`, stop
+strings, logprobs and the prefix cache hold where a step's drafts run past them.
+
+The tiny model repeats one token, then turns to another: its drafts are mostly kept and
+refused at each turn, so both the kept and the rolled-back paths run in every test."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxserve.engine import Engine, GenerationRequest, StopSpec
+from mlxserve.sampling.params import SamplingParams
+from mlxserve.settings import SpeculationSettings
+from mlxserve.speculation import ngram
+from mlxserve.speculation.pass_costs import PassCosts
+
+from ..conftest import SMOLLM2, shared_model
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [
+    (1, 926, 328, 34, 25, 29, 668),
+    (1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6),
+    (1, 15, 792, 207, 555, 945, 883),
+    (1, 40, 41, 42, 43, 44, 45, 46),
+]
+
+
+class DraftsCostNothing(PassCosts):
+    """Every width as cheap as a plain step: rows draft whenever a lookup finds tokens (on the
+    tiny model, timing noise would otherwise decide)."""
+
+    def relative_cost(self, rows: int, width: int) -> float:
+        return 1.0
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    engine = Engine(str(tiny_model), speculation=SpeculationSettings(draft_tokens=4)).start()
+    assert engine.wait_ready(60), engine.error
+    engine.generator.planner.costs = DraftsCostNothing()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_lm):
+    """mlx-lm's model, greedy, one token a pass: a prompt's first `max_tokens` tokens."""
+
+    def greedy(prompt, max_tokens: int) -> list[int]:
+        cache = make_prompt_cache(tiny_lm)
+        logits = tiny_lm(mx.array(prompt)[None], cache=cache)[0, -1]
+        out = []
+        for _ in range(max_tokens):
+            out.append(int(mx.argmax(logits).item()))
+            logits = tiny_lm(mx.array([out[-1:]]), cache=cache)[0, -1]
+        return out
+
+    return greedy
+
+
+def request(prompt, max_tokens=30, sampling=GREEDY, **kwargs) -> GenerationRequest:
+    stop = kwargs.pop("stop", StopSpec(ignore_eos=True))
+    return GenerationRequest(
+        prompt_ids=tuple(prompt),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        seed=0,
+        stop=stop,
+        **kwargs,
+    )
+
+
+async def collect(engine: Engine, requests) -> dict[int, list]:
+    events: dict[int, list] = {}
+    async for event in engine.submit(requests):
+        events.setdefault(event.index, []).append(event)
+    return events
+
+
+def run_apart(engine: Engine, requests) -> list[list]:
+    """Each request as a group of its own, all at once: rows of one batch."""
+
+    async def together():
+        return await asyncio.gather(*(collect(engine, [r]) for r in requests))
+
+    return [events[0] for events in asyncio.run(together())]
+
+
+def ids(events) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def drafted(engine: Engine) -> tuple[int, int]:
+    totals = engine.draft_totals
+    return totals.drafted, totals.accepted
+
+
+def test_rows_of_one_batch_draft_and_emit_mlx_lms_greedy_tokens(engine, reference):
+    before = drafted(engine)
+    results = run_apart(engine, [request(p) for p in PROMPTS])
+    for prompt, events in zip(PROMPTS, results):
+        assert ids(events) == reference(prompt, 30)
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 30
+    made, kept = (a - b for a, b in zip(drafted(engine), before))
+    assert made > kept > 0  # drafts kept, and refused (rolled back) at each turn
+    assert any(len(e.token_ids) > 1 for events in results for e in events)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 11])
+def test_max_tokens_is_exact_where_drafts_run_past_it(engine, reference, max_tokens):
+    (events,) = run_apart(engine, [request(PROMPTS[1], max_tokens=max_tokens)])
+    assert ids(events) == reference(PROMPTS[1], max_tokens)
+    assert events[-1].finish_reason == "length"
+    assert events[-1].completion_tokens == max_tokens
+
+
+def test_rows_that_sample_or_process_logits_beside_drafting_rows_are_as_without(engine):
+    others = [
+        request(PROMPTS[0], sampling=SamplingParams(temperature=0.9)),
+        request(PROMPTS[2], sampling=SamplingParams(temperature=0.0, repetition_penalty=1.3)),
+    ]
+    drafting = [request(PROMPTS[1]), request(PROMPTS[3])]
+    alone = run_apart(engine, others)
+    beside = run_apart(engine, [*others, *drafting])
+    assert [ids(e) for e in beside[:2]] == [ids(e) for e in alone]
+
+
+def test_a_request_with_num_draft_tokens_0_drafts_nothing(engine, reference):
+    before = drafted(engine)
+    (events,) = run_apart(engine, [request(PROMPTS[1], num_draft_tokens=0)])
+    assert ids(events) == reference(PROMPTS[1], 30)
+    assert drafted(engine) == before
+    assert all(len(e.token_ids) <= 1 for e in events)
+
+
+def test_logprobs_of_drafted_tokens_are_the_targets(engine):
+    on, off = run_apart(
+        engine,
+        [request(PROMPTS[0], logprobs=3), request(PROMPTS[0], logprobs=3, num_draft_tokens=0)],
+    )
+    assert ids(on) == ids(off)
+    with_drafts = [t for e in on for t in e.tokens]
+    without = [t for e in off for t in e.tokens]
+    assert len(with_drafts) == len(without) == 30
+    for a, b in zip(with_drafts, without):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [x.token_id for x in a.alternatives] == [x.token_id for x in b.alternatives]
+
+
+def test_the_kv_a_drafting_row_leaves_in_the_prefix_cache_continues_exactly(engine, reference):
+    # 11 tokens: the row's last step keeps drafts past its end, which leave its KV
+    (first,) = run_apart(engine, [request(PROMPTS[2], max_tokens=11)])
+    longer = PROMPTS[2] + tuple(ids(first))
+    (second,) = run_apart(engine, [request(longer, max_tokens=12)])
+    assert second[-1].cached_tokens >= len(PROMPTS[2])
+    assert ids(second) == reference(longer, 12)
+
+
+@pytest.mark.slow
+def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine):
+    """A real model copying a real file: drafts are kept, the text equals the text without,
+    and a stop string inside a step's kept drafts ends it where it ends without them."""
+    tokenizer = smollm2_engine.loaded.tokenizer
+    shared_model(SMOLLM2)
+    text = Path(ngram.__file__).read_text()[:1200]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Repeat this code exactly.\n\n```python\n{text}```"}],
+        add_generation_prompt=True,
+    )
+    stop = StopSpec()
+    before = drafted(smollm2_engine)
+    on, off = run_apart(
+        smollm2_engine,
+        [request(prompt, 80, stop=stop), request(prompt, 80, stop=stop, num_draft_tokens=0)],
+    )
+    assert ids(on) == ids(off)
+    made, kept = (a - b for a, b in zip(drafted(smollm2_engine), before))
+    assert kept > made / 3 > 0
+    answer = "".join(e.text for e in off)
+    ending = answer[len(answer) * 2 // 3 :][:12]
+    stop = StopSpec(strings=(ending,))
+    on, off = run_apart(
+        smollm2_engine,
+        [request(prompt, 80, stop=stop), request(prompt, 80, stop=stop, num_draft_tokens=0)],
+    )
+    assert "".join(e.text for e in on) == "".join(e.text for e in off)
+    assert on[-1].finish_reason == off[-1].finish_reason == "stop"
+
+    # A stop token read with drafts kept after it in its step: they leave the row's KV before
+    # the prefix cache keeps it, so a prompt continuing the text starts from it exactly. (Only
+    # that row's KV is kept: no other entry may match the continuation further.)
+    prompt = prompt[:-3] + tokenizer.encode("Go on.\n")[:2] + prompt[-3:]
+    (scout,) = run_apart(smollm2_engine, [request(prompt, 80, stop=StopSpec(), cache_prompt=False)])
+    steps, seen = [], []  # each step's tokens: the one read first, then the drafts kept
+    for event in scout:
+        steps.append((event.token_ids, list(seen)))
+        seen += event.token_ids
+    stop_id = next(s[0] for s, before in steps if len(s) > 1 and s[0] not in before)
+    stop = StopSpec(token_ids=(stop_id,))
+    on, off = run_apart(
+        smollm2_engine,
+        [
+            request(prompt, 80, stop=stop),
+            request(prompt, 80, stop=stop, num_draft_tokens=0, cache_prompt=False),
+        ],
+    )
+    assert ids(on) == ids(off) and on[-1].finish_reason == "stop"
+    longer = [*prompt, *ids(on), stop_id, *tokenizer.encode("\n\n# Now")]
+    cached, fresh = run_apart(
+        smollm2_engine,
+        [
+            request(longer, 16, num_draft_tokens=0, logprobs=0),
+            request(longer, 16, cache_prompt=False, logprobs=0),
+        ],
+    )
+    assert cached[-1].cached_tokens == len(ids(on)) + len(prompt) + 1
+    assert ids(cached) == ids(fresh)
+    scored = [[t.logprob for e in run for t in e.tokens] for run in (cached, fresh)]
+    assert scored[0] == pytest.approx(scored[1], abs=1e-3)
