@@ -30,9 +30,12 @@ from .settings import (
     ChatSettings,
     Limits,
     Settings,
+    SpeculationSettings,
     default_prefix_cache_dir,
     prefix_cache_dir,
 )
+from .speculation.ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, MAX_NGRAM
+from .speculation.planner import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 
 # (flag, Limits field, type, help): each request limit's flag; the defaults come from Limits.
 LIMIT_FLAGS = (
@@ -241,6 +244,30 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: a tenth of the disk's free space, at most 16 GiB)",
     )
     serve.add_argument(
+        "--num-draft-tokens",
+        metavar="N",
+        type=int,
+        default=DEFAULT_DRAFT_TOKENS,
+        help="speculative decoding by prompt lookup: greedy requests draft up to N tokens a step "
+        "from their own prompt and output, verified in the batch's pass (the text is the same; "
+        "drafting adapts to what it gains); 0 turns it off (default: %(default)s; a request's "
+        "num_draft_tokens overrides it)",
+    )
+    serve.add_argument(
+        "--spec-ngram-min",
+        metavar="N",
+        type=int,
+        default=DEFAULT_NGRAM_MIN,
+        help="shortest run of tokens looked up for drafts (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--spec-ngram-max",
+        metavar="N",
+        type=int,
+        default=DEFAULT_NGRAM_MAX,
+        help="longest run of tokens looked up for drafts, tried first (default: %(default)s)",
+    )
+    serve.add_argument(
         "--fim-template",
         choices=[*TEMPLATE_NAMES, "none"],
         default=None,
@@ -399,6 +426,7 @@ def serve(args: argparse.Namespace) -> int:
         api_key = read_api_key(args.api_key, args.api_key_file)
         limits = request_limits(args)
         chat = chat_settings(args)
+        speculation = speculation_settings(args)
         if not args.distributed:  # there, rank 0 alone listens: it checks when it binds
             check_port_free(args.host, args.port)
     except ValueError as error:
@@ -439,6 +467,7 @@ def serve(args: argparse.Namespace) -> int:
         distributed=args.distributed,
         engine_in_process=args.engine_in_process,
         rank_timeout_s=args.rank_timeout,
+        speculation=speculation,
         **memory,
     )
     supervisor = None
@@ -497,6 +526,16 @@ def chat_settings(args: argparse.Namespace) -> ChatSettings:
         reasoning_format=args.reasoning_format,
         strict_tools=args.strict_tools,
     )
+
+
+def speculation_settings(args: argparse.Namespace) -> SpeculationSettings:
+    if not 0 <= args.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"--num-draft-tokens must be 0 to {MAX_DRAFT_TOKENS}")
+    if not 1 <= args.spec_ngram_min <= args.spec_ngram_max <= MAX_NGRAM:
+        raise ValueError(
+            f"--spec-ngram-min and --spec-ngram-max: need 1 <= min <= max <= {MAX_NGRAM}"
+        )
+    return SpeculationSettings(args.num_draft_tokens, args.spec_ngram_min, args.spec_ngram_max)
 
 
 def request_limits(args: argparse.Namespace) -> Limits:

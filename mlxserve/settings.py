@@ -132,3 +132,18 @@ class Settings:
     distributed: bool = False  # one model over the ranks mlx.launch started
     engine_in_process: bool = False  # the engine in the HTTP server's process (no ipc/)
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails
+
+    @property
+    def speculative(self) -> dict | None:
+        """Prompt-lookup drafting as /props and /v1/models tell it, None where it is off: by
+        --num-draft-tokens 0, over ranks (every rank's passes must be alike) and with quantized
+        KV (not rolled back), as engine.py decides."""
+        spec = self.speculation
+        if spec.draft_tokens == 0 or self.distributed or self.kv_bits:
+            return None
+        return {
+            "type": "ngram",
+            "num_draft_tokens": spec.draft_tokens,
+            "ngram_min": spec.ngram_min,
+            "ngram_max": spec.ngram_max,
+        }

@@ -54,6 +54,16 @@ ENGINE_COUNTERS: tuple[tuple[str, str, Callable], ...] = (
         lambda e: e.stats.prefix_reused_tokens,
     ),
     (
+        "draft_tokens",
+        "Tokens drafted by prompt lookup and verified (speculative decoding)",
+        lambda e: e.stats.drafted_tokens,
+    ),
+    (
+        "draft_tokens_accepted",
+        "Drafted tokens the model agreed with, emitted without a pass of their own",
+        lambda e: e.stats.accepted_tokens,
+    ),
+    (
         "prefix_cache_disk_loads",
         "Prompts started from KV read from the prefix cache's folder on disk",
         lambda e: e.stats.prefix_disk_loads,

@@ -34,6 +34,7 @@ from ..planning.request import ContextFit, Output, Request
 from ..sampling.grammars import Constraint
 from ..sampling.params import DEFAULT_SAMPLERS, SAMPLER_ALIASES, SAMPLER_LETTERS, SamplingParams
 from ..settings import Limits
+from ..speculation.planner import MAX_DRAFT_TOKENS
 from .constraints import (
     NamedToolChoice,
     ResponseFormat,
@@ -190,6 +191,13 @@ class GenerationOptions(BaseModel):
         "stay; -1: all of them that fit",
     )
     cache_prompt: StrictBool = True
+    num_draft_tokens: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_DRAFT_TOKENS,
+        description="mlx_lm.server: the most drafted tokens verified in one pass for this "
+        "request (prompt lookup); 0: no speculative decoding for it",
+    )
     n_indent: StrictInt = Field(
         0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"
     )
@@ -380,6 +388,7 @@ class GenerationOptions(BaseModel):
                 keep_first=defaults.kept_tokens(self.n_keep),
             ),
             cache_prompt=self.cache_prompt,
+            num_draft_tokens=self.num_draft_tokens,
             user=self.user,
             **door,
         )

@@ -151,6 +151,7 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
                     prompt_logprobs=output.echo and output.logprobs is not None,
                     skip_special_tokens=output.skip_special_tokens,
                     cache_prompt=body.cache_prompt,
+                    num_draft_tokens=body.num_draft_tokens,
                     report_timings=output.timings and output.stream,
                     report_progress=output.progress and output.stream,
                     healed=healed,

@@ -99,4 +99,5 @@ class Request:
     output: Output = Output()
     fit: ContextFit = ContextFit()
     cache_prompt: bool = True
+    num_draft_tokens: int | None = None  # most drafts a pass (None: the server's; 0: none)
     user: str | None = None

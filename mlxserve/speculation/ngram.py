@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 DEFAULT_NGRAM_MIN = 2  # shorter n-grams match too often by chance to be worth a draft
 DEFAULT_NGRAM_MAX = 4
+MAX_NGRAM = 16  # longer runs cost lookups and almost never match where shorter ones do not
 
 
 class NgramDrafter:

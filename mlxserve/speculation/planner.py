@@ -24,6 +24,7 @@ from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
 from .pass_costs import PassCosts
 
 DEFAULT_DRAFT_TOKENS = 8  # the most drafts a row carries in one pass
+MAX_DRAFT_TOKENS = 32  # what a request or the server may ask for
 
 
 @dataclass

@@ -22,12 +22,16 @@ async def get_props():
     engine, loaded = await ready_model(request.args.get("model"))  # llama.cpp's router mode
     params = generation_settings(NativeCompletionRequest.model_validate({"prompt": ""}), loaded)
     n_ctx = params.pop("n_ctx")
+    speculative = current_app.config["SETTINGS"].speculative
+    if speculative is not None:  # llama.cpp's names for its draft lengths
+        params["speculative.n_max"] = speculative["num_draft_tokens"]
+        params["speculative.n_min"] = 0
     return {
         "default_generation_settings": {
             "id": 0,
             "id_task": -1,
             "n_ctx": n_ctx,
-            "speculative": False,
+            "speculative": speculative is not None,
             "is_processing": engine.stats.active_sequences > 0,
             "params": params,
             "prompt": "",

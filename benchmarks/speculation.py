@@ -1,0 +1,231 @@
+"""Speculative decoding by prompt lookup through the server: one mlxserve, each workload asked
+with drafts (the default) and without (`num_draft_tokens: 0`, the same server), side by side
+in one run, and mlx_lm.server beside them for the single streams.
+
+Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's chat template:
+
+- `edit`: a real source file asked back whole with one rename (most of the answer repeats it);
+- `fill`: the same file with a function's body cut out, asked back whole with it filled in;
+- `chat`: a question whose answer has nothing to look up;
+- `c16`: sixteen streams at once, a mixed workload (edits, chats, sampled chats), tokens/s of
+  the whole batch.
+
+Per single stream: decode tokens/s (usage's tokens - 1 over first content chunk to last), the
+ratio with drafts over without, whether the texts are identical, and how much of the output
+repeats the prompt (16-token windows found in it: a 135M model copies imperfectly, and a loop
+would repeat itself, not the prompt). /metrics gives drafted and accepted tokens. Each run
+alternates which side goes first.
+
+    python benchmarks/speculation.py [--model PATH] [--max-tokens 200] [--runs 3]
+                                     [--skip-mlx-lm] [--skip-c16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from common import (
+    REPO_ROOT,
+    ROW_ERRORS,
+    ServerFailed,
+    bench_parser,
+    default_model,
+    print_table,
+    reexec_for_cpu,
+    row_failed,
+    served,
+    sse_chunks,
+    start_mlx_lm_server,
+    start_server,
+)
+
+SOURCE = REPO_ROOT / "mlxserve" / "speculation" / "ngram.py"
+CHAT_QUESTION = "Why is the sky blue? Answer in a few sentences."
+WINDOW = 16  # an output window found verbatim in the prompt counts as repeated
+C16_STREAMS = 16
+
+
+def parse_args() -> argparse.Namespace:
+    parser = bench_parser("Prompt-lookup speculative decoding: with drafts against without")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--skip-mlx-lm", action="store_true")
+    parser.add_argument("--skip-c16", action="store_true")
+    return parser.parse_args()
+
+
+def prompts() -> dict[str, str]:
+    source = SOURCE.read_text()
+    body = re.search(r"(    def draft\(.*?\n)(.*?)(\n\n|\Z)", source, re.S)
+    holed = source.replace(body.group(2), '        """To be written."""\n        ...\n')
+    return {
+        "edit": "Rewrite this Python file with the class NgramDrafter renamed to "
+        f"LookupDrafter. Output the whole file and nothing else.\n\n```python\n{source}```",
+        "fill": "This Python file has the body of `draft` missing. Output the whole file with "
+        f"it written, and nothing else.\n\n```python\n{holed}```",
+        "chat": CHAT_QUESTION,
+    }
+
+
+def stream_chat(client: httpx.Client, url: str, text: str, max_tokens: int, **extra):
+    """(decode tokens/s, tokens, text) of one greedy streamed chat answer."""
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+    stamps, pieces, tokens = [], [], None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        for chunk in sse_chunks(response, url):
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    stamps.append(time.perf_counter())
+                    pieces.append(content)
+    if tokens is None or len(stamps) < 2:
+        raise ServerFailed(f"{url}: no usage, or under two content chunks")
+    return (tokens - 1) / (stamps[-1] - stamps[0]), tokens, "".join(pieces)
+
+
+def repeated_share(tokenizer, prompt: str, answer: str) -> float:
+    """The share of the answer's tokens inside a WINDOW-token run found in the prompt."""
+    ids = tokenizer.encode(answer)
+    haystack = " ".join(map(str, tokenizer.encode(prompt)))
+    covered = set()
+    for start in range(0, max(0, len(ids) - WINDOW + 1)):
+        if " ".join(map(str, ids[start : start + WINDOW])) in haystack:
+            covered.update(range(start, start + WINDOW))
+    return len(covered) / max(1, len(ids))
+
+
+def drafted_counts(client: httpx.Client, url: str) -> tuple[float, float]:
+    text = client.get(f"{url}/metrics").text
+
+    def total(name: str) -> float:
+        found = re.findall(rf"^mlxserve_{name}_total{{[^}}]*}} (\S+)$", text, re.M)
+        return sum(map(float, found))
+
+    return total("draft_tokens"), total("draft_tokens_accepted")
+
+
+def c16_rate(client: httpx.Client, url: str, texts: dict[str, str], max_tokens: int, **extra):
+    """Tokens/s of the whole batch: 16 streams at once (edits, chats, sampled chats)."""
+    mix = [
+        (texts["edit"], {}),
+        (texts["chat"], {}),
+        (texts["fill"], {}),
+        (texts["chat"], {"temperature": 0.8, "seed": 7}),
+    ]
+    jobs = [mix[i % len(mix)] for i in range(C16_STREAMS)]
+
+    def one(job):
+        text, sampling = job
+        body = {**extra, **sampling}
+        return stream_chat(client, url, text, max_tokens, **body)[1]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(C16_STREAMS) as pool:
+        tokens = sum(pool.map(one, jobs))
+    return tokens / (time.perf_counter() - started)
+
+
+def main() -> int:
+    args = parse_args()
+    reexec_for_cpu()
+    model = args.model or default_model()
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    texts = prompts()
+    off = {"num_draft_tokens": 0}
+    ratios: dict[str, list[float]] = {}
+    rows: list[tuple[str, str]] = []
+    limits = httpx.Timeout(600.0)
+    try:
+        with (
+            served(lambda port, log: start_server(model, port, log), "spec") as server,
+            httpx.Client(timeout=limits) as client,
+        ):
+            url = f"http://127.0.0.1:{server.port}"
+            for name in ("edit", "fill", "chat"):  # warm: prompts in the prefix cache
+                stream_chat(client, url, texts[name], 8)
+            for run in range(args.runs):
+                for name in ("edit", "fill", "chat"):
+                    before = drafted_counts(client, url)
+                    sides = {}
+                    order = (("on", {}), ("off", off))
+                    for side, extra in order if run % 2 == 0 else order[::-1]:
+                        sides[side] = stream_chat(
+                            client, url, texts[name], args.max_tokens, **extra
+                        )
+                    drafted, kept = (a - b for a, b in zip(drafted_counts(client, url), before))
+                    ratio = sides["on"][0] / sides["off"][0]
+                    ratios.setdefault(name, []).append(ratio)
+                    rows.append(
+                        (
+                            f"run {run + 1} {name}: tok/s with drafts, without",
+                            f"{sides['on'][0]:.1f}, {sides['off'][0]:.1f} = {ratio:.2f}x; "
+                            f"{sides['on'][1]} tokens; identical text: "
+                            f"{sides['on'][2] == sides['off'][2]}; drafted {drafted:.0f}, kept "
+                            f"{kept:.0f}; repeats prompt "
+                            f"{repeated_share(tokenizer, texts[name], sides['on'][2]):.0%}",
+                        )
+                    )
+                if not args.skip_c16:
+                    sides = {}
+                    for side, extra in order if run % 2 == 0 else order[::-1]:
+                        sides[side] = c16_rate(client, url, texts, args.max_tokens // 2, **extra)
+                    ratio = sides["on"] / sides["off"]
+                    ratios.setdefault("c16", []).append(ratio)
+                    rows.append(
+                        (
+                            f"run {run + 1} c16: tok/s with drafts, without",
+                            f"{sides['on']:.1f}, {sides['off']:.1f} = {ratio:.2f}x",
+                        )
+                    )
+                print_table(rows[-4:])
+                sys.stdout.flush()
+    except ROW_ERRORS as error:
+        row_failed("mlxserve", error)
+        return 1
+    if not args.skip_mlx_lm:
+        try:
+            with (
+                served(lambda port, log: start_mlx_lm_server(model, port, log), "mlx_lm") as ref,
+                httpx.Client(timeout=limits) as client,
+            ):
+                url = f"http://127.0.0.1:{ref.port}"
+                stream_chat(client, url, texts["edit"], 8)
+                rates = [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]
+                rates += [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]
+                rows.append(
+                    ("mlx_lm.server edit tok/s (2 runs)", ", ".join(f"{r:.1f}" for r in rates))
+                )
+        except ROW_ERRORS as error:
+            row_failed("mlx_lm.server", error)
+    print()
+    print_table(rows)
+    print()
+    print_table(
+        [
+            (f"{name}: median ratio of {len(r)}", f"{statistics.median(r):.2f}x")
+            for name, r in ratios.items()
+        ]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
