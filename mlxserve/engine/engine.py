@@ -37,7 +37,7 @@ from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, RunningSlot, joined, token_rounds
+from .requests import GenerationEvent, GenerationRequest, RunningSlot, token_rounds
 from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
@@ -624,8 +624,8 @@ class Engine(AdmittedWork):
                     seq.post(seq.progress(*progress))
 
     def _emit(self, responses) -> None:
-        """Each decoded token to its sequence; events posted (a sequence's tokens of one step in
-        one event), finished sequences removed."""
+        """Each decoded token to its sequence, an event each (a sequence's tokens of one step
+        reach the front together, in one message), finished sequences removed."""
         stats = self.stats
         stats.decode_steps += 1
         live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
@@ -638,20 +638,19 @@ class Engine(AdmittedWork):
                 self.prefixes.keep(r.all_tokens, r.prompt_cache)
         if not self._leader:
             return  # rank 0 decides what ended; its next tick says so
-        finished, events = [], {}
-        for token_round in rounds:
-            logprob_rows = read_logprob_rows(token_round)
-            for response, seq in token_round:
-                if seq.uid in events and events[seq.uid][-1].finished:
-                    continue  # ended by an earlier token of this step (a stop string)
-                event = self._advance(seq, response, logprob_rows.get(id(seq)))
-                stats.generated_tokens += event.error is None
-                events.setdefault(seq.uid, []).append(event)
-                if event.finished:
-                    finished.append(seq)
+        finished, ended = [], set()
         with posted_together():
-            for _, seq in rounds[0] if rounds else ():
-                seq.post(joined(events[seq.uid]))
+            for token_round in rounds:
+                logprob_rows = read_logprob_rows(token_round)
+                for response, seq in token_round:
+                    if seq.uid in ended:
+                        continue  # ended by an earlier token of this step (a stop string)
+                    event = self._advance(seq, response, logprob_rows.get(id(seq)))
+                    stats.generated_tokens += event.error is None
+                    seq.post(event)
+                    if event.finished:
+                        finished.append(seq)
+                        ended.add(seq.uid)
         self._remove(finished)
         self._failed.sent(live)
         if self.lockstep is not None:

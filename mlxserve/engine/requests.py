@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..sampling.alternative import Alternative
@@ -108,19 +108,6 @@ class GenerationEvent:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None or self.error is not None
-
-
-def joined(events: list[GenerationEvent]) -> GenerationEvent:
-    """One sequence's events of one step (a verify pass emits several tokens) as one: their
-    text and tokens in order, the last one's count, ending and timings."""
-    if len(events) == 1:
-        return events[0]
-    return replace(
-        events[-1],
-        text="".join(e.text for e in events),
-        tokens=[t for e in events for t in e.tokens],
-        token_ids=[t for e in events for t in e.token_ids],
-    )
 
 
 def token_rounds(pairs: list[tuple]) -> list[list[tuple]]:

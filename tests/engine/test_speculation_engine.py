@@ -96,6 +96,24 @@ def ids(events) -> list[int]:
     return [t for e in events for t in e.token_ids]
 
 
+def record_steps(engine: Engine, monkeypatch) -> list[tuple[int, list[int]]]:
+    """(row, its tokens) of each step the engine's decode batch runs from now on: which tokens
+    one step emitted together, which the events (one a token) do not tell."""
+    batch, steps = engine.generator.decode_batch, []
+    step = batch.next
+
+    def recorded():
+        responses = step()
+        rows: dict[int, list[int]] = {}
+        for r in responses:
+            rows.setdefault(r.uid, []).append(r.token)
+        steps.extend(rows.items())
+        return responses
+
+    monkeypatch.setattr(batch, "next", recorded)
+    return steps
+
+
 def drafted(engine: Engine) -> tuple[int, int]:
     totals = engine.draft_totals
     return totals.drafted, totals.accepted
@@ -109,7 +127,6 @@ def test_rows_of_one_batch_draft_and_emit_mlx_lms_greedy_tokens(engine, referenc
         assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 30
     made, kept = (a - b for a, b in zip(drafted(engine), before))
     assert made > kept > 0  # drafts kept, and refused (rolled back) at each turn
-    assert any(len(e.token_ids) > 1 for events in results for e in events)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 11])
@@ -136,7 +153,6 @@ def test_a_request_with_num_draft_tokens_0_drafts_nothing(engine, reference):
     (events,) = run_apart(engine, [request(PROMPTS[1], num_draft_tokens=0)])
     assert ids(events) == reference(PROMPTS[1], 30)
     assert drafted(engine) == before
-    assert all(len(e.token_ids) <= 1 for e in events)
 
 
 def test_logprobs_of_drafted_tokens_are_the_targets(engine):
@@ -163,7 +179,7 @@ def test_the_kv_a_drafting_row_leaves_in_the_prefix_cache_continues_exactly(engi
 
 
 @pytest.mark.slow
-def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine):
+def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine, monkeypatch):
     """A real model copying a real file: drafts are kept, the text equals the text without,
     and a stop string inside a step's kept drafts ends it where it ends without them."""
     tokenizer = smollm2_engine.loaded.tokenizer
@@ -181,7 +197,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     )
     assert ids(on) == ids(off)
     made, kept = (a - b for a, b in zip(drafted(smollm2_engine), before))
-    assert kept > made / 3 > 0
+    assert made > 0 and kept > 0  # (other tests' rows may draft beside these)
     answer = "".join(e.text for e in off)
     ending = answer[len(answer) * 2 // 3 :][:12]
     stop = StopSpec(strings=(ending,))
@@ -195,13 +211,22 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     # A stop token read with drafts kept after it in its step: they leave the row's KV before
     # the prefix cache keeps it, so a prompt continuing the text starts from it exactly. (Only
     # that row's KV is kept: no other entry may match the continuation further.)
-    prompt = prompt[:-3] + tokenizer.encode("Go on.\n")[:2] + prompt[-3:]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Copy this code exactly.\n\n```python\n{text}```"}],
+        add_generation_prompt=True,
+    )
+    steps = record_steps(smollm2_engine, monkeypatch)
     (scout,) = run_apart(smollm2_engine, [request(prompt, 80, stop=StopSpec(), cache_prompt=False)])
-    steps, seen = [], []  # each step's tokens: the one read first, then the drafts kept
-    for event in scout:
-        steps.append((event.token_ids, list(seen)))
-        seen += event.token_ids
-    stop_id = next(s[0] for s, before in steps if len(s) > 1 and s[0] not in before)
+    out = ids(scout)
+    (uid,) = {uid for uid, tokens in steps if tokens == out[: len(tokens)]}
+    seen: list[int] = []
+    stop_id = None
+    for row, tokens in steps:  # the first token new to the answer with kept drafts after it
+        if row == uid:
+            if stop_id is None and len(tokens) > 1 and tokens[0] not in seen:
+                stop_id = tokens[0]
+            seen += tokens
+    assert stop_id is not None, "no step kept drafts"
     stop = StopSpec(token_ids=(stop_id,))
     on, off = run_apart(
         smollm2_engine,
