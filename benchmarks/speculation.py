@@ -4,8 +4,9 @@ in one run, and mlx_lm.server beside them for the single streams.
 
 Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's chat template:
 
-- `edit`: a real source file asked back whole with one rename (most of the answer repeats it);
-- `fill`: the same file with a function's body cut out, asked back whole with it filled in;
+- `edit`: a real source file (followers.py) asked back whole with one rename (much of the answer
+  repeats it);
+- `fill`: the same file with a method's body cut out, asked back whole with it filled in;
 - `chat`: a question whose answer has nothing to look up;
 - `c16`: sixteen streams at once, a mixed workload (edits, chats, sampled chats), tokens/s of
   the whole batch.
@@ -28,6 +29,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 from common import (
@@ -45,7 +47,8 @@ from common import (
     start_server,
 )
 
-SOURCE = REPO_ROOT / "mlxserve" / "speculation" / "ngram.py"
+# A small real file SmolLM2-135M copies back mostly as it is (longer ones, it drifts into loops)
+SOURCE = REPO_ROOT / "mlxserve" / "engine" / "sequences" / "followers.py"
 CHAT_QUESTION = "Why is the sky blue? Answer in a few sentences."
 WINDOW = 16  # an output window found verbatim in the prompt counts as repeated
 C16_STREAMS = 16
@@ -62,13 +65,13 @@ def parse_args() -> argparse.Namespace:
 
 def prompts() -> dict[str, str]:
     source = SOURCE.read_text()
-    body = re.search(r"(    def draft\(.*?\n)(.*?)(\n\n|\Z)", source, re.S)
-    holed = source.replace(body.group(2), '        """To be written."""\n        ...\n')
+    body = re.search(r"(    def release\(.*?\n.*?\n)(.*?)(\n\n)", source, re.S)
+    holed = source.replace(body.group(2), "        ...")
     return {
-        "edit": "Rewrite this Python file with the class NgramDrafter renamed to "
-        f"LookupDrafter. Output the whole file and nothing else.\n\n```python\n{source}```",
-        "fill": "This Python file has the body of `draft` missing. Output the whole file with "
-        f"it written, and nothing else.\n\n```python\n{holed}```",
+        "edit": "Rewrite this Python file with the class Follower renamed to Waiter. "
+        f"Output the whole file and nothing else.\n\n```python\n{source}```",
+        "fill": "This Python file has the body of `release` missing. Output the whole file "
+        f"with it written, and nothing else.\n\n```python\n{holed}```",
         "chat": CHAT_QUESTION,
     }
 
@@ -147,7 +150,7 @@ def main() -> int:
     model = args.model or default_model()
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    tokenizer = load_tokenizer(model)
+    tokenizer = load_tokenizer(Path(model))
     texts = prompts()
     off = {"num_draft_tokens": 0}
     ratios: dict[str, list[float]] = {}
@@ -161,6 +164,8 @@ def main() -> int:
             url = f"http://127.0.0.1:{server.port}"
             for name in ("edit", "fill", "chat"):  # warm: prompts in the prefix cache
                 stream_chat(client, url, texts[name], 8)
+            if not args.skip_c16:  # and a batch of 16's shapes
+                c16_rate(client, url, texts, 16, **off)
             for run in range(args.runs):
                 for name in ("edit", "fill", "chat"):
                     before = drafted_counts(client, url)

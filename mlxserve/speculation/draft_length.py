@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
-WIDTHS = (0, 2, 4, 8)  # drafted tokens a pass may carry
+WIDTHS = (0, 2, 4, 8, 16)  # drafted tokens a pass may carry
 PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
 SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
 RECOVERY = 0.05  # pull towards the prior of each step a row had drafts but was not let draft

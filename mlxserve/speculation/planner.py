@@ -23,7 +23,7 @@ from .draft_length import (
 from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
 from .pass_costs import PassCosts
 
-DEFAULT_DRAFT_TOKENS = 8  # the most drafts a row carries in one pass
+DEFAULT_DRAFT_TOKENS = 16  # the most drafts a row carries in one pass (llama.cpp's --draft-max)
 MAX_DRAFT_TOKENS = 32  # what a request or the server may ask for
 
 

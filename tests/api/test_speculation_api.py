@@ -29,11 +29,11 @@ def draft_counts(http: httpx.Client) -> tuple[float, float]:
 def test_props_and_models_say_drafting_is_on(http):
     props = http.get("/props").json()
     assert props["default_generation_settings"]["speculative"] is True
-    assert props["default_generation_settings"]["params"]["speculative.n_max"] == 8
+    assert props["default_generation_settings"]["params"]["speculative.n_max"] == 16
     (card,) = [m for m in http.get("/v1/models").json()["data"] if m.get("default")]
     assert card["speculative"] == {
         "type": "ngram",
-        "num_draft_tokens": 8,
+        "num_draft_tokens": 16,
         "ngram_min": 2,
         "ngram_max": 4,
     }
