@@ -52,6 +52,7 @@ SOURCE = REPO_ROOT / "mlxserve" / "engine" / "sequences" / "followers.py"
 CHAT_QUESTION = "Why is the sky blue? Answer in a few sentences."
 WINDOW = 16  # an output window found verbatim in the prompt counts as repeated
 C16_STREAMS = 16
+MODEL_NAME = "default"  # the model's path for mlx_lm.server, which loads what `model` names
 
 
 def parse_args() -> argparse.Namespace:
@@ -79,7 +80,7 @@ def prompts() -> dict[str, str]:
 def stream_chat(client: httpx.Client, url: str, text: str, max_tokens: int, **extra):
     """(decode tokens/s, tokens, text) of one greedy streamed chat answer."""
     body = {
-        "model": "default",
+        "model": MODEL_NAME,
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -185,7 +186,8 @@ def main() -> int:
                             f"{sides['on'][1]} tokens; identical text: "
                             f"{sides['on'][2] == sides['off'][2]}; drafted {drafted:.0f}, kept "
                             f"{kept:.0f}; repeats prompt "
-                            f"{repeated_share(tokenizer, texts[name], sides['on'][2]):.0%}",
+                            f"{repeated_share(tokenizer, texts[name], sides['on'][2]):.0%}"
+                            + (f"; starts {sides['on'][2][:60]!r}" if run == 0 else ""),
                         )
                     )
                 if not args.skip_c16:
@@ -212,6 +214,8 @@ def main() -> int:
                 httpx.Client(timeout=limits) as client,
             ):
                 url = f"http://127.0.0.1:{ref.port}"
+                global MODEL_NAME
+                MODEL_NAME = model
                 stream_chat(client, url, texts["edit"], 8)
                 rates = [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]
                 rates += [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]

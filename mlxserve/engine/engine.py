@@ -600,12 +600,12 @@ class Engine(AdmittedWork):
 
     def _time_passes(self, started: float, prompt_tokens: int, responses) -> None:
         """The step before, timed start to start, to the draft planner's pass costs, when it was
-        a decode step alone (no prompt tokens in it or this one)."""
+        a decode step alone (no prompt tokens in it)."""
         last, generator = self._last_decode, self.generator
         if last is not None and self.speculation is not None:
             self.pass_costs.observe(last[0], last[1], started - last[2])
         self._last_decode = None
-        if responses and not prompt_tokens and not generator.prompt_work():
+        if responses and not prompt_tokens:
             rows = len({r.uid for r in responses})
             self._last_decode = (rows, generator.decode_batch.draft_width, started)
 

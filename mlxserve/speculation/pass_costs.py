@@ -4,13 +4,16 @@ The cost depends on the device (a GPU reads the weights once for a few more toke
 for each), the model and the batch's size, so it is learnt from the engine's own steps: the
 time from one step's start to the next, which counts what a speculating step loses by waiting
 for its tokens before the next pass, as well as its longer pass. Until a width has been timed
-at a batch size, an optimistic prior lets it be tried once.
+at a batch size, a prior that grows with the drafted tokens the whole pass carries (rows x
+width) stands in: a lone row tries wide passes at once, a full batch only for rows that are
+nearly always right (a wide pass over a large batch is compute-bound, and trying it costs every
+row a slow step).
 """
 
 from __future__ import annotations
 
 SMOOTHING = 0.2  # weight of a new step's time in the running mean
-PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured width's cost per drafted token, over the plain step
+PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured pass's cost per drafted token, over the plain step
 
 
 def bucket(rows: int) -> int:
@@ -41,7 +44,7 @@ class PassCosts:
         size = bucket(rows)
         plain, wide = self._seconds.get((size, 0)), self._seconds.get((size, width))
         if plain is None or wide is None or plain <= 0:
-            return 1.0 + PRIOR_COST_PER_DRAFT * width
+            return 1.0 + PRIOR_COST_PER_DRAFT * width * rows
         return wide / plain
 
     def measured(self) -> dict[tuple[int, int], float]:
