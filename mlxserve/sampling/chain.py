@@ -21,6 +21,7 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
+from ..speculation.verify import verify_sampled
 from .dry import DryPenalty
 from .mirostat import Mirostat
 from .params import SamplingParams
@@ -93,6 +94,23 @@ class SequenceSampler:
         if self.keep_final:
             self.finals.append(logprobs)
         return mx.random.categorical(logprobs, key=draw_key)
+
+    @property
+    def verifies_drafts(self) -> bool:
+        """Whether its draws can be replaced by speculative sampling over a verify pass: a chain
+        without randomness of its own (XTC) or state (mirostat), recording no finals."""
+        return self.mirostat is None and not self.chain_needs_key and not self.keep_final
+
+    def drafts_verified(self, logprobs: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
+        """Speculative sampling over one row's verify pass: `logprobs` (K+1, V) at its token
+        and each of its K `drafts` (after the logits processors). The chain runs at every
+        position; returns (kept (1,), next (1,)) as `speculation.verify.verify_sampled`."""
+        self.key, key = mx.random.split(self.key)
+        if not self.params.greedy:
+            for step in self.steps:
+                logprobs = step(logprobs, None)
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        return verify_sampled(logprobs[None], drafts[None], key)
 
     @staticmethod
     def draw_rows(members: Sequence[SequenceSampler], logprobs: mx.array) -> mx.array:

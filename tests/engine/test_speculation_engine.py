@@ -139,13 +139,60 @@ def test_max_tokens_is_exact_where_drafts_run_past_it(engine, reference, max_tok
 
 def test_rows_that_sample_or_process_logits_beside_drafting_rows_are_as_without(engine):
     others = [
-        request(PROMPTS[0], sampling=SamplingParams(temperature=0.9)),
+        request(PROMPTS[0], sampling=SamplingParams(temperature=0.9), num_draft_tokens=0),
         request(PROMPTS[2], sampling=SamplingParams(temperature=0.0, repetition_penalty=1.3)),
     ]
     drafting = [request(PROMPTS[1]), request(PROMPTS[3])]
     alone = run_apart(engine, others)
     beside = run_apart(engine, [*others, *drafting])
     assert [ids(e) for e in beside[:2]] == [ids(e) for e in alone]
+
+
+def two_sample_chi_square(a: list[int], b: list[int]) -> tuple[float, int]:
+    """The statistic and degrees of freedom of two equal-sized samples of tokens coming from one
+    distribution; tokens seen under 10 times in both together are pooled."""
+    counts = {t: (a.count(t), b.count(t)) for t in set(a) | set(b)}
+    big = {t: c for t, c in counts.items() if sum(c) >= 10}
+    rest = [sum(c[i] for t, c in counts.items() if t not in big) for i in (0, 1)]
+    cells = [*big.values(), *([tuple(rest)] if sum(rest) else [])]
+    return sum((x - y) ** 2 / (x + y) for x, y in cells), len(cells) - 1
+
+
+def chi_square_critical(dof: int, z: float = 3.719) -> float:
+    """Chi-square's upper quantile at alpha 1e-4 (z), by Wilson and Hilferty's approximation."""
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def test_sampled_rows_draft_and_keep_the_models_distribution(engine):
+    """Speculative sampling: drafts kept with the model's probability, the residual drawn at a
+    refusal; each position's tokens over 300 seeds are distributed as without drafts."""
+    # three likely tokens at each position, one of them the token the prompt ends repeating
+    sampling = SamplingParams(temperature=0.5, top_k=3)
+    prompt = (*PROMPTS[1], 411, 411, 411, 411)
+
+    def tokens_by_position(**kwargs) -> list[list[int]]:
+        out = []
+        for seeds in range(0, 300, 30):  # groups of 30: after their prefill, steps draft
+            group = [
+                GenerationRequest(
+                    prompt, 5, sampling, seed=s, stop=StopSpec(ignore_eos=True), **kwargs
+                )
+                for s in range(seeds, seeds + 30)
+            ]
+            events = asyncio.run(collect(engine, group))
+            out += [ids(events[i]) for i in range(len(group))]
+        return out
+
+    before = drafted(engine)
+    with_drafts = tokens_by_position()
+    made, kept = (a - b for a, b in zip(drafted(engine), before))
+    without = tokens_by_position(num_draft_tokens=0)
+    assert made > kept > 0
+    for position in range(1, 5):
+        statistic, dof = two_sample_chi_square(
+            [t[position] for t in with_drafts], [t[position] for t in without]
+        )
+        assert dof >= 1 and statistic < chi_square_critical(dof), (position, statistic, dof)
 
 
 def test_a_request_with_num_draft_tokens_0_drafts_nothing(engine, reference):

@@ -91,6 +91,25 @@ class GuardedSampler:
                 guard.fail("sampler", error)
         return mx.argmax(logprobs, axis=-1)
 
+    @property
+    def samples(self) -> bool:
+        """Whether it draws at random (not greedy)."""
+        params = getattr(self.sample, "params", None)
+        return params is not None and not params.greedy
+
+    def drafts_verified(self, logprobs: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
+        """Its sampler's speculative sampling over a verify pass; failing, none kept and the
+        greedy token at the first position, as a failed draw."""
+        guard = self.guard
+        if guard.error is None:
+            try:
+                verified = self.sample.drafts_verified(logprobs, drafts)
+                guard.steps += 1
+                return verified
+            except Exception as error:
+                guard.fail("sampler", error)
+        return mx.zeros((1,), mx.int32), mx.argmax(logprobs[:1], axis=-1)
+
     def draw_rows(self, members: list[GuardedSampler], logprobs: mx.array) -> mx.array:
         """The rows of `members` (which share this `group_key`) drawn together; if that fails,
         each on its own, so the guard of the failing row names it."""

@@ -2,8 +2,9 @@
 drafts go through one forward pass, and every row emits that token, the drafts the target agrees
 with, and the target's own token after them (mlx-lm's step emits one token a row).
 
-Only greedy rows without logits processors (but bans of fixed ids) draft (the planner admits
-no others); the batch's
+Only rows without logits processors (but bans of fixed ids) draft (the planner admits no
+others): greedy rows keep drafts while the argmax agrees, sampled rows by speculative sampling
+(`SequenceSampler.drafts_verified`); the batch's
 other rows ride in the same pass with no drafts, their first position sampled as in a plain step.
 Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
 tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
@@ -57,8 +58,13 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     chosen = mx.argmax(logits, axis=-1)
     kept = kept_count(chosen[:, :-1] == drafted)
     at = mx.arange(rows)
-    took = kept > 0
-    batch._next_tokens = mx.where(took, chosen[at, kept], sampled)
+    following = chosen[at, kept]
+    took = kept > 0  # a greedy row's token after no kept draft is its plain draw's
+    sampling = [r for r, s in enumerate(samplers) if drafts[r] and getattr(s, "samples", False)]
+    if sampling:  # speculative sampling, row by row (rows that sample and drafted are few)
+        kept, following = _sampled_rows(kept, following, sampling, samplers, logits, drafts)
+        took = (kept > 0) | mx.array([r in sampling for r in range(rows)])  # its residual's
+    batch._next_tokens = mx.where(took, following, sampled)
     next_logprobs = mx.where(took[:, None], logprobs[at, kept], first)
     batch._next_logprobs = list(next_logprobs)
     mx.async_eval(batch._next_tokens, batch._next_logprobs, token_context)
@@ -74,6 +80,20 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
         tokens.append(emitted)
         token_logprobs.append([current_logprobs[row], *(logprobs[row, j] for j in range(count))])
     return tokens, token_logprobs
+
+
+def _sampled_rows(kept, following, rows: list[int], samplers, logits, drafts):
+    """`kept` and `following` (B,) with the sampling `rows`' own, each drawn by its sampler's
+    speculative sampling over its positions."""
+    kept_rows = [kept[r : r + 1] for r in range(kept.shape[0])]
+    next_rows = [following[r : r + 1] for r in range(kept.shape[0])]
+    for r in rows:
+        count = len(drafts[r])
+        kept_rows[r], next_rows[r] = samplers[r].drafts_verified(
+            logits[r, : count + 1], mx.array(drafts[r])
+        )
+    kept = mx.concatenate([k.astype(mx.int32) for k in kept_rows])
+    return kept, mx.concatenate([n.astype(following.dtype) for n in next_rows])
 
 
 def banned_everywhere(logits: mx.array, processors: list) -> mx.array:

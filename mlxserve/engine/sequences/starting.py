@@ -82,12 +82,12 @@ def insert_sequence(
 
 def drafts_alone(seq: SequenceState, setup) -> bool:
     """Whether the sequence's tokens can be drafted and verified as the batch's verify pass
-    does: greedy, its logits as the model gives them but for bans of fixed ids (ignore_eos),
-    which hold at every position alike (no penalties, DRY, grammars or min_tokens, which
-    change token by token), and no per-draw record of its sampler (post_sampling_probs)."""
+    does: its logits as the model gives them but for bans of fixed ids (ignore_eos), which hold
+    at every position alike (no penalties, DRY, grammars or min_tokens, which change token by
+    token); greedy, or sampled by a chain that speculative sampling can run at every position
+    (not mirostat or XTC), with no per-draw record (post_sampling_probs)."""
     return (
-        seq.request.sampling.greedy
+        setup.sampler.verifies_drafts
         and all(p.ban is not None for p in setup.processors)
-        and not setup.sampler.keep_final
         and not seq.prefill_only
     )
