@@ -15,6 +15,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.engine import Engine, GenerationRequest, StopSpec
+from mlxserve.engine.mlx_lm_compat import speculative_step
 from mlxserve.sampling.params import SamplingParams
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation import ngram
@@ -163,12 +164,27 @@ def chi_square_critical(dof: int, z: float = 3.719) -> float:
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
-def test_sampled_rows_draft_and_keep_the_models_distribution(engine):
+def test_sampled_rows_draft_and_keep_the_models_distribution(engine, monkeypatch):
     """Speculative sampling: drafts kept with the model's probability, the residual drawn at a
-    refusal; each position's tokens over 300 seeds are distributed as without drafts."""
-    # three likely tokens at each position, one of them the token the prompt ends repeating
+    refusal (never the refused draft); each position's tokens over 300 seeds are distributed as
+    without drafts."""
+    refusals, redrawn = [], []
+    verify = speculative_step.verify_step
+
+    def watched(batch, planner, drafts, processed):
+        emitted, logprobs = verify(batch, planner, drafts, processed)
+        following = batch._next_tokens.tolist()
+        for draft, tokens, token in zip(drafts, emitted, following):
+            if len(tokens) - 1 < len(draft):  # a draft refused: the token drawn in its place
+                refusals.append(token)
+                if token == draft[len(tokens) - 1]:
+                    redrawn.append(token)
+        return emitted, logprobs
+
+    monkeypatch.setattr(speculative_step, "verify_step", watched)
+    # a few likely tokens at each position; the prompt's end drafts the less likely ones too
     sampling = SamplingParams(temperature=0.5, top_k=3)
-    prompt = (*PROMPTS[1], 411, 411, 411, 411)
+    prompt = (*PROMPTS[1], 411, 177, 411, 177, 411, 177, 411)
 
     def tokens_by_position(**kwargs) -> list[list[int]]:
         out = []
@@ -188,6 +204,7 @@ def test_sampled_rows_draft_and_keep_the_models_distribution(engine):
     made, kept = (a - b for a, b in zip(drafted(engine), before))
     without = tokens_by_position(num_draft_tokens=0)
     assert made > kept > 0
+    assert len(refusals) > 20 and not redrawn
     for position in range(1, 5):
         statistic, dof = two_sample_chi_square(
             [t[position] for t in with_drafts], [t[position] for t in without]
