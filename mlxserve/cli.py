@@ -248,10 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         type=int,
         default=DEFAULT_DRAFT_TOKENS,
-        help="speculative decoding by prompt lookup: requests draft up to N tokens a step from "
-        "their own prompt and output, verified in the batch's pass (the same greedy text, the "
-        "same sampled distribution; drafting adapts to what it gains); 0 turns it off "
-        "(default: %(default)s; a request's num_draft_tokens overrides it)",
+        help="speculative decoding by prompt lookup: greedy requests draft up to N tokens a step "
+        "from their own prompt and output, verified in the batch's pass (the same text; "
+        "drafting adapts to what it gains); 0 turns it off (default: %(default)s; a request's "
+        "num_draft_tokens overrides it, and makes a sampled request draft too)",
     )
     serve.add_argument(
         "--spec-ngram-min",

@@ -200,7 +200,7 @@ def test_sampled_rows_draft_and_keep_the_models_distribution(engine, monkeypatch
         return out
 
     before = drafted(engine)
-    with_drafts = tokens_by_position()
+    with_drafts = tokens_by_position(num_draft_tokens=4)  # sampled rows draft when asked
     made, kept = (a - b for a, b in zip(drafted(engine), before))
     without = tokens_by_position(num_draft_tokens=0)
     assert made > kept > 0
