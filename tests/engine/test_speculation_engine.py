@@ -248,6 +248,9 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     and a stop string inside a step's kept drafts ends it where it ends without them."""
     tokenizer = smollm2_engine.loaded.tokenizer
     shared_model(SMOLLM2)
+    # the engine is shared: the costs other tests' steps timed (beside the other pass's work)
+    # must not decide whether these rows draft
+    monkeypatch.setattr(smollm2_engine.generator.planner, "costs", DraftsCostNothing())
     text = Path(ngram.__file__).read_text()[:1200]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Repeat this code exactly.\n\n```python\n{text}```"}],
