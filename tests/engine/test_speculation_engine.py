@@ -251,7 +251,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     # the engine is shared: the costs other tests' steps timed (beside the other pass's work)
     # must not decide whether these rows draft
     monkeypatch.setattr(smollm2_engine.generator.planner, "costs", DraftsCostNothing())
-    text = Path(ngram.__file__).read_text()[:1200]
+    text = Path(ngram.__file__).read_text()[:800]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Repeat this code exactly.\n\n```python\n{text}```"}],
         add_generation_prompt=True,
@@ -260,7 +260,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     before = drafted(smollm2_engine)
     on, off = run_apart(
         smollm2_engine,
-        [request(prompt, 80, stop=stop), request(prompt, 80, stop=stop, num_draft_tokens=0)],
+        [request(prompt, 56, stop=stop), request(prompt, 56, stop=stop, num_draft_tokens=0)],
     )
     assert ids(on) == ids(off)
     made, kept = (a - b for a, b in zip(drafted(smollm2_engine), before))
@@ -270,7 +270,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     stop = StopSpec(strings=(ending,))
     on, off = run_apart(
         smollm2_engine,
-        [request(prompt, 80, stop=stop), request(prompt, 80, stop=stop, num_draft_tokens=0)],
+        [request(prompt, 56, stop=stop), request(prompt, 56, stop=stop, num_draft_tokens=0)],
     )
     assert "".join(e.text for e in on) == "".join(e.text for e in off)
     assert on[-1].finish_reason == off[-1].finish_reason == "stop"
@@ -283,7 +283,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
         add_generation_prompt=True,
     )
     steps = record_steps(smollm2_engine, monkeypatch)
-    (scout,) = run_apart(smollm2_engine, [request(prompt, 80, stop=StopSpec(), cache_prompt=False)])
+    (scout,) = run_apart(smollm2_engine, [request(prompt, 56, stop=StopSpec(), cache_prompt=False)])
     out = ids(scout)
     (uid,) = {uid for uid, tokens in steps if tokens == out[: len(tokens)]}
     seen: list[int] = []
@@ -298,8 +298,8 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(smollm2_engine
     on, off = run_apart(
         smollm2_engine,
         [
-            request(prompt, 80, stop=stop),
-            request(prompt, 80, stop=stop, num_draft_tokens=0, cache_prompt=False),
+            request(prompt, 56, stop=stop),
+            request(prompt, 56, stop=stop, num_draft_tokens=0, cache_prompt=False),
         ],
     )
     assert ids(on) == ids(off) and on[-1].finish_reason == "stop"
