@@ -98,6 +98,11 @@ class SpeculationSettings:
     ngram_min: int = DEFAULT_NGRAM_MIN
     ngram_max: int = DEFAULT_NGRAM_MAX
 
+    def runs(self, distributed: bool, quantized_kv: bool) -> bool:
+        """Whether drafting runs: not at 0 drafts, not over ranks (every rank's passes must be
+        alike), not with quantized KV (not rolled back)."""
+        return self.draft_tokens > 0 and not distributed and not quantized_kv
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -135,11 +140,10 @@ class Settings:
 
     @property
     def speculative(self) -> dict | None:
-        """Prompt-lookup drafting as /props and /v1/models tell it, None where it is off: by
-        --num-draft-tokens 0, over ranks (every rank's passes must be alike) and with quantized
-        KV (not rolled back), as engine.py decides."""
+        """Prompt-lookup drafting as /props and /v1/models tell it, None where it is off
+        (`SpeculationSettings.runs`, as the engine decides it)."""
         spec = self.speculation
-        if spec.draft_tokens == 0 or self.distributed or self.kv_bits:
+        if not spec.runs(self.distributed, bool(self.kv_bits)):
             return None
         return {
             "type": "ngram",

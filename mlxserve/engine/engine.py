@@ -111,8 +111,8 @@ class Engine(AdmittedWork):
         )
         self.stats = EngineStats()
         self._rate = RateMeter()
-        drafting = speculation is not None and speculation.draft_tokens > 0
-        self.speculation = speculation if drafting and not distributed and not kv_bits else None
+        drafting = speculation is not None and speculation.runs(distributed, bool(kv_bits))
+        self.speculation = speculation if drafting else None
         self.pass_costs = PassCosts()  # learnt over the engine's life, across batches
         self.draft_totals = DraftTotals()
         self._last_decode: tuple[int, int, float] | None = None  # rows, width, start

@@ -278,6 +278,24 @@ class Ban:
         return logits
 
 
+def shared_bans(processors: list) -> tuple[list[tuple[Ban, list[int]]], list[list]]:
+    """The bans of fixed ids among each row's `processors` (those that give up their `ban`),
+    grouped by ids with the rows that hold each, and each row's other processors. A ban
+    commutes with every other processor: each leaves a -inf logit at -inf."""
+    bans: dict[tuple[int, ...], tuple[Ban, list[int]]] = {}
+    own = []
+    for row, row_processors in enumerate(processors):
+        kept = []
+        for processor in row_processors or ():
+            ban = getattr(processor, "ban", None)
+            if ban is None:
+                kept.append(processor)
+            else:
+                bans.setdefault(ban.banned_ids, (ban, []))[1].append(row)
+        own.append(kept)
+    return list(bans.values()), own
+
+
 def _ban_while_short(ids: list[int], min_length: int) -> LogitsProcessor:
     """Ban ids while the context (prompt + generated) is shorter than `min_length` tokens."""
     ban = Ban(ids)

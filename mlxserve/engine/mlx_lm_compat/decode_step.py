@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
-from ...sampling.chain import BANNED, Ban
+from ...sampling.chain import BANNED, shared_bans
 from . import speculative_step
 
 
@@ -26,7 +26,6 @@ def _step(self):
     if planner is not None and getattr(self, "may_draft", False):
         drafts = speculative_step.planned_drafts(self, planner)
         if drafts is not None:
-            self.draft_width = max(map(len, drafts))
             return speculative_step.verify_step(
                 self, planner, drafts, lambda logits, inputs: _processed(self, logits, inputs)
             )
@@ -75,21 +74,10 @@ def _processed(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list
 
 
 def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
-    """`logits` with the bans of fixed ids (processors that give up their `ban`) applied to all
-    their rows at once, and each row's other processors. A ban commutes with every other
-    processor: each leaves a -inf logit at -inf."""
-    bans: dict[tuple[int, ...], tuple[Ban, list[int]]] = {}
-    own = []
-    for row, row_processors in enumerate(processors):
-        kept = []
-        for processor in row_processors or ():
-            ban = getattr(processor, "ban", None)
-            if ban is None:
-                kept.append(processor)
-            else:
-                bans.setdefault(ban.banned_ids, (ban, []))[1].append(row)
-        own.append(kept)
-    for ban, rows in bans.values():
+    """`logits` with the bans of fixed ids applied to all their rows at once, and each row's
+    other processors (`shared_bans`)."""
+    bans, own = shared_bans(processors)
+    for ban, rows in bans:
         if len(rows) == logits.shape[0]:
             logits[:, ban.index] = BANNED
         else:

@@ -4,8 +4,8 @@ with, and the target's own token after them (mlx-lm's step emits one token a row
 
 Only rows without logits processors (but bans of fixed ids) draft (the planner admits no
 others): greedy rows keep drafts while the argmax agrees, sampled rows by speculative sampling
-(`SequenceSampler.drafts_verified`); the batch's
-other rows ride in the same pass with no drafts, their first position sampled as in a plain step.
+(`SequenceSampler.drafts_verified`); the batch's other rows ride in the same pass with no
+drafts, their first position sampled as in a plain step.
 Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
 tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
 """
@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
-from ...sampling.chain import BANNED
+from ...sampling.chain import BANNED, shared_bans
 from ...speculation.planner import DraftPlanner
 from ...speculation.rollback import roll_back
 from ...speculation.verify import NO_DRAFT, kept_count
@@ -40,7 +40,8 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     the plain step's logits processors on a (B, V) slice, -> (logits, token contexts)."""
     batch._current_tokens = current = batch._next_tokens
     batch._current_logprobs = current_logprobs = batch._next_logprobs
-    rows, width = len(drafts), max(map(len, drafts))
+    rows = len(drafts)
+    batch.draft_width = width = max(map(len, drafts))
     drafted = mx.array([d + [NO_DRAFT] * (width - len(d)) for d in drafts])
     fed = mx.maximum(drafted, 0).astype(current.dtype)  # a pad's position is rolled back
     inputs = mx.concatenate([current[:, None], fed], axis=1)
@@ -85,25 +86,26 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
 def _sampled_rows(kept, following, rows: list[int], samplers, logits, drafts):
     """`kept` and `following` (B,) with the sampling `rows`' own, each drawn by its sampler's
     speculative sampling over its positions."""
-    kept_rows = [kept[r : r + 1] for r in range(kept.shape[0])]
-    next_rows = [following[r : r + 1] for r in range(kept.shape[0])]
-    for r in rows:
-        count = len(drafts[r])
-        kept_rows[r], next_rows[r] = samplers[r].drafts_verified(
-            logits[r, : count + 1], mx.array(drafts[r])
-        )
-    kept = mx.concatenate([k.astype(mx.int32) for k in kept_rows])
-    return kept, mx.concatenate([n.astype(following.dtype) for n in next_rows])
+    verified = [
+        samplers[r].drafts_verified(logits[r, : len(drafts[r]) + 1], mx.array(drafts[r]))
+        for r in rows
+    ]
+    at = mx.array(rows)
+    kept[at] = mx.concatenate([k for k, _ in verified]).astype(kept.dtype)
+    following[at] = mx.concatenate([n for _, n in verified]).astype(following.dtype)
+    return kept, following
 
 
 def banned_everywhere(logits: mx.array, processors: list) -> mx.array:
     """(B, L, V) logits with each row's bans of fixed ids (`Ban`: ignore_eos) at every position:
     a drafting row's only processors, the same wherever the token falls."""
-    for row, row_processors in enumerate(processors):
-        for processor in row_processors or ():
-            ban = getattr(processor, "ban", None)
-            if ban is not None:
-                logits[row, :, ban.index] = BANNED
+    bans, _ = shared_bans(processors)
+    for ban, rows in bans:
+        if len(rows) == logits.shape[0]:
+            logits[:, :, ban.index] = BANNED
+        else:
+            positions = mx.arange(logits.shape[1])[None, :, None]
+            logits[mx.array(rows)[:, None, None], positions, ban.index[None, None]] = BANNED
     return logits
 
 
@@ -127,8 +129,9 @@ def next_responses(self: GenerationBatch) -> list:
     step_tokens, step_logprobs = self._step()
     keep, responses, ended = [], [], []
     for i, uid in enumerate(self.uids):
-        emitted = step_tokens[i] if isinstance(step_tokens[i], list) else [step_tokens[i]]
-        logprobs = step_logprobs[i] if isinstance(step_tokens[i], list) else [step_logprobs[i]]
+        emitted, logprobs = step_tokens[i], step_logprobs[i]
+        if not isinstance(emitted, list):  # a plain step's one token
+            emitted, logprobs = [emitted], [logprobs]
         finish, count = None, 0
         for token in emitted:
             count += 1
