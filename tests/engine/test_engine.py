@@ -14,6 +14,8 @@ from mlx_lm.sample_utils import make_sampler
 from mlxserve.engine import Engine, EngineError, GenerationRequest, StopSpec
 from mlxserve.sampling.params import SamplingParams
 
+from ..device_numerics import LOGPROB_TOLERANCE
+
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = (1, 40, 41, 42, 43, 44, 45, 46)
 
@@ -152,8 +154,8 @@ def test_logprobs_beside_greedy_rows_that_report_none(engine):
     beside = reported(together[1])
     assert [t for t, _, _ in beside] == [t for t, _, _ in alone]
     for (_, logprob, top), (_, alone_logprob, alone_top) in zip(beside, alone):
-        assert logprob == pytest.approx(alone_logprob, abs=1e-3)
-        assert top == pytest.approx(alone_top, abs=1e-3)
+        assert logprob == pytest.approx(alone_logprob, abs=LOGPROB_TOLERANCE)
+        assert top == pytest.approx(alone_top, abs=LOGPROB_TOLERANCE)
         assert logprob <= 0 and sum(math.exp(x) for x in top) <= 1 + 1e-4
     assert not together[0][-1].tokens  # the other rows report none
 

@@ -19,6 +19,8 @@ from mlxserve.sampling.params import SamplingParams
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation.pass_costs import PassCosts
 
+from ..device_numerics import LOGPROB_TOLERANCE
+
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = [
     (1, 926, 328, 34, 25, 29, 668),
@@ -225,7 +227,7 @@ def test_logprobs_of_drafted_tokens_are_the_targets(engine):
     without = [t for e in off for t in e.tokens]
     assert len(with_drafts) == len(without) == 30
     for a, b in zip(with_drafts, without):
-        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert a.logprob == pytest.approx(b.logprob, abs=LOGPROB_TOLERANCE)
         assert [x.token_id for x in a.alternatives] == [x.token_id for x in b.alternatives]
 
 
