@@ -254,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         "num_draft_tokens overrides it, and makes a sampled request draft too)",
     )
     serve.add_argument(
+        "--draft-model",
+        metavar="PATH|REPO",
+        default=None,
+        help="speculative decoding with this smaller model's drafts (it must share the default "
+        "model's tokenizer) in place of prompt lookup; up to --num-draft-tokens a step",
+    )
+    serve.add_argument(
         "--spec-ngram-min",
         metavar="N",
         type=int,
@@ -413,7 +420,7 @@ def serve(args: argparse.Namespace) -> int:
     models = list(dict.fromkeys(args.model or [str(DEFAULT_MODEL)]))
     model = models[0]
     try:
-        for source in models:
+        for source in models + ([args.draft_model] if args.draft_model else []):
             check_model_source(source)
         for _, path in args.adapter:
             check_adapter_folder(path)
@@ -535,7 +542,9 @@ def speculation_settings(args: argparse.Namespace) -> SpeculationSettings:
         raise ValueError(
             f"--spec-ngram-min and --spec-ngram-max: need 1 <= min <= max <= {MAX_NGRAM}"
         )
-    return SpeculationSettings(args.num_draft_tokens, args.spec_ngram_min, args.spec_ngram_max)
+    return SpeculationSettings(
+        args.num_draft_tokens, args.spec_ngram_min, args.spec_ngram_max, args.draft_model
+    )
 
 
 def request_limits(args: argparse.Namespace) -> Limits:

@@ -91,12 +91,14 @@ class ChatSettings:
 
 @dataclass(frozen=True)
 class SpeculationSettings:
-    """Prompt-lookup speculative decoding (speculation/): greedy rows draft the tokens that
-    followed the latest earlier occurrence of their last n tokens, verified in the batch."""
+    """Speculative decoding (speculation/): greedy rows draft the tokens that followed the
+    latest earlier occurrence of their last n tokens (prompt lookup), or a draft model's,
+    verified in the batch."""
 
     draft_tokens: int = DEFAULT_DRAFT_TOKENS  # the most drafts a row verifies a pass; 0: off
     ngram_min: int = DEFAULT_NGRAM_MIN
     ngram_max: int = DEFAULT_NGRAM_MAX
+    draft_model: str | None = None  # drafts from this model (the default model's), not lookup
 
     def runs(self, distributed: bool, quantized_kv: bool) -> bool:
         """Whether drafting runs: not at 0 drafts, not over ranks (every rank's passes must be

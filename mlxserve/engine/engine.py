@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
+from ..speculation.draft_model import ModelDrafter
 from ..speculation.pass_costs import PassCosts
 from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
@@ -31,7 +32,8 @@ from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
 from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
-from .models.host import LoadedModel, model_id_for
+from .models.draft import with_draft_model
+from .models.host import LoadedModel, load_model, model_id_for
 from .models.slot import LoadModel, ModelSlot, UnloadModel
 from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
@@ -113,6 +115,8 @@ class Engine(AdmittedWork):
         self._rate = RateMeter()
         drafting = speculation is not None and speculation.runs(distributed, bool(kv_bits))
         self.speculation = speculation if drafting else None
+        if drafting and speculation.draft_model is not None:
+            loader = with_draft_model(loader or load_model, speculation.draft_model)
         self.pass_costs = PassCosts()  # learnt over the engine's life, across batches
         self.draft_totals = DraftTotals()
         self._last_decode: tuple[int, int, float] | None = None  # rows, width, start
@@ -479,6 +483,7 @@ class Engine(AdmittedWork):
                 spec.ngram_max,
                 costs=self.pass_costs,
                 totals=self.draft_totals,
+                model=None if loaded.draft_model is None else ModelDrafter(loaded.draft_model),
             )
         generator = ServerBatchGenerator(
             loaded.model,

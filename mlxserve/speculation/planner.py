@@ -5,7 +5,8 @@ before the next pass. A speculating step must wait (its drafts follow that token
 first looks up each row's drafts from the tokens it already has, the first of them a guess at
 the token not yet read: where nothing matches, or the batch's rows are seldom right, the step
 runs as a plain one and waits for nothing. Otherwise it reads the tokens, looks up again after
-each, and verifies the drafts it finds.
+each, and verifies the drafts it finds. With a draft model (`draft_model.ModelDrafter`) every
+row it admits has drafts: they come from that model's passes, after the tokens are read.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .draft_length import (
     recovered_acceptance,
     updated_acceptance,
 )
+from .draft_model import ModelDrafter
 from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
 from .pass_costs import PassCosts
 
@@ -46,7 +48,7 @@ class DraftTotals:
 
 @dataclass
 class DraftPlanner:
-    """Prompt-lookup drafting for the rows of one batch, by row uid."""
+    """Drafting for the rows of one batch, by row uid: prompt lookup, or `model`'s drafts."""
 
     draft_tokens: int = DEFAULT_DRAFT_TOKENS  # a row's most drafts a pass, unless it asks
     n_min: int = DEFAULT_NGRAM_MIN
@@ -54,6 +56,7 @@ class DraftPlanner:
     costs: PassCosts = field(default_factory=PassCosts)
     totals: DraftTotals = field(default_factory=DraftTotals)
     rows: dict[int, RowDrafts] = field(default_factory=dict)
+    model: ModelDrafter | None = None
 
     def admit(self, uid: int, limit: int | None = None) -> None:
         """Row `uid` drafts up to `limit` tokens a pass (None: `draft_tokens`; 0: never)."""
@@ -64,11 +67,16 @@ class DraftPlanner:
     def forget(self, uids: Sequence[int]) -> None:
         for uid in uids:
             self.rows.pop(uid, None)
+        if self.model is not None:
+            self.model.forget(uids)
 
     def reset(self) -> None:
-        """Rebuild every row's index from the batch at its next step (a step failed part-way)."""
+        """Rebuild every row's index (or draft KV) from the batch at its next step (a step
+        failed part-way)."""
         for row in self.rows.values():
             row.drafter = None
+        if self.model is not None:
+            self.model.reset()
 
     def width(
         self, uids: Sequence[int], tokens: Sequence[list[int]], remaining: Sequence[int]
@@ -85,10 +93,13 @@ class DraftPlanner:
                 acceptances.append(0.0)
                 available.append(0)
                 continue
-            drafter = self._synced(row, row_tokens)
-            guess = drafter.draft(row.limit + 1)  # the token to come, then its drafts
+            if self.model is None:
+                guess = self._synced(row, row_tokens).draft(row.limit + 1)  # the token to come,
+                found = len(guess) - 1  # then its drafts
+            else:
+                found = row.limit
             acceptances.append(row.acceptance)
-            available.append(max(0, min(len(guess) - 1, row.limit, left)))
+            available.append(max(0, min(found, row.limit, left)))
             limits.append(row.limit)
         if not any(available):
             return 0
@@ -102,9 +113,16 @@ class DraftPlanner:
         return width
 
     def drafts(
-        self, uids: Sequence[int], current: Sequence[int], width: int, remaining: Sequence[int]
+        self,
+        uids: Sequence[int],
+        tokens: Sequence[list[int]],
+        current: Sequence[int],
+        width: int,
+        remaining: Sequence[int],
     ) -> list[list[int]]:
         """Each row's drafts after its `current` token (now read), at most `width`."""
+        if self.model is not None:
+            return self._model_drafts(uids, tokens, current, width, remaining)
         out = []
         for uid, token, left in zip(uids, current, remaining):
             row = self.rows.get(uid)
@@ -126,6 +144,22 @@ class DraftPlanner:
             row.acceptance = updated_acceptance(row.acceptance, count, accepted)
             totals.drafted += count
             totals.accepted += accepted
+        if self.model is not None:
+            self.model.record(dict(zip(uids, kept)))
+
+    def _model_drafts(self, uids, tokens, current, width, remaining) -> list[list[int]]:
+        """The draft model's drafts for every row admitted (those that may emit no more
+        tokens are fed along, their drafts dropped)."""
+        drafting = [i for i, uid in enumerate(uids) if uid in self.rows]
+        found = self.model.drafts(
+            [uids[i] for i in drafting], [tokens[i] + [current[i]] for i in drafting], width
+        )
+        out = []
+        for uid, left in zip(uids, remaining):
+            row = self.rows.get(uid)
+            count = 0 if row is None else max(0, min(width, row.limit, left))
+            out.append(found[uid][:count] if count else [])
+        return out
 
     def _synced(self, row: RowDrafts, tokens: list[int]) -> NgramDrafter:
         """The row's index, holding the tokens its KV holds (and, after a speculating step, the

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.engine import Engine, GenerationRequest, StopSpec
 from mlxserve.engine.mlx_lm_compat import speculative_step
@@ -45,22 +43,6 @@ def engine(tiny_model):
     engine.generator.planner.costs = DraftsCostNothing()
     yield engine
     engine.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_lm):
-    """mlx-lm's model, greedy, one token a pass: a prompt's first `max_tokens` tokens."""
-
-    def greedy(prompt, max_tokens: int) -> list[int]:
-        cache = make_prompt_cache(tiny_lm)
-        logits = tiny_lm(mx.array(prompt)[None], cache=cache)[0, -1]
-        out = []
-        for _ in range(max_tokens):
-            out.append(int(mx.argmax(logits).item()))
-            logits = tiny_lm(mx.array([out[-1:]]), cache=cache)[0, -1]
-        return out
-
-    return greedy
 
 
 def request(prompt, max_tokens=30, sampling=GREEDY, **kwargs) -> GenerationRequest:

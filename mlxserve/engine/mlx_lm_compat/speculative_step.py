@@ -31,7 +31,7 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
     if not width:
         return None
     current = batch._next_tokens.tolist()
-    drafts = planner.drafts(batch.uids, current, width, remaining)
+    drafts = planner.drafts(batch.uids, batch.tokens, current, width, remaining)
     return drafts if any(drafts) else None
 
 

@@ -46,6 +46,7 @@ class LoadedModel(ModelFacts):
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
     decode_step_s: float | None = None  # one sequence's decode step, timed at load
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
+    draft_model: nn.Module | None = None  # --draft-model's, loaded beside it (draft.py)
 
     def fingerprint(self) -> str | None:
         """What its KV depends on (`prefix/fingerprint.py`: reads blocks of every weight

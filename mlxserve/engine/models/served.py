@@ -4,6 +4,7 @@ served beside it (in the front's process, or in the engine process: ipc/engine_m
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ...settings import Settings
 from ..engine import Engine
@@ -16,7 +17,11 @@ log = logging.getLogger("mlxserve")
 
 def new_engine(settings: Settings, source: str, **options) -> Engine:
     """An engine for `source` as the settings say (not started); `options`: Engine's others
-    (its name, thread, loader, cluster, on_fatal)."""
+    (its name, thread, loader, cluster, on_fatal). `--draft-model` drafts for the default
+    model alone: it shares that model's tokenizer."""
+    speculation = settings.speculation
+    if source != settings.model and speculation.draft_model is not None:
+        speculation = replace(speculation, draft_model=None)
     return Engine(
         source,
         prefix_cache_bytes=settings.prefix_cache_bytes,
@@ -28,7 +33,7 @@ def new_engine(settings: Settings, source: str, **options) -> Engine:
         prefix_cache_disk_bytes=settings.prefix_cache_disk_bytes,
         kv_bits=settings.kv_bits,
         kv_group_size=settings.kv_group_size,
-        speculation=settings.speculation,
+        speculation=speculation,
         **options,
     )
 

@@ -1,0 +1,129 @@
+"""Drafts from a second, smaller model that shares the target's tokenizer (`--draft-model`).
+
+The draft model keeps its own batch of KV caches, one row per drafting row of the target's
+batch, by uid. A row joins it at its first drafting step (the draft model reads its prompt
+alone, then the row is added to the batch), and leaves when the target's row does. Each
+verify step first feeds every row what its draft KV lacks (the tokens kept since, and the
+token the step starts from; right-padded, the padding rolled back), then drafts greedily one
+token a pass; after the target's verdict each row's KV is rolled back to the drafts it kept.
+Plain steps in between leave the draft KV behind; the next drafting step catches it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+from .rollback import roll_back
+
+PROMPT_PASS_TOKENS = 512  # a joining row's prompt is read in passes of this many tokens
+
+
+class DraftModelError(ValueError):
+    """A draft model that cannot draft for this target (the message says why)."""
+
+
+def check_draft_pair(draft_model, draft_vocab: dict[str, int], vocab: dict[str, int]) -> None:
+    """Refuse a draft model whose tokens mean something else than the target's, or whose KV
+    cannot be batched and rolled back (sliding windows, state-space layers)."""
+    if draft_vocab != vocab:
+        differ = len(set(draft_vocab.items()) ^ set(vocab.items()))
+        raise DraftModelError(
+            f"its tokenizer differs from the model's ({len(draft_vocab)} tokens against "
+            f"{len(vocab)}, {differ} entries differ); a draft model must share the model's "
+            "tokenizer"
+        )
+    kinds = {type(c).__name__ for c in make_prompt_cache(draft_model)}
+    if kinds != {KVCache.__name__}:
+        raise DraftModelError(
+            f"its layers keep {', '.join(sorted(kinds))}; a draft model needs plain KV caches"
+        )
+
+
+class ModelDrafter:
+    """The draft model's batch: rows by uid, each with how many of its tokens its KV holds."""
+
+    def __init__(self, model):
+        self.model = model
+        self.uids: list[int] = []
+        self.fed: list[int] = []  # per row: the leading tokens of its sequence in the draft KV
+        self.cache: list[BatchKVCache] | None = None
+        self._last: tuple[list[int], int] | None = None  # per row: sequence length; width
+
+    def forget(self, uids: Sequence[int]) -> None:
+        gone = set(uids)
+        keep = [i for i, uid in enumerate(self.uids) if uid not in gone]
+        if len(keep) == len(self.uids):
+            return
+        if not keep:
+            self.reset()
+            return
+        for layer in self.cache:
+            layer.filter(mx.array(keep))
+        self.uids = [self.uids[i] for i in keep]
+        self.fed = [self.fed[i] for i in keep]
+        self._last = None
+
+    def reset(self) -> None:
+        """Forget every row: each reads its sequence anew when it next drafts."""
+        self.uids, self.fed, self.cache, self._last = [], [], None, None
+
+    def drafts(
+        self, uids: Sequence[int], sequences: Sequence[list[int]], width: int
+    ) -> dict[int, list[int]]:
+        """`width` greedy drafts for each row, after its sequence (every token the target's KV
+        will hold once the step's first token is fed: that token last)."""
+        sequence_of = dict(zip(uids, sequences))
+        self.forget([uid for uid in self.uids if uid not in sequence_of])
+        self._join([uid for uid in uids if uid not in self.uids], sequence_of)
+        rows = [sequence_of[uid] for uid in self.uids]
+        feeds = [seq[fed:] for seq, fed in zip(rows, self.fed)]
+        longest = max(map(len, feeds))
+        padded = mx.array([feed + [0] * (longest - len(feed)) for feed in feeds])
+        logits = self.model(padded, cache=self.cache)
+        roll_back(self.cache, [longest - len(feed) for feed in feeds])
+        last = mx.array([len(feed) - 1 for feed in feeds])
+        token = mx.argmax(logits[mx.arange(len(feeds)), last], axis=-1)
+        drafted = [token]
+        for _ in range(width - 1):
+            token = mx.argmax(self.model(token[:, None], cache=self.cache)[:, -1], axis=-1)
+            drafted.append(token)
+        out = mx.stack(drafted, axis=1).tolist()
+        self.fed = [len(seq) + width - 1 for seq in rows]
+        self._last = ([len(seq) for seq in rows], width)
+        return dict(zip(self.uids, out))
+
+    def record(self, kept: dict[int, int]) -> None:
+        """The target's verdict on the last drafts: `kept[uid]` drafts of each row (rows not
+        named kept none). Each row's KV keeps its sequence and those drafts."""
+        if self._last is None:
+            return
+        lengths, width = self._last
+        self._last = None
+        keep = [min(kept.get(uid, 0), width - 1) for uid in self.uids]
+        roll_back(self.cache, [width - 1 - k for k in keep])
+        self.fed = [length + k for length, k in zip(lengths, keep)]
+
+    def _join(self, uids: list[int], sequence_of: dict[int, list[int]]) -> None:
+        """Rows new to the draft batch: each reads all but its last token alone, in passes of
+        PROMPT_PASS_TOKENS, then joins the batch."""
+        if not uids:
+            return
+        caches = []
+        for uid in uids:
+            prompt = sequence_of[uid][:-1]
+            cache = make_prompt_cache(self.model)
+            for start in range(0, len(prompt), PROMPT_PASS_TOKENS):
+                self.model(mx.array(prompt[start : start + PROMPT_PASS_TOKENS])[None], cache=cache)
+                mx.eval([c.state for c in cache])
+            caches.append(cache)
+            self.fed.append(len(prompt))
+        joined = [BatchKVCache.merge(list(layer)) for layer in zip(*caches)]
+        if self.cache is None:
+            self.cache = joined
+        else:
+            for mine, theirs in zip(self.cache, joined):
+                mine.extend(theirs)
+        self.uids.extend(uids)

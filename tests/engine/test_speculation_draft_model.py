@@ -1,0 +1,155 @@
+"""A draft model's drafts verified inside the batch (`--draft-model`): greedy rows emit exactly
+mlx-lm's tokens, rows that join and leave the batch at different steps keep their own draft KV,
+and a draft model with another tokenizer is refused at load, saying why.
+
+The draft is the tiny model cut to its first layer (scripts/make_draft_model.py): it agrees
+with the model often but not always, so kept and refused drafts (rolled back in both models'
+KV) run in every test; the model as its own draft agrees always."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxserve.engine import Engine
+from mlxserve.settings import SpeculationSettings
+from mlxserve.speculation.draft_model import ModelDrafter
+
+from .test_speculation_engine import (
+    PROMPTS,
+    DraftsCostNothing,
+    drafted,
+    ids,
+    record_steps,
+    request,
+    run_apart,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from make_draft_model import truncate  # noqa: E402
+
+
+def drafting_engine(model: Path, draft: Path) -> Engine:
+    settings = SpeculationSettings(draft_tokens=4, draft_model=str(draft))
+    engine = Engine(str(model), speculation=settings).start()
+    assert engine.wait_ready(60), engine.error
+    engine.generator.planner.costs = DraftsCostNothing()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def one_layer_draft(tiny_model, tmp_path_factory) -> Path:
+    return truncate(tiny_model, tmp_path_factory.mktemp("draft") / "tiny-1-layer", layers=1)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, one_layer_draft):
+    engine = drafting_engine(tiny_model, one_layer_draft)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def self_drafting(tiny_model):
+    """The model as its own draft: a draft KV that holds what the model's holds drafts what
+    the model emits, so every draft is kept; one out of step is refused."""
+    engine = drafting_engine(tiny_model, tiny_model)
+    yield engine
+    engine.stop()
+
+
+def test_rows_joining_and_leaving_draft_and_emit_mlx_lms_greedy_tokens(engine, reference):
+    """Four rows of different lengths in one batch: each leaves at its own step, the others'
+    draft KV rows stay theirs."""
+    before = drafted(engine)
+    lengths = [30, 24, 17, 9]
+    results = run_apart(engine, [request(p, max_tokens=n) for p, n in zip(PROMPTS, lengths)])
+    for prompt, n, events in zip(PROMPTS, lengths, results):
+        assert ids(events) == reference(prompt, n)
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == n
+    made, kept = (a - b for a, b in zip(drafted(engine), before))
+    assert made > kept > 0  # the one-layer draft is refused at times: both KVs rolled back
+
+
+def test_a_row_after_plain_steps_catches_its_draft_kv_up(self_drafting, reference, monkeypatch):
+    """Steps that draft nothing (here: every other one) leave the draft KV behind; the next
+    drafting step feeds it what it missed, and its drafts are all kept again."""
+    engine = self_drafting
+    before = drafted(engine)
+    planner = engine.generator.planner
+    width = planner.width
+    calls = []
+
+    def every_other(*args):
+        calls.append(None)
+        return width(*args) if len(calls) % 2 else 0
+
+    monkeypatch.setattr(planner, "width", every_other)
+    steps = record_steps(engine, monkeypatch)
+    (events,) = run_apart(engine, [request(PROMPTS[1], max_tokens=25)])
+    assert ids(events) == reference(PROMPTS[1], 25)
+    assert any(len(tokens) > 1 for _, tokens in steps)
+    assert any(len(tokens) == 1 for _, tokens in steps)
+    made, kept = (a - b for a, b in zip(drafted(engine), before))
+    assert made == kept > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5])
+def test_max_tokens_is_exact_with_a_draft_model(engine, reference, max_tokens):
+    (events,) = run_apart(engine, [request(PROMPTS[3], max_tokens=max_tokens)])
+    assert ids(events) == reference(PROMPTS[3], max_tokens)
+    assert events[-1].completion_tokens == max_tokens
+
+
+def test_the_model_as_its_own_draft_has_every_draft_kept(self_drafting, reference):
+    """Rows that join and leave at different steps: each draft KV row stays its own."""
+    before = drafted(self_drafting)
+    lengths = [30, 24, 17, 9]
+    results = run_apart(self_drafting, [request(p, max_tokens=n) for p, n in zip(PROMPTS, lengths)])
+    assert [ids(e) for e in results] == [reference(p, n) for p, n in zip(PROMPTS, lengths)]
+    made, kept = (a - b for a, b in zip(drafted(self_drafting), before))
+    assert made == kept > 0
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused_at_load(tiny_model, tiny_coder):
+    settings = SpeculationSettings(draft_tokens=4, draft_model=str(tiny_coder))
+    engine = Engine(str(tiny_model), speculation=settings).start()
+    try:
+        assert not engine.wait_ready(60)
+        assert f"--draft-model {tiny_coder}" in engine.error
+        assert "must share the model's tokenizer" in engine.error
+    finally:
+        engine.stop()
+
+
+def test_the_draft_kv_holds_each_rows_kept_tokens_through_joins_refusals_and_catch_ups(
+    tiny_lm, reference
+):
+    """The drafter alone, driven as the planner drives it: after each verdict (some drafts
+    kept, then a token of the target's own), plain steps missed by some rows, a row leaving
+    and one joining, each row's drafts are the model's greedy tokens after its sequence."""
+    drafter = ModelDrafter(tiny_lm)
+    sequences = {0: list(PROMPTS[0]), 1: list(PROMPTS[1]), 2: list(PROMPTS[2])}
+
+    def drafts_are_greedy(width: int) -> dict[int, list[int]]:
+        uids = list(sequences)
+        found = drafter.drafts(uids, [sequences[u] for u in uids], width)
+        assert found == {u: reference(sequences[u], width) for u in uids}
+        return found
+
+    found = drafts_are_greedy(4)
+    kept = {0: 0, 1: 2, 2: 4}
+    drafter.record(kept)
+    for uid, count in kept.items():
+        sequences[uid] += found[uid][:count] + [700 + uid]  # the target's own token after them
+    sequences[1] += [5, 6, 7]  # plain steps the drafter did not see
+    found = drafts_are_greedy(3)
+    drafter.record({0: 3, 1: 1})
+    sequences[0] += found[0] + [11]
+    sequences[1] += found[1][:1] + [12]
+    sequences[2] += [13]
+    del sequences[2]  # the row leaves the batch
+    sequences[3] = list(PROMPTS[3])  # and another joins it
+    drafts_are_greedy(5)
