@@ -210,10 +210,12 @@ def start_server(
     return spawn(mlxserve_command(model, port, extra, module), log_path, env)
 
 
-def start_mlx_lm_server(model: str, port: int, log_path: Path) -> subprocess.Popen:
+def start_mlx_lm_server(
+    model: str, port: int, log_path: Path, extra: Sequence[str] = ()
+) -> subprocess.Popen:
     """mlx_lm.server as its users run it, under the process settings mlxserve runs under
-    (`cpu_environment`: OpenBLAS, huge pages)."""
-    command = [sys.executable, "-m", "mlx_lm.server", "--model", model]
+    (`cpu_environment`: OpenBLAS, huge pages); `extra`: more of its flags."""
+    command = [sys.executable, "-m", "mlx_lm.server", "--model", model, *extra]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     return spawn(command, log_path, cpu_environment(os.environ))
 

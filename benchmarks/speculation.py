@@ -1,6 +1,9 @@
-"""Speculative decoding by prompt lookup through the server: one mlxserve, each workload asked
-with drafts (the default) and without (`num_draft_tokens: 0`, the same server), side by side
-in one run, and mlx_lm.server beside them for the single streams.
+"""Speculative decoding through the server: one mlxserve, each workload asked with drafts (the
+default) and without (`num_draft_tokens: 0`, the same server), side by side in one run, and
+mlx_lm.server beside them for the single streams. Drafts come from prompt lookup, or with
+`--draft-layers N` from a draft model, the model cut to its first N layers
+(scripts/make_draft_model.py), which mlx_lm.server gets too (`--draft-model`: it then runs one
+request at a time, so its 16 streams are timed as well).
 
 Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's chat template:
 
@@ -18,7 +21,7 @@ would repeat itself, not the prompt). /metrics gives drafted and accepted tokens
 alternates which side goes first.
 
     python benchmarks/speculation.py [--model PATH] [--max-tokens 200] [--runs 3]
-                                     [--skip-mlx-lm] [--skip-c16]
+                                     [--skip-mlx-lm] [--skip-c16] [--draft-layers N]
 """
 
 from __future__ import annotations
@@ -61,7 +64,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-mlx-lm", action="store_true")
     parser.add_argument("--skip-c16", action="store_true")
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        help="draft with the model's first N layers (a draft model) in place of prompt lookup",
+    )
     return parser.parse_args()
+
+
+def draft_model(model: str, layers: int) -> str:
+    """The model cut to its first `layers` layers, built once into build/."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from make_draft_model import truncate
+
+    out = REPO_ROOT / "build" / "drafts" / f"{Path(model).name}-{layers}-layers"
+    if not (out / "model.safetensors").exists():
+        truncate(Path(model), out, layers)
+    return str(out)
 
 
 def prompts() -> dict[str, str]:
@@ -153,22 +172,27 @@ def main() -> int:
 
     tokenizer = load_tokenizer(Path(model))
     texts = prompts()
+    names = ("edit", "fill", "chat")
+    draft_flags: list[str] = []
+    if args.draft_layers:
+        draft_flags = ["--draft-model", draft_model(model, args.draft_layers)]
+        names = ("edit", "chat")
     off = {"num_draft_tokens": 0}
     ratios: dict[str, list[float]] = {}
     rows: list[tuple[str, str]] = []
     limits = httpx.Timeout(600.0)
     try:
         with (
-            served(lambda port, log: start_server(model, port, log), "spec") as server,
+            served(lambda port, log: start_server(model, port, log, draft_flags), "spec") as server,
             httpx.Client(timeout=limits) as client,
         ):
             url = f"http://127.0.0.1:{server.port}"
-            for name in ("edit", "fill", "chat"):  # warm: prompts in the prefix cache
+            for name in names:  # warm: prompts in the prefix cache
                 stream_chat(client, url, texts[name], 8)
             if not args.skip_c16:  # and a batch of 16's shapes
                 c16_rate(client, url, texts, 16, **off)
             for run in range(args.runs):
-                for name in ("edit", "fill", "chat"):
+                for name in names:
                     before = drafted_counts(client, url)
                     sides = {}
                     order = (("on", {}), ("off", off))
@@ -202,7 +226,7 @@ def main() -> int:
                             f"{sides['on']:.1f}, {sides['off']:.1f} = {ratio:.2f}x",
                         )
                     )
-                print_table(rows[-4:])
+                print_table(rows[-len(names) - 1 :])
                 sys.stdout.flush()
     except ROW_ERRORS as error:
         row_failed("mlxserve", error)
@@ -210,7 +234,9 @@ def main() -> int:
     if not args.skip_mlx_lm:
         try:
             with (
-                served(lambda port, log: start_mlx_lm_server(model, port, log), "mlx_lm") as ref,
+                served(
+                    lambda port, log: start_mlx_lm_server(model, port, log, draft_flags), "mlx_lm"
+                ) as ref,
                 httpx.Client(timeout=limits) as client,
             ):
                 url = f"http://127.0.0.1:{ref.port}"
@@ -219,9 +245,11 @@ def main() -> int:
                 stream_chat(client, url, texts["edit"], 8)
                 rates = [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]
                 rates += [stream_chat(client, url, texts["edit"], args.max_tokens)[0]]
-                rows.append(
-                    ("mlx_lm.server edit tok/s (2 runs)", ", ".join(f"{r:.1f}" for r in rates))
-                )
+                label = "mlx_lm.server" + (" --draft-model" if draft_flags else "")
+                rows.append((f"{label} edit tok/s (2 runs)", ", ".join(f"{r:.1f}" for r in rates)))
+                if draft_flags and not args.skip_c16:
+                    rate = c16_rate(client, url, texts, args.max_tokens // 2)
+                    rows.append((f"{label} c16 tok/s", f"{rate:.1f}"))
         except ROW_ERRORS as error:
             row_failed("mlx_lm.server", error)
     print()

@@ -142,11 +142,22 @@ class Settings:
 
     @property
     def speculative(self) -> dict | None:
-        """Prompt-lookup drafting as /props and /v1/models tell it, None where it is off
-        (`SpeculationSettings.runs`, as the engine decides it)."""
+        """Drafting as /props and /v1/models tell it for the default model (prompt lookup, or
+        its draft model), None where it is off (`SpeculationSettings.runs`, as the engine
+        decides it)."""
+        return self.speculative_for(default_model=True)
+
+    def speculative_for(self, default_model: bool) -> dict | None:
+        """The same for a model of the pool: `--draft-model` drafts for the default alone."""
         spec = self.speculation
         if not spec.runs(self.distributed, bool(self.kv_bits)):
             return None
+        if spec.draft_model is not None and default_model:
+            return {
+                "type": "draft_model",
+                "num_draft_tokens": spec.draft_tokens,
+                "draft_model": spec.draft_model,
+            }
         return {
             "type": "ngram",
             "num_draft_tokens": spec.draft_tokens,

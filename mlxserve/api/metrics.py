@@ -55,7 +55,7 @@ ENGINE_COUNTERS: tuple[tuple[str, str, Callable], ...] = (
     ),
     (
         "draft_tokens",
-        "Tokens drafted by prompt lookup and verified (speculative decoding)",
+        "Tokens drafted (prompt lookup or a draft model) and verified (speculative decoding)",
         lambda e: e.stats.drafted_tokens,
     ),
     (

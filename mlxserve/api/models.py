@@ -135,7 +135,7 @@ def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict
         card["pending_sequences"] = engine.pending_sequences
         if engine.loaded is not None:
             card["context_length"] = engine.loaded.context_length
-            card["speculative"] = current_app.config["SETTINGS"].speculative
+            card["speculative"] = current_app.config["SETTINGS"].speculative_for(card["default"])
             chat = current_app.config["SETTINGS"].chat
             card.update(chat_capabilities(engine.loaded.tokenizer, chat))
     if entry is not None:

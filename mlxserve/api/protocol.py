@@ -196,7 +196,7 @@ class GenerationOptions(BaseModel):
         ge=0,
         le=MAX_DRAFT_TOKENS,
         description="mlx_lm.server: the most drafted tokens verified in one pass for this "
-        "request (prompt lookup); 0: no speculative decoding for it",
+        "request (prompt lookup or --draft-model); 0: no speculative decoding for it",
     )
     n_indent: StrictInt = Field(
         0, ge=0, le=10_000, description="llama.cpp: end at a later line indented less than this"

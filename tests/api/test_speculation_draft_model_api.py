@@ -1,0 +1,82 @@
+"""`--draft-model` as clients see it: a server started with one says so in /props and the
+default model's card, drafts from it (counted in /metrics) and answers the same greedy text as
+with `num_draft_tokens: 0`; a draft model with another tokenizer stops the server at start with
+one line that says why."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..helpers import start_serve, wait_healthy
+from ..live_server import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from make_draft_model import truncate  # noqa: E402
+
+GREEDY = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 40, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def draft_server(tiny_model, tmp_path_factory):
+    draft = truncate(tiny_model, tmp_path_factory.mktemp("draft") / "tiny-1-layer", layers=1)
+    port = free_port()
+    process = start_serve(
+        *("--model", str(tiny_model), "--draft-model", str(draft), "--num-draft-tokens", "4"),
+        *("--port", str(port)),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        with httpx.Client(base_url=url, timeout=60) as http:
+            yield http, str(draft)
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def drafted(http: httpx.Client) -> float:
+    text = http.get("/metrics").text
+    return sum(map(float, re.findall(r"^mlxserve_draft_tokens_total{[^}]*} (\S+)$", text, re.M)))
+
+
+def test_props_and_the_default_models_card_name_the_draft_model(draft_server):
+    http, draft = draft_server
+    props = http.get("/props").json()["default_generation_settings"]
+    assert props["speculative"] is True and props["params"]["speculative.n_max"] == 4
+    (card,) = [m for m in http.get("/v1/models").json()["data"] if m.get("default")]
+    assert card["speculative"] == {
+        "type": "draft_model",
+        "num_draft_tokens": 4,
+        "draft_model": draft,
+    }
+
+
+def test_greedy_text_with_the_draft_models_drafts_is_the_text_without(draft_server):
+    http, _ = draft_server
+    results = []
+    for _ in range(3):  # the first passes time each width; after them, steps draft
+        on = http.post("/v1/completions", json=GREEDY).json()
+        off = http.post("/v1/completions", json={**GREEDY, "num_draft_tokens": 0}).json()
+        assert on["choices"][0]["text"] == off["choices"][0]["text"]
+        assert on["usage"]["completion_tokens"] == off["usage"]["completion_tokens"] == 40
+        results.append(drafted(http))
+    assert results[-1] > 0
+
+
+def test_a_draft_model_with_another_tokenizer_stops_the_server_saying_why(tiny_model, tiny_coder):
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxserve", "serve", "--model", str(tiny_model)]
+        + ["--draft-model", str(tiny_coder), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"--draft-model {tiny_coder} for {tiny_model}: its tokenizer differs" in result.stderr
