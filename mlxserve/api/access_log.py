@@ -40,6 +40,7 @@ class Entry:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    drafts: tuple[int, int] = (0, 0)  # tokens drafted and verified, and kept
 
     def write(self, status: int, cut: bool = False) -> None:
         parts = [
@@ -51,6 +52,8 @@ class Entry:
                 f"prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
                 f"cached_tokens={self.cached_tokens}"
             )
+        if self.drafts[0]:
+            parts.append(f"draft_tokens={self.drafts[0]} draft_accepted={self.drafts[1]}")
         if cut:
             parts.append("stream cut short")
         parts.append(f'"{self.agent}"')
@@ -94,13 +97,17 @@ def install(app: Quart) -> None:
         return response
 
 
-def note_tokens(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
-    """This request's token counts, for its line (a no-op outside a request)."""
+def note_tokens(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, drafts: tuple[int, int]
+) -> None:
+    """This request's token counts, for its line (a no-op outside a request); `drafts`:
+    speculative decoding's tokens drafted and verified, and kept."""
     entry = _entry.get()
     if entry is not None:
         entry.prompt_tokens = prompt_tokens
         entry.completion_tokens = completion_tokens
         entry.cached_tokens = cached_tokens
+        entry.drafts = drafts
 
 
 def note_body(body: bytes) -> None:

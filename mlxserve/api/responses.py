@@ -99,8 +99,10 @@ def note_usage(plan: Plan, results: list[SequenceResult]) -> None:
     tokens it had generated."""
     counts = usage(plan, results)
     generated = sum(max(r.completion_tokens, len(r.token_ids)) for r in results)
+    timings = [r.timings for r in results if r.timings is not None]
+    drafts = (sum(t.draft_tokens for t in timings), sum(t.draft_accepted for t in timings))
     access_log.note_tokens(
-        counts["prompt_tokens"], generated, counts["prompt_tokens_details"]["cached_tokens"]
+        counts["prompt_tokens"], generated, counts["prompt_tokens_details"]["cached_tokens"], drafts
     )
 
 
@@ -175,6 +177,10 @@ def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     prompt_ms = max((t.prompt_ms for t in timings), default=0.0)
     predicted_n = sum(t.generated_tokens for t in timings)
     predicted_ms = max((t.decode_ms for t in timings), default=0.0)
+    drafted = sum(t.draft_tokens for t in timings)
+    drafts = {}
+    if drafted:  # as llama.cpp: only where speculative decoding ran
+        drafts = {"draft_n": drafted, "draft_n_accepted": sum(t.draft_accepted for t in timings)}
     return {
         "cache_n": sum(t.cached_tokens for t in timings),
         "prompt_n": prompt_n,
@@ -187,6 +193,7 @@ def llama_timings(timings: list[Timings]) -> dict[str, Any]:
         "predicted_per_second": round(predicted_n / predicted_ms * 1000, 3)
         if predicted_ms
         else 0.0,
+        **drafts,
     }
 
 

@@ -634,6 +634,12 @@ class Engine(AdmittedWork):
         stats = self.stats
         stats.decode_steps += 1
         live = [(r, seq) for r in responses if (seq := self.live.get(r.uid)) is not None]
+        planner = self.generator.planner if self.generator is not None else None
+        if planner is not None and planner.verdicts:
+            for uid, (drafted, kept) in planner.take_verdicts().items():
+                if (seq := self.live.get(uid)) is not None:
+                    seq.drafted += drafted
+                    seq.accepted += kept
         rounds = token_rounds(live)
         stats.peak_batch = max(stats.peak_batch, len(rounds[0]) if rounds else 0)
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:

@@ -72,6 +72,8 @@ class Timings:
     prompt_ms: float
     generated_tokens: int
     decode_ms: float
+    draft_tokens: int = 0  # drafted and verified (speculative decoding)
+    draft_accepted: int = 0  # of them, kept
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class DraftPlanner:
     totals: DraftTotals = field(default_factory=DraftTotals)
     rows: dict[int, RowDrafts] = field(default_factory=dict)
     model: ModelDrafter | None = None
+    # rows' (drafted, kept) since the engine last took them (`take_verdicts`): per request counts
+    verdicts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def admit(self, uid: int, limit: int | None = None) -> None:
         """Row `uid` drafts up to `limit` tokens a pass (None: `draft_tokens`; 0: never)."""
@@ -144,8 +146,15 @@ class DraftPlanner:
             row.acceptance = updated_acceptance(row.acceptance, count, accepted)
             totals.drafted += count
             totals.accepted += accepted
+            before = self.verdicts.get(uid, (0, 0))
+            self.verdicts[uid] = (before[0] + count, before[1] + accepted)
         if self.model is not None:
             self.model.record(dict(zip(uids, kept)))
+
+    def take_verdicts(self) -> dict[int, tuple[int, int]]:
+        """Each row's (drafted, kept) tokens since the last call."""
+        verdicts, self.verdicts = self.verdicts, {}
+        return verdicts
 
     def _model_drafts(self, uids, tokens, current, width, remaining) -> list[list[int]]:
         """The draft model's drafts for every row admitted (those that may emit no more

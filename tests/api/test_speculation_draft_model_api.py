@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..helpers import start_serve, wait_healthy
+from ..helpers import wait_healthy, wait_until
 from ..live_server import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -24,20 +24,22 @@ GREEDY = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 40, "ign
 
 @pytest.fixture(scope="module")
 def draft_server(tiny_model, tmp_path_factory):
-    draft = truncate(tiny_model, tmp_path_factory.mktemp("draft") / "tiny-1-layer", layers=1)
-    port = free_port()
-    process = start_serve(
-        *("--model", str(tiny_model), "--draft-model", str(draft), "--num-draft-tokens", "4"),
-        *("--port", str(port)),
-    )
+    """(a client of the server, its draft model's path, the file its log goes to)."""
+    folder = tmp_path_factory.mktemp("draft")
+    draft = truncate(tiny_model, folder / "tiny-1-layer", layers=1)
+    port, log = free_port(), folder / "server.log"
+    command = [sys.executable, "-m", "mlxserve", "serve", "--model", str(tiny_model)]
+    command += ["--draft-model", str(draft), "--num-draft-tokens", "4", "--port", str(port)]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url)
         with httpx.Client(base_url=url, timeout=60) as http:
-            yield http, str(draft)
+            yield http, str(draft), log
     finally:
         process.terminate()
-        process.communicate(timeout=30)
+        process.wait(timeout=30)
 
 
 def drafted(http: httpx.Client) -> float:
@@ -46,7 +48,7 @@ def drafted(http: httpx.Client) -> float:
 
 
 def test_props_and_the_default_models_card_name_the_draft_model(draft_server):
-    http, draft = draft_server
+    http, draft, _ = draft_server
     props = http.get("/props").json()["default_generation_settings"]
     assert props["speculative"] is True and props["params"]["speculative.n_max"] == 4
     (card,) = [m for m in http.get("/v1/models").json()["data"] if m.get("default")]
@@ -58,7 +60,7 @@ def test_props_and_the_default_models_card_name_the_draft_model(draft_server):
 
 
 def test_greedy_text_with_the_draft_models_drafts_is_the_text_without(draft_server):
-    http, _ = draft_server
+    http, _, _ = draft_server
     results = []
     for _ in range(3):  # the first passes time each width; after them, steps draft
         on = http.post("/v1/completions", json=GREEDY).json()
@@ -80,3 +82,31 @@ def test_a_draft_model_with_another_tokenizer_stops_the_server_saying_why(tiny_m
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"--draft-model {tiny_coder} for {tiny_model}: its tokenizer differs" in result.stderr
+
+
+def test_llama_cpp_timings_count_a_requests_drafts_as_llama_cpp_does(draft_server):
+    """`draft_n` and `draft_n_accepted` in `timings`, only where the request drafted."""
+    http, _, _ = draft_server
+    body = {"prompt": "Once upon a time", "temperature": 0, "n_predict": 40, "ignore_eos": True}
+    for _ in range(3):  # as above: the first passes time the widths
+        timings = http.post("/completion", json=body).json()["timings"]
+        if timings.get("draft_n"):
+            break
+    assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
+    alone = http.post("/completion", json={**body, "num_draft_tokens": 0}).json()["timings"]
+    assert "draft_n" not in alone and "draft_n_accepted" not in alone
+
+
+def test_the_access_log_line_counts_a_requests_drafts(draft_server):
+    http, _, log = draft_server
+    agent = "draft-counting-test"
+    for _ in range(3):
+        http.post("/v1/completions", json=GREEDY, headers={"User-Agent": agent})
+
+    def lines() -> list[str]:
+        return [line for line in log.read_text().splitlines() if agent in line]
+
+    assert wait_until(lambda: len(lines()) == 3)
+    counts = [re.search(r"draft_tokens=(\d+) draft_accepted=(\d+)", line) for line in lines()]
+    drafted = [(int(m[1]), int(m[2])) for m in counts if m]
+    assert drafted and all(0 <= kept <= made for made, kept in drafted)

@@ -48,6 +48,8 @@ class SequenceState:
     generated: int = 0
     cumulative_logprob: float = 0.0
     cached_tokens: int = 0
+    drafted: int = 0  # tokens drafted for it and verified (speculative decoding)
+    accepted: int = 0  # of them, kept
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     unsent: int = 0  # characters of the healed text still to drop from the generated text
@@ -86,6 +88,8 @@ class SequenceState:
             prompt_ms=(first - self.started) * 1000,
             generated_tokens=self.generated,
             decode_ms=(now - first) * 1000,
+            draft_tokens=self.drafted,
+            draft_accepted=self.accepted,
         )
 
     def advance(self, response: TokenResponse, row: LogprobRow | None) -> GenerationEvent:
