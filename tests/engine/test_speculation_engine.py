@@ -8,11 +8,13 @@ refused at each turn, so both the kept and the rolled-back paths run in every te
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from mlxserve.engine import Engine, GenerationRequest, StopSpec
 from mlxserve.engine.mlx_lm_compat import speculative_step
+from mlxserve.sampling.grammars import Constraint
 from mlxserve.sampling.params import SamplingParams
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation.pass_costs import PassCosts
@@ -220,3 +222,19 @@ def test_the_kv_a_drafting_row_leaves_in_the_prefix_cache_continues_exactly(engi
     (second,) = run_apart(engine, [request(longer, max_tokens=12)])
     assert second[-1].cached_tokens >= len(PROMPTS[2])
     assert ids(second) == reference(longer, 12)
+
+
+def test_a_grammar_row_beside_drafting_rows_keeps_its_grammar(engine):
+    """Grammar rows do not draft (their mask changes token by token): in a verify pass they
+    ride with no drafts, their one position masked as in a plain step. The tiny model would
+    write 1s on and on; the grammar makes it turn to x after six."""
+    constraint = Constraint("test", "regex", "(1{6}x{6})+")
+    grammar = replace(GREEDY, grammar=engine.loaded.grammars.compile(constraint))
+    constrained = request(PROMPTS[0], max_tokens=24, sampling=grammar, stop=StopSpec())
+    (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
+    text = "".join(e.text for e in alone)
+    assert text.startswith("111111x")
+    before = drafted(engine)
+    beside = run_apart(engine, [constrained, request(PROMPTS[1]), request(PROMPTS[3])])
+    assert drafted(engine)[0] > before[0]
+    assert ids(beside[0]) == ids(alone)
