@@ -3,6 +3,10 @@
 llguidance computes the next token mask on the CPU (tens of microseconds) while the device runs
 the forward pass: the processor starts the logits' evaluation first, then feeds the matcher the
 token sampled last step and fills the mask, then applies it with one `mx.where`.
+
+A verify pass (speculative decoding) asks it first which drafts the grammar allows, or which
+tokens it forces (llguidance's fast-forward tokens) where none were found, and the mask at
+each drafted position (`drafted`).
 """
 
 from __future__ import annotations
@@ -24,25 +28,59 @@ class GrammarMask:
         self.matcher = matcher
         self.consumed = prompt_length  # tokens before this are the prompt, not grammar output
         self.bitmask = allocate_token_bitmask(1, vocab_size)
-        only_eos = np.zeros(vocab_size, dtype=bool)
+        only_eos = np.zeros(self.bitmask.shape[1] * 32, dtype=bool)
         only_eos[list(eos_ids)] = True
-        self.only_eos = mx.array(only_eos)
+        self.only_eos = mx.array(only_eos[:vocab_size])
+        self.only_eos_words = np.packbits(only_eos, bitorder="little").view(np.int32)
         self.failed = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         mx.async_eval(logits)  # the forward pass runs while the mask is computed below
         if len(tokens) > self.consumed:
-            new = tokens[self.consumed :].tolist()
-            self.consumed = len(tokens)
-            if not (self.failed or self.matcher.is_stopped()):
-                if not self.matcher.consume_tokens(new):
-                    self._fail(new)
+            self._consume(tokens[self.consumed :].tolist())
         if self.failed or self.matcher.is_stopped():
             return mx.where(self.only_eos[: logits.shape[-1]], logits, -mx.inf)
         fill_next_token_bitmask(self.matcher, self.bitmask)
-        bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")
-        allowed = mx.array(bits[: logits.shape[-1]].astype(bool))
+        allowed = mx.array(self._unpacked(self.bitmask)[0, : logits.shape[-1]])
         return mx.where(allowed, logits, -mx.inf)
+
+    def drafted(
+        self, unseen: list[int], current: int, drafts: list[int], most: int
+    ) -> tuple[list[int], mx.array | None]:
+        """For a verify pass after the row's tokens (`unseen`: those the mask has not been
+        called with) and `current` (the pass's first token): the leading `drafts` the grammar
+        allows, or the tokens it forces where there are none, at most `most`; and the mask
+        after each, (drafts, vocabulary) booleans. The matcher is left after `unseen`."""
+        self._consume(unseen)
+        matcher = self.matcher
+        if self.failed or matcher.is_stopped() or matcher.try_consume_tokens([current]) != 1:
+            return [], None
+        candidates = (drafts or matcher.compute_ff_tokens())[:most]
+        kept: list[int] = []
+        masks = allocate_token_bitmask(max(1, len(candidates)), self.bitmask.shape[1] * 32)
+        for token in candidates:
+            if matcher.is_stopped() or matcher.try_consume_tokens([token]) != 1:
+                break
+            if matcher.is_stopped():
+                masks[len(kept)] = self.only_eos_words
+            else:
+                fill_next_token_bitmask(matcher, masks, len(kept))
+            kept.append(token)
+        matcher.rollback(1 + len(kept))
+        if not kept:
+            return [], None
+        return kept, mx.array(self._unpacked(masks[: len(kept)])[:, : self.only_eos.size])
+
+    def _consume(self, tokens: list[int]) -> None:
+        self.consumed += len(tokens)
+        if tokens and not (self.failed or self.matcher.is_stopped()):
+            if not self.matcher.consume_tokens(tokens):
+                self._fail(tokens)
+
+    @staticmethod
+    def _unpacked(bitmask: np.ndarray) -> np.ndarray:
+        """(rows, 32 x words) booleans of a packed llguidance bitmask."""
+        return np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little").astype(bool)
 
     def _fail(self, tokens: list[int]) -> None:
         """Never expected (the mask allows only what the matcher accepts): end the sequence."""

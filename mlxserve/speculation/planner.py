@@ -66,6 +66,13 @@ class DraftPlanner:
         if limit > 0:
             self.rows[uid] = RowDrafts(limit)
 
+    def drafting(self, uid: int) -> bool:
+        return uid in self.rows
+
+    def limit(self, uid: int) -> int:
+        """Row `uid`'s most drafts a pass."""
+        return self.rows[uid].limit
+
     def forget(self, uids: Sequence[int]) -> None:
         for uid in uids:
             self.rows.pop(uid, None)

@@ -224,17 +224,41 @@ def test_the_kv_a_drafting_row_leaves_in_the_prefix_cache_continues_exactly(engi
     assert ids(second) == reference(longer, 12)
 
 
-def test_a_grammar_row_beside_drafting_rows_keeps_its_grammar(engine):
-    """Grammar rows do not draft (their mask changes token by token): in a verify pass they
-    ride with no drafts, their one position masked as in a plain step. The tiny model would
-    write 1s on and on; the grammar makes it turn to x after six."""
-    constraint = Constraint("test", "regex", "(1{6}x{6})+")
-    grammar = replace(GREEDY, grammar=engine.loaded.grammars.compile(constraint))
-    constrained = request(PROMPTS[0], max_tokens=24, sampling=grammar, stop=StopSpec())
+def grammar_request(engine: Engine, kind: str, text: str, **kwargs) -> GenerationRequest:
+    grammar = engine.loaded.grammars.compile(Constraint("test", kind, text))
+    return request(PROMPTS[0], sampling=replace(GREEDY, grammar=grammar), stop=StopSpec(), **kwargs)
+
+
+def test_a_grammar_row_drafts_what_its_grammar_allows(engine):
+    """The tiny model would write 1s on and on; the regex makes it turn to x after six. A
+    grammar row's drafts are cut where the grammar refuses them and each drafted position is
+    masked as the grammar masks it: the text is the one without drafts."""
+    constrained = grammar_request(engine, "regex", "(1{6}x{6})+", max_tokens=24)
     (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
-    text = "".join(e.text for e in alone)
-    assert text.startswith("111111x")
-    before = drafted(engine)
+    assert "".join(e.text for e in alone).startswith("111111x")
     beside = run_apart(engine, [constrained, request(PROMPTS[1]), request(PROMPTS[3])])
-    assert drafted(engine)[0] > before[0]
     assert ids(beside[0]) == ids(alone)
+    assert beside[0][-1].timings.draft_tokens > 0
+
+
+def test_tokens_a_grammar_forces_are_drafted_and_emitted_together(engine, monkeypatch):
+    """llguidance's fast-forward tokens: a JSON schema with one long required key forces the
+    key's tokens, which go through the pass as drafts (all kept), several in one step."""
+    key = "the_only_property_this_object_may_have"
+    schema = (
+        f'{{"type": "object", "properties": {{"{key}": {{"type": "integer"}}}}, '
+        f'"required": ["{key}"], "additionalProperties": false}}'
+    )
+    constrained = grammar_request(engine, "json_schema", schema, max_tokens=30)
+    (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
+    assert "".join(e.text for e in alone).startswith(f'{{"{key}":')
+    steps = record_steps(engine, monkeypatch)
+    beside = run_apart(engine, [constrained, request(PROMPTS[1])])
+    assert ids(beside[0]) == ids(alone)
+    timings = beside[0][-1].timings
+    assert timings.draft_accepted == timings.draft_tokens > 0
+    by_row: dict[int, list[list[int]]] = {}
+    for uid, tokens in steps:
+        by_row.setdefault(uid, []).append(tokens)
+    (its_steps,) = [s for s in by_row.values() if sum(s, []) == ids(alone)]
+    assert max(map(len, its_steps)) > 2

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from ...sampling.chain import Ban
+from ...sampling.grammar_mask import GrammarMask
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -50,6 +51,13 @@ class GuardedProcessor:
     @property
     def ban(self) -> Ban | None:
         if self.guard.alone or not isinstance(self.process, Ban):
+            return None
+        return self.process
+
+    @property
+    def grammar(self) -> GrammarMask | None:
+        """The row's grammar, for a verify pass's drafts (none once the row failed)."""
+        if self.guard.error is not None or not isinstance(self.process, GrammarMask):
             return None
         return self.process
 

@@ -2,10 +2,12 @@
 drafts go through one forward pass, and every row emits that token, the drafts the target agrees
 with, and the target's own token after them (mlx-lm's step emits one token a row).
 
-Only rows without logits processors (but bans of fixed ids) draft (the planner admits no
-others): greedy rows keep drafts while the argmax agrees, sampled rows by speculative sampling
-(`SequenceSampler.drafts_verified`); the batch's other rows ride in the same pass with no
-drafts, their first position sampled as in a plain step.
+Only rows without logits processors but bans of fixed ids and a grammar draft (the planner
+admits no others): greedy rows keep drafts while the argmax agrees, sampled rows by speculative
+sampling (`SequenceSampler.drafts_verified`); the batch's other rows ride in the same pass with
+no drafts, their first position sampled as in a plain step. A grammar row's drafts are those
+its grammar allows, or the tokens it forces where the lookup found none, each position masked
+as the grammar would mask it there.
 Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
 tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
 """
@@ -32,6 +34,16 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
         return None
     current = batch._next_tokens.tolist()
     drafts = planner.drafts(batch.uids, batch.tokens, current, width, remaining)
+    batch.draft_masks = {}
+    for row, processors in enumerate(batch.logits_processors):
+        grammar = next((g for p in processors if (g := getattr(p, "grammar", None))), None)
+        if grammar is not None and planner.drafting(batch.uids[row]):
+            context = batch._token_context[row]
+            unseen = context._buffer[grammar.consumed : context._size].tolist()
+            most = min(width, planner.limit(batch.uids[row]), remaining[row])
+            drafts[row], masks = grammar.drafted(unseen, current[row], drafts[row], most)
+            if masks is not None:
+                batch.draft_masks[row] = masks
     return drafts if any(drafts) else None
 
 
@@ -48,7 +60,11 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
 
     logits = batch.model(inputs, cache=batch.prompt_cache)
     logits = banned_everywhere(logits.reshape(rows, width + 1, -1), batch.logits_processors)
+    for row, masks in batch.draft_masks.items():  # a grammar row's masks after each draft
+        count = masks.shape[0]
+        logits[row, 1 : 1 + count] = mx.where(masks, logits[row, 1 : 1 + count], -mx.inf)
     first, token_context = processed(logits[:, 0, :], current)
+    logits[:, 0, :] = first  # each row's processors at the first position
     samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers]
     if any(getattr(s, "needs_logprobs", True) for s in samplers):
         first = first - mx.logsumexp(first, axis=-1, keepdims=True)
@@ -78,6 +94,8 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     for row, (token, draft, count) in enumerate(zip(current.tolist(), drafts, kept_rows)):
         emitted = [token, *draft[:count]]
         batch.tokens[row].extend(emitted)
+        if row in batch.draft_masks and count:  # its grammar reads the kept drafts next step
+            batch._token_context[row].update_and_fetch(mx.array(draft[:count]))
         tokens.append(emitted)
         token_logprobs.append([current_logprobs[row], *(logprobs[row, j] for j in range(count))])
     return tokens, token_logprobs

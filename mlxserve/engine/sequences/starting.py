@@ -83,16 +83,16 @@ def insert_sequence(
 def drafts_alone(seq: SequenceState, setup) -> bool:
     """Whether the sequence's tokens can be drafted and verified as the batch's verify pass
     does: its logits as the model gives them but for bans of fixed ids (ignore_eos), which hold
-    at every position alike (no penalties, DRY, grammars or min_tokens, which change token by
-    token); greedy, or sampled by a chain that speculative sampling can run at every position
-    (not mirostat or XTC), with no per-draw record (post_sampling_probs). A sampled row drafts
-    only when its request asks (`num_draft_tokens`): its tokens would otherwise depend on the
-    drafts each step verifies, so on the batch beside it and the step timings, and a seed
-    would no longer fix them."""
+    at every position alike, and a grammar, whose mask at each drafted position the pass asks
+    of it (no penalties, DRY or min_tokens, which change token by token); greedy, or sampled
+    by a chain that speculative sampling can run at every position (not mirostat or XTC), with
+    no per-draw record (post_sampling_probs). A sampled row drafts only when its request asks
+    (`num_draft_tokens`): its tokens would otherwise depend on the drafts each step verifies,
+    so on the batch beside it and the step timings, and a seed would no longer fix them."""
     sampler, asked = setup.sampler, seq.request.num_draft_tokens
     return (
         (sampler.params.greedy or bool(asked))
         and sampler.verifies_drafts
-        and all(p.ban is not None for p in setup.processors)
+        and all(p.ban is not None or p.grammar is not None for p in setup.processors)
         and not seq.prefill_only
     )
