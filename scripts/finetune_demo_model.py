@@ -570,7 +570,8 @@ def train(args: argparse.Namespace) -> None:
 def fim_order(args: argparse.Namespace, step: int) -> str:
     if args.spm_from_step >= step:
         return "PSM"
-    spm = "SPM" if args.psm_share == 0 else f"SPM ({args.psm_share:.0%} of them PSM)"
+    share = args.psm_share
+    spm = "SPM" if share == 0 else f"{share:.0%} PSM, {1 - share:.0%} SPM"
     return spm if args.spm_from_step == 0 else f"PSM for steps 1-{args.spm_from_step}, {spm} after"
 
 
