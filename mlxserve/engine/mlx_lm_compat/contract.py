@@ -7,7 +7,7 @@ class; data attributes on an empty instance built as mlx-lm builds them.
 from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
-from mlx_lm.models.cache import BatchKVCache, KVCache, LRUPromptCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, LRUPromptCache, TokenBuffer
 
 REQUIRED: dict[str, list[tuple[str, str]]] = {
     "BatchGenerator": [
@@ -74,6 +74,10 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("offset", "batch_join.py"),
     ],
     "KVCache()": [("keys", "prefix_cache.py"), ("values", "prefix_cache.py")],
+    "TokenBuffer()": [
+        ("_size", "failed_step.py, speculative_step.py: a context's length"),
+        ("_buffer", "speculative_step.py: the tokens a grammar has not read"),
+    ],
     "LRUPromptCache()": [("_trie", "prefix_cache.py: what a prompt would reuse, uncopied")],
 }
 
@@ -93,6 +97,7 @@ def _owners() -> dict[str, object]:
         "BatchKVCache": BatchKVCache,
         "BatchKVCache()": BatchKVCache(left_padding=[0]),
         "KVCache()": KVCache(),
+        "TokenBuffer()": TokenBuffer(),
         "LRUPromptCache()": LRUPromptCache(),
     }
 
