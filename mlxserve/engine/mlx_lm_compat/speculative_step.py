@@ -64,7 +64,8 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
         count = masks.shape[0]
         logits[row, 1 : 1 + count] = mx.where(masks, logits[row, 1 : 1 + count], -mx.inf)
     first, token_context = processed(logits[:, 0, :], current)
-    logits[:, 0, :] = first  # each row's processors at the first position
+    if token_context:  # some row's processors (a grammar's) changed its first position
+        logits[:, 0, :] = first
     samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers]
     if any(getattr(s, "needs_logprobs", True) for s in samplers):
         first = first - mx.logsumexp(first, axis=-1, keepdims=True)
