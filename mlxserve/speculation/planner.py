@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .draft_length import (
     PRIOR_ACCEPTANCE,
@@ -21,9 +22,11 @@ from .draft_length import (
     recovered_acceptance,
     updated_acceptance,
 )
-from .draft_model import ModelDrafter
 from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
 from .pass_costs import PassCosts
+
+if TYPE_CHECKING:  # the draft model's module imports MLX; the front reads this one's constants
+    from .draft_model import ModelDrafter
 
 DEFAULT_DRAFT_TOKENS = 16  # the most drafts a row carries in one pass (llama.cpp's --draft-max)
 MAX_DRAFT_TOKENS = 32  # what a request or the server may ask for
