@@ -35,6 +35,7 @@ WORKER_GROUPS = {
     "tests/system/test_engine_process.py": "engine process",  # one front, one engine process
     "tests/api/test_demo_model.py": "default model",
     "tests/api/test_editor_replays.py": "default model",
+    "tests/api/test_speculation_draft_model_api.py": "draft model server",  # one server, not two
 }
 
 # Over Quart's 60 s default; MLXSERVE_LONG_STREAM_SECONDS=190 makes it the 3-minute check.
