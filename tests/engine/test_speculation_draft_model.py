@@ -71,6 +71,9 @@ def test_rows_joining_and_leaving_draft_and_emit_mlx_lms_greedy_tokens(engine, r
         assert events[-1].finish_reason == "length" and events[-1].completion_tokens == n
     made, kept = (a - b for a, b in zip(drafted(engine), before))
     assert made > kept > 0  # the one-layer draft is refused at times: both KVs rolled back
+    timings = [events[-1].timings for events in results]  # each request's own counts
+    assert sum(t.draft_tokens for t in timings) == made
+    assert sum(t.draft_accepted for t in timings) == kept
 
 
 def test_a_row_after_plain_steps_catches_its_draft_kv_up(self_drafting, reference, monkeypatch):

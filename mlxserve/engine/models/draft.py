@@ -16,7 +16,9 @@ def with_draft_model(load: Callable[..., LoadedModel], draft_source: str) -> Cal
 
     def loader(source, fim_template=None, cluster=None, policy=None, **options) -> LoadedModel:
         loaded = load(source, fim_template, cluster, policy, **options)
-        draft = load_model(draft_source, "none", None, policy, between=options.get("between"))
+        draft = load_model(
+            draft_source, "none", None, policy, between=options.get("between"), calibrate=False
+        )
         try:
             check_draft_pair(draft.model, draft.tokenizer.get_vocab(), loaded.tokenizer.get_vocab())
         except DraftModelError as error:

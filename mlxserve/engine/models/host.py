@@ -110,13 +110,16 @@ def load_model(
     progress: LoadProgress | None = None,
     kv_quantization: tuple[int, int] | None = None,
     between: Callable[[], None] | None = None,
+    calibrate: bool = True,
 ) -> LoadedModel:
     """`fim_template`: a template name forcing that FIM format ("none": no infill); None
     detects it from the vocabulary. `cluster`: load this rank's shard (engine/cluster/lockstep.py).
     `policy`: how this platform runs the model (None: `current_policy()`). `progress`: where
     the load says what it is doing (phase by phase, in the log too). `kv_quantization`: (bits,
     group size) of the KV caches, None for the model's own dtype. `between`: called between
-    slices of the load (weights read, converted, timed), where other models' streams step."""
+    slices of the load (weights read, converted, timed), where other models' streams step.
+    `calibrate`: time a decode step and a prompt chunk (a draft model, whose prompts ride with
+    its model's, needs neither)."""
     import mlx_lm
 
     from_hub = not looks_like_path(path_or_repo)
@@ -162,8 +165,10 @@ def load_model(
         except ValueError as error:
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
-    progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
-    prefill_chunk, decode_step_s = measure_prefill_chunk(model, between, repeat=not sharded)
+    prefill_chunk, decode_step_s = LoadedModel.prefill_chunk, None
+    if calibrate:
+        progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
+        prefill_chunk, decode_step_s = measure_prefill_chunk(model, between, repeat=not sharded)
     return LoadedModel(
         model_id=model_id_for(path_or_repo),
         path=str(path_or_repo),
