@@ -261,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
         "model's tokenizer) in place of prompt lookup; up to --num-draft-tokens a step",
     )
     serve.add_argument(
+        "--spec-fixed-width",
+        action="store_true",
+        help="draft every token found, up to --num-draft-tokens, in every step that finds some "
+        "(as llama.cpp and vLLM do), rather than the width timed to pay best on this machine",
+    )
+    serve.add_argument(
         "--spec-ngram-min",
         metavar="N",
         type=int,
@@ -543,7 +549,11 @@ def speculation_settings(args: argparse.Namespace) -> SpeculationSettings:
             f"--spec-ngram-min and --spec-ngram-max: need 1 <= min <= max <= {MAX_NGRAM}"
         )
     return SpeculationSettings(
-        args.num_draft_tokens, args.spec_ngram_min, args.spec_ngram_max, args.draft_model
+        args.num_draft_tokens,
+        args.spec_ngram_min,
+        args.spec_ngram_max,
+        args.draft_model,
+        args.spec_fixed_width,
     )
 
 

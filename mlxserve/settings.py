@@ -99,6 +99,7 @@ class SpeculationSettings:
     ngram_min: int = DEFAULT_NGRAM_MIN
     ngram_max: int = DEFAULT_NGRAM_MAX
     draft_model: str | None = None  # drafts from this model (the default model's), not lookup
+    fixed_width: bool = False  # draft all that is found, not the width timed to pay best
 
     def runs(self, distributed: bool, quantized_kv: bool) -> bool:
         """Whether drafting runs: not at 0 drafts, not over ranks (every rank's passes must be

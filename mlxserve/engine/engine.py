@@ -25,7 +25,7 @@ import mlx.core as mx
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
 from ..speculation.draft_model import ModelDrafter
-from ..speculation.pass_costs import PassCosts
+from ..speculation.pass_costs import FlatPassCosts, PassCosts
 from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
@@ -481,7 +481,7 @@ class Engine(AdmittedWork):
                 spec.draft_tokens,
                 spec.ngram_min,
                 spec.ngram_max,
-                costs=self.pass_costs,
+                costs=FlatPassCosts() if spec.fixed_width else self.pass_costs,
                 totals=self.draft_totals,
                 model=None if loaded.draft_model is None else ModelDrafter(loaded.draft_model),
             )

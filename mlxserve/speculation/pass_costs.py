@@ -50,3 +50,11 @@ class PassCosts:
     def measured(self) -> dict[tuple[int, int], float]:
         """(bucket, width): mean seconds, for /metrics' and benchmarks' eyes."""
         return dict(self._seconds)
+
+
+class FlatPassCosts(PassCosts):
+    """`--spec-fixed-width`: every width costs what a plain step does, so a row drafts all it
+    finds (up to its most), as llama.cpp's and vLLM's servers draft, whatever the timings."""
+
+    def relative_cost(self, rows: int, width: int) -> float:
+        return 1.0

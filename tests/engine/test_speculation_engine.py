@@ -17,7 +17,7 @@ from mlxserve.engine.mlx_lm_compat import speculative_step
 from mlxserve.sampling.grammars import Constraint
 from mlxserve.sampling.params import SamplingParams
 from mlxserve.settings import SpeculationSettings
-from mlxserve.speculation.pass_costs import PassCosts
+from mlxserve.speculation.pass_costs import FlatPassCosts
 
 from ..device_numerics import LOGPROB_TOLERANCE
 
@@ -30,12 +30,9 @@ PROMPTS = [
 ]
 
 
-class DraftsCostNothing(PassCosts):
-    """Every width as cheap as a plain step: rows draft whenever a lookup finds tokens (on the
-    tiny model, timing noise would otherwise decide)."""
-
-    def relative_cost(self, rows: int, width: int) -> float:
-        return 1.0
+# Every width as cheap as a plain step (--spec-fixed-width's costs): rows draft whenever a lookup
+# finds tokens (on the tiny model, timing noise would otherwise decide).
+DraftsCostNothing = FlatPassCosts
 
 
 @pytest.fixture(scope="module")
