@@ -14,6 +14,7 @@ from __future__ import annotations
 
 SMOOTHING = 0.2  # weight of a new step's time in the running mean
 PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured pass's cost per drafted token, over the plain step
+RECOVERY = 0.05  # pull towards the prior of each step a batch could have drafted and did not
 
 
 def bucket(rows: int) -> int:
@@ -36,6 +37,19 @@ class PassCosts:
         self._seconds[key] = (
             seconds if before is None else (1 - SMOOTHING) * before + SMOOTHING * seconds
         )
+
+    def recover(self, rows: int) -> None:
+        """A step at `rows` rows that had drafts but drafted none: each width timed at that size
+        moves a little towards its prior, so a width once timed slow (a step that waited on
+        something else) is tried again, and timed again, some steps later."""
+        size = bucket(rows)
+        plain = self._seconds.get((size, 0))
+        if plain is None or plain <= 0:
+            return
+        for (at, width), seconds in self._seconds.items():
+            if at == size and width:
+                prior = plain * (1.0 + PRIOR_COST_PER_DRAFT * width * rows)
+                self._seconds[at, width] = seconds + RECOVERY * (prior - seconds)
 
     def relative_cost(self, rows: int, width: int) -> float:
         """A step of `width` drafts over the plain step, at `rows` rows."""

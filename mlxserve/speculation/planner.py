@@ -122,6 +122,7 @@ class DraftPlanner:
                 if count:
                     row = self.rows[uid]
                     row.acceptance = recovered_acceptance(row.acceptance)
+            self.costs.recover(len(uids))
         return width
 
     def drafts(
