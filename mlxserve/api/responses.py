@@ -99,11 +99,15 @@ def note_usage(plan: Plan, results: list[SequenceResult]) -> None:
     tokens it had generated."""
     counts = usage(plan, results)
     generated = sum(max(r.completion_tokens, len(r.token_ids)) for r in results)
-    timings = [r.timings for r in results if r.timings is not None]
-    drafts = (sum(t.draft_tokens for t in timings), sum(t.draft_accepted for t in timings))
+    drafts = draft_counts([r.timings for r in results if r.timings is not None])
     access_log.note_tokens(
         counts["prompt_tokens"], generated, counts["prompt_tokens_details"]["cached_tokens"], drafts
     )
+
+
+def draft_counts(timings: list[Timings]) -> tuple[int, int]:
+    """Speculative decoding's tokens drafted and verified for a request's sequences, and kept."""
+    return sum(t.draft_tokens for t in timings), sum(t.draft_accepted for t in timings)
 
 
 def legacy_logprobs(tokens: list[TokenLogprob], start_offset: int) -> dict[str, list]:
@@ -177,10 +181,10 @@ def llama_timings(timings: list[Timings]) -> dict[str, Any]:
     prompt_ms = max((t.prompt_ms for t in timings), default=0.0)
     predicted_n = sum(t.generated_tokens for t in timings)
     predicted_ms = max((t.decode_ms for t in timings), default=0.0)
-    drafted = sum(t.draft_tokens for t in timings)
+    drafted, accepted = draft_counts(timings)
     drafts = {}
     if drafted:  # as llama.cpp: only where speculative decoding ran
-        drafts = {"draft_n": drafted, "draft_n_accepted": sum(t.draft_accepted for t in timings)}
+        drafts = {"draft_n": drafted, "draft_n_accepted": accepted}
     return {
         "cache_n": sum(t.cached_tokens for t in timings),
         "prompt_n": prompt_n,

@@ -296,6 +296,20 @@ def shared_bans(processors: list) -> tuple[list[tuple[Ban, list[int]]], list[lis
     return list(bans.values()), own
 
 
+def banned_at_rows(logits: mx.array, bans: list[tuple[Ban, list[int]]]) -> mx.array:
+    """`logits` (rows first, the vocabulary last: a step's (B, V) or a verify pass's (B, L, V))
+    with each of `shared_bans`' bans at its rows, at every position: one op a ban."""
+    shape = logits.shape
+    logits = logits.reshape(shape[0], -1, shape[-1])
+    for ban, rows in bans:
+        if len(rows) == shape[0]:
+            logits[:, :, ban.index] = BANNED
+        else:
+            positions = mx.arange(logits.shape[1])[None, :, None]
+            logits[mx.array(rows)[:, None, None], positions, ban.index[None, None]] = BANNED
+    return logits.reshape(shape)
+
+
 def _ban_while_short(ids: list[int], min_length: int) -> LogitsProcessor:
     """Ban ids while the context (prompt + generated) is shorter than `min_length` tokens."""
     ban = Ban(ids)

@@ -12,10 +12,10 @@ import pytest
 
 from mlxserve.engine import StopSpec
 from mlxserve.speculation import ngram
+from mlxserve.speculation.pass_costs import FlatPassCosts
 
 from ..conftest import SMOLLM2, SMOLLM2_ID, shared_model
 from ..engine.test_speculation_engine import (
-    DraftsCostNothing,
     drafted,
     ids,
     record_steps,
@@ -35,7 +35,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     shared_model(model)
     # the engine is shared: the costs other tests' steps timed (beside the other pass's work)
     # must not decide whether these rows draft
-    monkeypatch.setattr(smollm2_engine.generator.planner, "costs", DraftsCostNothing())
+    monkeypatch.setattr(smollm2_engine.generator.planner, "costs", FlatPassCosts())
     text = Path(ngram.__file__).read_text()[:800]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Repeat this code exactly.\n\n```python\n{text}```"}],

@@ -16,10 +16,10 @@ import pytest
 from mlxserve.engine import Engine
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation.draft_model import ModelDrafter
+from mlxserve.speculation.pass_costs import FlatPassCosts
 
 from .test_speculation_engine import (
     PROMPTS,
-    DraftsCostNothing,
     drafted,
     ids,
     record_steps,
@@ -35,7 +35,7 @@ def drafting_engine(model: Path, draft: Path) -> Engine:
     settings = SpeculationSettings(draft_tokens=4, draft_model=str(draft))
     engine = Engine(str(model), speculation=settings).start()
     assert engine.wait_ready(60), engine.error
-    engine.generator.planner.costs = DraftsCostNothing()
+    engine.generator.planner.costs = FlatPassCosts()
     return engine
 
 

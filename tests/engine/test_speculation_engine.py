@@ -30,16 +30,12 @@ PROMPTS = [
 ]
 
 
-# Every width as cheap as a plain step (--spec-fixed-width's costs): rows draft whenever a lookup
-# finds tokens (on the tiny model, timing noise would otherwise decide).
-DraftsCostNothing = FlatPassCosts
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     engine = Engine(str(tiny_model), speculation=SpeculationSettings(draft_tokens=4)).start()
     assert engine.wait_ready(60), engine.error
-    engine.generator.planner.costs = DraftsCostNothing()
+    # rows draft whenever a lookup finds tokens (on the tiny model, timing noise would decide)
+    engine.generator.planner.costs = FlatPassCosts()
     yield engine
     engine.stop()
 

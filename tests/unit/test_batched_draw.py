@@ -8,9 +8,8 @@ import mlx.core as mx
 import pytest
 
 from mlxserve.engine.failures.row_guard import RowGuard
-from mlxserve.engine.mlx_lm_compat.decode_step import _banned
 from mlxserve.sampling.batched import draw
-from mlxserve.sampling.chain import Ban, SequenceSampler
+from mlxserve.sampling.chain import Ban, SequenceSampler, banned_at_rows, shared_bans
 from mlxserve.sampling.params import SamplingParams
 
 from ..faults import Fault, Tripping
@@ -137,7 +136,8 @@ def test_bans_of_the_same_ids_are_applied_to_all_their_rows_at_once():
             for i, row in enumerate(processors)
         ]
     )
-    banned, own = _banned(logits, processors)
+    bans, own = shared_bans(processors)
+    banned = banned_at_rows(logits, bans)
     assert [len(p) for p in own] == [0, 0, 1, 0, 1, 0]
     assert own[2][0].process is bias and own[4][0].guard is faulty
     together = mx.concatenate(

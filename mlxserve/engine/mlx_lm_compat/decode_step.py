@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
-from ...sampling.chain import BANNED, shared_bans
+from ...sampling.chain import banned_at_rows, shared_bans
 from . import speculative_step
 
 
@@ -58,7 +58,8 @@ def _processed(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list
     context of each row that has some; and those contexts."""
     token_context = []
     if any(self.logits_processors):
-        logits, own = _banned(logits, self.logits_processors)
+        bans, own = shared_bans(self.logits_processors)  # each ban on all its rows at once
+        logits = banned_at_rows(logits, bans)
         if any(own):
             rows = []
             for e, processors in enumerate(own):
@@ -71,18 +72,6 @@ def _processed(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list
                 rows.append(row)
             logits = mx.concatenate(rows, axis=0)
     return logits, token_context
-
-
-def _banned(logits: mx.array, processors: list) -> tuple[mx.array, list[list]]:
-    """`logits` with the bans of fixed ids applied to all their rows at once, and each row's
-    other processors (`shared_bans`)."""
-    bans, own = shared_bans(processors)
-    for ban, rows in bans:
-        if len(rows) == logits.shape[0]:
-            logits[:, ban.index] = BANNED
-        else:
-            logits[mx.array(rows)[:, None], ban.index[None]] = BANNED
-    return logits, own
 
 
 def install() -> None:

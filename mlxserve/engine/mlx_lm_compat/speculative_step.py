@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ...sampling.batched import draw
-from ...sampling.chain import BANNED, shared_bans
+from ...sampling.chain import banned_at_rows, shared_bans
 from ...speculation.planner import DraftPlanner
 from ...speculation.rollback import roll_back
 from ...speculation.verify import NO_DRAFT, kept_count
@@ -59,7 +59,10 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     inputs = mx.concatenate([current[:, None], fed], axis=1)
 
     logits = batch.model(inputs, cache=batch.prompt_cache)
-    logits = banned_everywhere(logits.reshape(rows, width + 1, -1), batch.logits_processors)
+    # a drafting row's only processors but a grammar's: bans of fixed ids (`Ban`: ignore_eos),
+    # the same wherever the token falls
+    bans, _ = shared_bans(batch.logits_processors)
+    logits = banned_at_rows(logits.reshape(rows, width + 1, -1), bans)
     for row, masks in batch.draft_masks.items():  # a grammar row's masks after each draft
         count = masks.shape[0]
         logits[row, 1 : 1 + count] = mx.where(masks, logits[row, 1 : 1 + count], -mx.inf)
@@ -113,19 +116,6 @@ def _sampled_rows(kept, following, rows: list[int], samplers, logits, drafts):
     kept[at] = mx.concatenate([k for k, _ in verified]).astype(kept.dtype)
     following[at] = mx.concatenate([n for _, n in verified]).astype(following.dtype)
     return kept, following
-
-
-def banned_everywhere(logits: mx.array, processors: list) -> mx.array:
-    """(B, L, V) logits with each row's bans of fixed ids (`Ban`: ignore_eos) at every position:
-    a drafting row's only processors, the same wherever the token falls."""
-    bans, _ = shared_bans(processors)
-    for ban, rows in bans:
-        if len(rows) == logits.shape[0]:
-            logits[:, :, ban.index] = BANNED
-        else:
-            positions = mx.arange(logits.shape[1])[None, :, None]
-            logits[mx.array(rows)[:, None, None], positions, ban.index[None, None]] = BANNED
-    return logits
 
 
 def roll_back_rows(layers: list, rejected: list[int]) -> None:
