@@ -463,6 +463,8 @@ class Engine(AdmittedWork):
             calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
         )
         self.prefixes.open_disk(loaded)
+        if loaded.draft_model is not None:
+            self.prefixes.open_draft(loaded.draft_kv_share)
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:
@@ -483,7 +485,9 @@ class Engine(AdmittedWork):
                 spec.ngram_max,
                 costs=FlatPassCosts() if spec.fixed_width else self.pass_costs,
                 totals=self.draft_totals,
-                model=None if loaded.draft_model is None else ModelDrafter(loaded.draft_model),
+                model=None
+                if loaded.draft_model is None
+                else ModelDrafter(loaded.draft_model, self.prefixes.draft),
             )
         generator = ServerBatchGenerator(
             loaded.model,

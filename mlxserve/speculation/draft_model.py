@@ -7,6 +7,10 @@ verify step first feeds every row what its draft KV lacks (the tokens kept since
 token the step starts from; right-padded, the padding rolled back), then drafts greedily one
 token a pass; after the target's verdict each row's KV is rolled back to the drafts it kept.
 Plain steps in between leave the draft KV behind; the next drafting step catches it up.
+
+With a prefix cache of its own (beside the target's, keyed by tokens as the target's is), a
+joining row reads only what no earlier row left there: each row's prompt is kept as it joins,
+and its whole sequence as it leaves.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from ..engine.mlx_lm_compat.batch_join import row_view
+from ..engine.prefix.memory import PrefixCache, prefix_copy
 from .rollback import roll_back
 
 PROMPT_PASS_TOKENS = 512  # a joining row's prompt is read in passes of this many tokens
@@ -45,10 +51,13 @@ def check_draft_pair(draft_model, draft_vocab: dict[str, int], vocab: dict[str, 
 class ModelDrafter:
     """The draft model's batch: rows by uid, each with how many of its tokens its KV holds."""
 
-    def __init__(self, model):
+    def __init__(self, model, prefixes: PrefixCache | None = None):
+        """`prefixes`: where rows' draft KV is kept for later prompts (None: nowhere)."""
         self.model = model
+        self.prefixes = prefixes
         self.uids: list[int] = []
-        self.fed: list[int] = []  # per row: the leading tokens of its sequence in the draft KV
+        self.known: list[list[int]] = []  # per row: its tokens so far, drafts not yet judged too
+        self.fed: list[int] = []  # per row: how many of `known` the draft KV holds
         self.cache: list[BatchKVCache] | None = None
         self._last: tuple[list[int], int] | None = None  # per row: sequence length; width
 
@@ -58,17 +67,20 @@ class ModelDrafter:
         if len(keep) == len(self.uids):
             return
         if not keep:
+            self._keep_rows([i for i, uid in enumerate(self.uids) if uid in gone])
             self.reset()
             return
+        self._keep_rows([i for i, uid in enumerate(self.uids) if uid in gone])
         for layer in self.cache:
             layer.filter(mx.array(keep))
         self.uids = [self.uids[i] for i in keep]
+        self.known = [self.known[i] for i in keep]
         self.fed = [self.fed[i] for i in keep]
         self._last = None
 
     def reset(self) -> None:
         """Forget every row: each reads its sequence anew when it next drafts."""
-        self.uids, self.fed, self.cache, self._last = [], [], None, None
+        self.uids, self.known, self.fed, self.cache, self._last = [], [], [], None, None
 
     def drafts(
         self, uids: Sequence[int], sequences: Sequence[list[int]], width: int
@@ -91,6 +103,7 @@ class ModelDrafter:
             token = mx.argmax(self.model(token[:, None], cache=self.cache)[:, -1], axis=-1)
             drafted.append(token)
         out = mx.stack(drafted, axis=1).tolist()
+        self.known = [seq + row[: width - 1] for seq, row in zip(rows, out)]
         self.fed = [len(seq) + width - 1 for seq in rows]
         self._last = ([len(seq) for seq in rows], width)
         return dict(zip(self.uids, out))
@@ -107,18 +120,25 @@ class ModelDrafter:
         self.fed = [length + k for length, k in zip(lengths, keep)]
 
     def _join(self, uids: list[int], sequence_of: dict[int, list[int]]) -> None:
-        """Rows new to the draft batch: each reads all but its last token alone, in passes of
-        PROMPT_PASS_TOKENS, then joins the batch."""
+        """Rows new to the draft batch: each reads all but its last token alone (past what
+        the prefix cache holds of it), in passes of PROMPT_PASS_TOKENS, then joins the batch."""
         if not uids:
             return
         caches = []
         for uid in uids:
-            prompt = sequence_of[uid][:-1]
-            cache = make_prompt_cache(self.model)
-            for start in range(0, len(prompt), PROMPT_PASS_TOKENS):
+            sequence = sequence_of[uid]
+            cache, cached = None, 0
+            if self.prefixes is not None:
+                cache, cached = self.prefixes.fetch(sequence)
+            cache = cache or make_prompt_cache(self.model)
+            prompt = sequence[:-1]
+            for start in range(cached, len(prompt), PROMPT_PASS_TOKENS):
                 self.model(mx.array(prompt[start : start + PROMPT_PASS_TOKENS])[None], cache=cache)
                 mx.eval([c.state for c in cache])
+            if self.prefixes is not None and cached < len(prompt):
+                self.prefixes.store(prompt, cache)  # merged below into buffers of the batch's
             caches.append(cache)
+            self.known.append(list(sequence))
             self.fed.append(len(prompt))
         joined = [BatchKVCache.merge(list(layer)) for layer in zip(*caches)]
         if self.cache is None:
@@ -127,3 +147,12 @@ class ModelDrafter:
             for mine, theirs in zip(self.cache, joined):
                 mine.extend(theirs)
         self.uids.extend(uids)
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        """Into the prefix cache, the draft KV of rows about to leave, with the tokens it holds."""
+        if self.prefixes is None:
+            return
+        for row in rows:
+            copy = [prefix_copy(row_view(layer, row), self.fed[row]) for layer in self.cache]
+            mx.eval([(c.keys, c.values) for c in copy])
+            self.prefixes.store(self.known[row][: self.fed[row]], copy)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlxserve.engine import Engine
+from mlxserve.engine.prefix.memory import PrefixCache
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation.draft_model import ModelDrafter
 from mlxserve.speculation.pass_costs import FlatPassCosts
@@ -156,3 +157,41 @@ def test_the_draft_kv_holds_each_rows_kept_tokens_through_joins_refusals_and_cat
     del sequences[2]  # the row leaves the batch
     sequences[3] = list(PROMPTS[3])  # and another joins it
     drafts_are_greedy(5)
+
+
+def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, reference):
+    """Rows' draft KV is kept as they join (their prompt) and as they leave (every token their
+    draft KV holds, kept drafts too): a later row whose sequence starts with either reads only
+    the rest, and still drafts the model's greedy tokens."""
+    prefixes = PrefixCache(64 << 20)
+    drafter = ModelDrafter(tiny_lm, prefixes)
+    first = list(PROMPTS[0]) + [3]  # a prompt, and the step's first token
+    found = drafter.drafts([0], [first], 4)
+    drafter.record({0: 2})
+    drafter.forget([0])  # leaves holding its sequence and the two drafts kept
+    held = first + found[0][:2]
+    later = held + [9, 10]
+    before = prefixes.reused_tokens
+    found = drafter.drafts([1], [later], 3)
+    assert found == {1: reference(later, 3)}
+    assert prefixes.reused_tokens - before == len(held)
+
+    drafter.record({1: 1})
+    later += found[1][:1] + [14]
+    twin = list(PROMPTS[0]) + [4]  # the first row's prompt, another token after it
+    before = prefixes.reused_tokens
+    assert drafter.drafts([1, 2], [later, twin], 3) == {
+        1: reference(later, 3),
+        2: reference(twin, 3),
+    }
+    assert prefixes.reused_tokens - before == len(PROMPTS[0])
+
+
+def test_a_repeated_prompt_drafts_from_the_draft_kv_its_first_run_left(engine, reference):
+    prompt = PROMPTS[2]
+    cache = engine.prefixes.draft
+    (first,) = run_apart(engine, [request(prompt, max_tokens=12)])
+    before = cache.reused_tokens
+    (again,) = run_apart(engine, [request(prompt, max_tokens=12)])
+    assert ids(first) == ids(again) == reference(prompt, 12)
+    assert cache.reused_tokens - before >= len(prompt)

@@ -24,6 +24,8 @@ def with_draft_model(load: Callable[..., LoadedModel], draft_source: str) -> Cal
         except DraftModelError as error:
             raise ModelLoadError(f"--draft-model {draft_source} for {source}: {error}") from None
         loaded.draft_model = draft.model
+        loaded.draft_kv_share = draft.kv_bytes_per_token / max(1, loaded.kv_bytes_per_token)
+        loaded.kv_bytes_per_token += draft.kv_bytes_per_token  # a sequence holds both
         return loaded
 
     return loader

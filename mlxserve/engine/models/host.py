@@ -47,6 +47,7 @@ class LoadedModel(ModelFacts):
     decode_step_s: float | None = None  # one sequence's decode step, timed at load
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
     draft_model: nn.Module | None = None  # --draft-model's, loaded beside it (draft.py)
+    draft_kv_share: float = 0.0  # the draft's KV per token over the model's own
 
     def fingerprint(self) -> str | None:
         """What its KV depends on (`prefix/fingerprint.py`: reads blocks of every weight

@@ -34,6 +34,7 @@ class PrefixKeeper:
         self.disk_folder = disk_folder if disk_budget_bytes > 0 else None
         self.disk_budget_bytes = disk_budget_bytes
         self.cache: PrefixCache | None = None
+        self.draft: PrefixCache | None = None  # the draft model's KV (memory only), if it has one
         self.disk: DiskPrefixStore | None = None
         self.copies = RunningPromptCopies()
         self.reset()
@@ -46,8 +47,15 @@ class PrefixKeeper:
         """An empty cache (KV of one model is no use to another); the disk's files stay."""
         self.close()
         self.cache = PrefixCache(self.budget_bytes) if self.budget_bytes > 0 else None
+        self.draft = None
         self.copies = RunningPromptCopies()
         self._count()
+
+    def open_draft(self, share: float) -> None:
+        """A cache for a draft model's KV beside the model's, `share` of its budget (the draft's
+        KV per token over the model's: the same tokens fit in both)."""
+        if self.cache is not None:
+            self.draft = PrefixCache(max(1, int(self.budget_bytes * share)))
 
     def open_disk(self, loaded) -> None:
         """Start reading and writing the `loaded` model's entries on disk (none where there is

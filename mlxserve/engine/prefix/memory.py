@@ -141,7 +141,7 @@ class RunningPromptCopies:
         for layer in layers[len(copied) :]:
             if fresh and budget is not None and spent >= budget:
                 break
-            fresh.append(_prefix_copy(row_view(layer, row), len(tokens)))
+            fresh.append(prefix_copy(row_view(layer, row), len(tokens)))
             spent += fresh[-1].nbytes
         mx.eval([(c.keys, c.values) for c in fresh])  # nothing may hold the batch's buffers
         copied += fresh
@@ -151,7 +151,7 @@ class RunningPromptCopies:
         return [(tokens, copied)]
 
 
-def _prefix_copy(layer: KVCache, length: int) -> KVCache:
+def prefix_copy(layer: KVCache, length: int) -> KVCache:
     """The first `length` positions of `layer` in buffers of their own (`mx.array` always copies;
     `mx.contiguous` shares a slice that happens to be contiguous)."""
     copy = empty_like(layer)
