@@ -1,6 +1,6 @@
 """Speculative decoding through the server: one mlxserve, each workload asked with drafts (the
 default) and without (`num_draft_tokens: 0`, the same server), side by side in one run, and
-mlx_lm.server beside them for the single streams. Drafts come from prompt lookup, or with
+mlx_lm.server beside them (the edit, and 16 streams). Drafts come from prompt lookup, or with
 `--draft-layers N` from a draft model, the model cut to its first N layers
 (scripts/make_draft_model.py), which mlx_lm.server gets too (`--draft-model`; it then runs one
 request at a time, and a prompt it has cached comes back empty, so each of its requests is
@@ -152,8 +152,16 @@ def drafted_counts(client: httpx.Client, url: str) -> tuple[float, float]:
     return total("draft_tokens"), total("draft_tokens_accepted")
 
 
-def c16_rate(client: httpx.Client, url: str, texts: dict[str, str], max_tokens: int, **extra):
-    """Tokens/s of the whole batch: 16 streams at once (edits, chats, sampled chats)."""
+def c16_rate(
+    client: httpx.Client,
+    url: str,
+    texts: dict[str, str],
+    max_tokens: int,
+    unique: bool = False,
+    **extra,
+):
+    """Tokens/s of the whole batch: 16 streams at once (edits, chats, sampled chats).
+    `unique`: each stream's prompt is made its own (mlx_lm.server with a draft model)."""
     mix = [
         (texts["edit"], {}),
         (texts["chat"], {}),
@@ -161,6 +169,8 @@ def c16_rate(client: httpx.Client, url: str, texts: dict[str, str], max_tokens: 
         (texts["chat"], {"temperature": 0.8, "seed": 7}),
     ]
     jobs = [mix[i % len(mix)] for i in range(C16_STREAMS)]
+    if unique:
+        jobs = [(f"({i}) {text}", sampling) for i, (text, sampling) in enumerate(jobs)]
 
     def one(job):
         text, sampling = job
@@ -266,6 +276,9 @@ def main() -> int:
                 rates = [stream_chat(client, url, edit, tokens)[0] for edit in edits]
                 label = "mlx_lm.server" + (" --draft-model" if draft_flags else "")
                 rows.append((f"{label} edit tok/s (2 runs)", ", ".join(f"{r:.1f}" for r in rates)))
+                if not args.skip_c16:
+                    rate = c16_rate(client, url, texts, tokens, unique=bool(draft_flags))
+                    rows.append((f"{label} c16 tok/s, {tokens} tokens a stream", f"{rate:.1f}"))
         except ROW_ERRORS as error:
             row_failed("mlx_lm.server", error)
     print()

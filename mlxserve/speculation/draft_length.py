@@ -16,6 +16,7 @@ WIDTHS = (0, 2, 4, 8, 16)  # drafted tokens a pass may carry
 PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
 SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
 RECOVERY = 0.05  # pull towards the prior of each step a row had drafts but was not let draft
+MAX_BACKOFF = 6  # the recovery halves for each pass in a row whose drafts were all refused
 
 
 def expected_tokens(acceptance: float, drafted: int) -> float:
@@ -31,10 +32,13 @@ def updated_acceptance(acceptance: float, drafted: int, kept: int) -> float:
     return (1 - SMOOTHING) * acceptance + SMOOTHING * kept / drafted
 
 
-def recovered_acceptance(acceptance: float) -> float:
+def recovered_acceptance(acceptance: float, misses: int = 0) -> float:
     """A row kept from drafting by its low acceptance is let try again after a while: what it
-    copies changes (a chat turns to quoting code), and only a draft can show it."""
-    return acceptance + RECOVERY * (PRIOR_ACCEPTANCE - acceptance)
+    copies changes (a chat turns to quoting code), and only a draft can show it. `misses`:
+    its last passes in a row that kept nothing; each one doubles the wait (a draft model that
+    never agrees would otherwise cost a wide pass every few steps)."""
+    rate = RECOVERY * 0.5 ** min(max(0, misses - 1), MAX_BACKOFF)
+    return acceptance + rate * (PRIOR_ACCEPTANCE - acceptance)
 
 
 def choose_width(

@@ -40,6 +40,7 @@ class RowDrafts:
     limit: int
     drafter: NgramDrafter | None = None
     acceptance: float = PRIOR_ACCEPTANCE
+    misses: int = 0  # its last verify passes in a row that kept none of its drafts
 
 
 @dataclass
@@ -121,7 +122,7 @@ class DraftPlanner:
             for uid, count in zip(uids, available):
                 if count:
                     row = self.rows[uid]
-                    row.acceptance = recovered_acceptance(row.acceptance)
+                    row.acceptance = recovered_acceptance(row.acceptance, row.misses)
             self.costs.recover(len(uids))
         return width
 
@@ -155,6 +156,7 @@ class DraftPlanner:
             if row is None or not count:
                 continue
             row.acceptance = updated_acceptance(row.acceptance, count, accepted)
+            row.misses = 0 if accepted else row.misses + 1
             totals.drafted += count
             totals.accepted += accepted
             before = self.verdicts.get(uid, (0, 0))

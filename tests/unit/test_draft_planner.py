@@ -1,0 +1,53 @@
+"""A row whose drafts are refused stops drafting, and is let try again later: sooner after a
+pass that kept something, later after each pass in a row that kept nothing (a draft model that
+never agrees must not cost a wide pass every few steps)."""
+
+from __future__ import annotations
+
+from mlxserve.speculation.pass_costs import PassCosts
+from mlxserve.speculation.planner import DraftPlanner
+
+from .test_draft_length import MEASURED
+
+
+class MeasuredCosts(PassCosts):
+    """The pass costs measured here (test_draft_length.MEASURED), fixed."""
+
+    def relative_cost(self, rows: int, width: int) -> float:
+        return MEASURED(rows, width)
+
+
+def drafting_steps(planner: DraftPlanner, steps: int, kept_at=()) -> list[int]:
+    """The steps at which a lone row with a repeating text (its lookup always finds drafts)
+    drafts; every pass's drafts are refused but at the steps `kept_at` (all kept)."""
+    planner.admit(0)
+    tokens = [1, 2, 3, 4] * 8
+    tried = []
+    for step in range(steps):
+        current = tokens[-4]
+        width = planner.width([0], [tokens], [10**6])
+        if width:
+            (drafts,) = planner.drafts([0], [tokens], [current], width, [10**6])
+            kept = len(drafts) if any(at <= step for at in kept_at) else 0
+            kept_at = [at for at in kept_at if at > step]
+            planner.record([0], [len(drafts)], [kept])
+            tried.append(step)
+        tokens = tokens + [current]
+    return tried
+
+
+def test_each_refused_try_doubles_the_wait_before_the_next():
+    tried = drafting_steps(DraftPlanner(costs=MeasuredCosts()), 1500)
+    gaps = [b - a for a, b in zip(tried, tried[1:])]
+    assert len(gaps) >= 5
+    assert all(later >= earlier for earlier, later in zip(gaps[2:], gaps[3:]))
+    assert gaps[-1] >= 8 * gaps[1]
+
+
+def test_a_kept_pass_ends_the_backoff():
+    alone = drafting_steps(DraftPlanner(costs=MeasuredCosts()), 1500)
+    kept_at = alone[6]
+    tried = drafting_steps(DraftPlanner(costs=MeasuredCosts()), 1500, kept_at=[kept_at])
+    after = [step for step in tried if step > kept_at]
+    assert after[0] - kept_at < alone[7] - alone[6]  # the next try comes sooner
+    assert len(tried) > len(alone)
