@@ -254,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
         "num_draft_tokens overrides it, and makes a sampled request draft too)",
     )
     serve.add_argument(
+        "--embedding-model",
+        action="append",
+        default=[],
+        metavar="PATH|REPO",
+        help="also serve this embedding model (repeatable): a sentence-transformers folder "
+        "(BERT, RoBERTa, XLM-RoBERTa families; or an mlx-lm model with a Pooling module) for "
+        "POST /v1/embeddings, Ollama's /api/embed and llama.cpp's /embedding",
+    )
+    serve.add_argument(
         "--draft-model",
         metavar="PATH|REPO",
         default=None,
@@ -423,7 +432,7 @@ def exit_without_finalizing(code: int) -> NoReturn:
 def serve(args: argparse.Namespace) -> int:
     from .engine.models.sources import ModelLoadError, check_adapter_folder, check_model_source
 
-    models = list(dict.fromkeys(args.model or [str(DEFAULT_MODEL)]))
+    models = list(dict.fromkeys((args.model or [str(DEFAULT_MODEL)]) + args.embedding_model))
     model = models[0]
     try:
         for source in models + ([args.draft_model] if args.draft_model else []):

@@ -18,16 +18,19 @@ from .anthropic.shape import anthropic_error, is_anthropic_path
 from .auth import check_api_key
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
+from .llamacpp import embedding as llamacpp_embedding
 from .llamacpp import infill as llamacpp_infill
 from .llamacpp import props as llamacpp_props
 from .llamacpp import slots as llamacpp_slots
 from .llamacpp import tokens as llamacpp_tokens
 from .ollama import chat as ollama_chat
+from .ollama import embed as ollama_embed
 from .ollama import generate as ollama_generate
 from .ollama import models as ollama_models
 from .ollama.shape import is_ollama_path, ollama_error
 from .openai import chat as openai_chat
 from .openai import completions as openai_completions
+from .openai import embeddings as openai_embeddings
 from .openai import responses_api as openai_responses
 from .origin import check_origin
 from .parsing import UNKNOWN_FIELDS_HEADER, unknown_fields_header
@@ -77,9 +80,12 @@ def create_app(settings: Settings, pool) -> Quart:
         llamacpp_tokens,
         llamacpp_props,
         llamacpp_slots,
+        openai_embeddings,
+        llamacpp_embedding,
         ollama_models,
         ollama_generate,
         ollama_chat,
+        ollama_embed,
         anthropic_messages,
     ):  # this order is /openapi.json's order of paths
         app.register_blueprint(module.blueprint)

@@ -13,7 +13,7 @@ from ..engine import LOADING_STATES, EngineError, GenerationEvent
 from ..planning.plan import Plan, compile_constraint, make_plan
 from ..planning.request import Request
 from .admission import admit, refuse_if_draining
-from .errors import ServiceUnavailable
+from .errors import InvalidRequest, ServiceUnavailable
 from .metrics import timed
 from .models import engine_for, pool
 
@@ -29,9 +29,10 @@ async def plan_request(request: Request):
     return engine, loaded, plan
 
 
-async def ready_model(model: str | None):
+async def ready_model(model: str | None, kind: str | None = "generate"):
     """Not draining, and the model `model` routes to (`models.engine_for`) is loaded:
-    (engine, loaded model). Chat calls this first: its prompt needs the model's template."""
+    (engine, loaded model). Chat calls this first: its prompt needs the model's template.
+    `kind`: what the route needs of it ("generate", "embed"; None: any model)."""
     refuse_if_draining(current_app.config)
     engine = await engine_for(model)
     await engine.ensure_loaded(timeout=LOAD_WAIT_S)
@@ -43,7 +44,21 @@ async def ready_model(model: str | None):
             code="model_loading" if error.state in LOADING_STATES else "model_unavailable",
             headers={"Retry-After": "1"},
         ) from error
+    if kind is not None and loaded.kind != kind:
+        raise InvalidRequest(wrong_kind(loaded.model_id, loaded.kind), param="model")
     return engine, loaded
+
+
+def wrong_kind(name: str, kind: str) -> str:
+    if kind == "embed":
+        return (
+            f"{name} is an embedding model: it answers POST /v1/embeddings (and Ollama's "
+            "/api/embed, llama.cpp's /embedding), not text generation"
+        )
+    return (
+        f"{name} is a text generation model, not an embedding model; serve one with "
+        "--embedding-model (GET /v1/models lists each model's kind)"
+    )
 
 
 async def plan_on(engine, loaded, request: Request) -> Plan:

@@ -54,6 +54,11 @@ ENGINE_COUNTERS: tuple[tuple[str, str, Callable], ...] = (
         lambda e: e.stats.prefix_reused_tokens,
     ),
     (
+        "embedded_inputs",
+        "Inputs embedded (an embedding model's, POST /v1/embeddings and the others)",
+        lambda e: e.stats.embedded_inputs,
+    ),
+    (
         "draft_tokens",
         "Tokens drafted (prompt lookup or a draft model) and verified (speculative decoding)",
         lambda e: e.stats.drafted_tokens,

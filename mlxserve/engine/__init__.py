@@ -15,12 +15,13 @@ from .requests import (
     TokenLogprob,
     kv_tokens,
 )
-from .states import LOADING_STATES, EngineError, NoRoom
+from .states import LOADING_STATES, EmbeddingFailed, EngineError, NoRoom
 
 __all__ = [
     "LOADING_STATES",
     "MAX_BATCH",
     "Engine",
+    "EmbeddingFailed",
     "EngineError",
     "FinishReason",
     "GenerationEvent",

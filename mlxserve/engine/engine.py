@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
@@ -30,6 +31,7 @@ from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
+from .embedding_jobs import EmbeddingQueue, EmbedJob
 from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .models.draft import with_draft_model
@@ -48,7 +50,7 @@ from .sequences.followers import Follower, Followers
 from .sequences.live import LiveSequences
 from .sequences.starting import start_sequence
 from .sequences.state import SequenceState, read_logprob_rows
-from .states import LOADING_STATES, EngineError
+from .states import LOADING_STATES, EmbeddingFailed, EngineError
 from .stats import EngineStats, RateMeter
 
 log = logging.getLogger("mlxserve.engine")
@@ -144,6 +146,7 @@ class Engine(AdmittedWork):
         if not distributed:  # ranks load in step: no one steps between their slices
             self.slot.between = lambda: self.thread.step_others(self)
         self.generator: ServerBatchGenerator | None = None
+        self.embedder: EmbeddingQueue | None = None  # an embedding model's jobs (no generator)
         self._pacer: PrefillPacer | None = None
         self._on_fatal = on_fatal
         self.thread = thread if thread is not None else EngineThread()
@@ -318,6 +321,17 @@ class Engine(AdmittedWork):
                 if remaining:
                     self.cancel_group(group.group_id)
 
+    async def embed(self, rows: list[list[int]]) -> np.ndarray:
+        """One vector a row of token ids (float32, (len(rows), dimensions)), from an embedding
+        model; raises EmbeddingFailed."""
+        loaded = self.check_ready()
+        if loaded.kind != "embed":
+            raise EmbeddingFailed(f"{self.model_name} is not an embedding model")
+        loop = asyncio.get_running_loop()
+        job = EmbedJob([list(row) for row in rows], loop, loop.create_future())
+        self._inbox.put(job)
+        return await job.future
+
     def add_group(self, group: Group) -> None:
         """Hand a group to the engine thread (`submit`'s, or the front process's through
         ipc/engine_main.py, whose events go to the group's sink)."""
@@ -353,7 +367,8 @@ class Engine(AdmittedWork):
 
     @property
     def _busy(self) -> bool:
-        return self.has_live_sequences or bool(self._followers)
+        embedding = self.embedder is not None and len(self.embedder) > 0
+        return self.has_live_sequences or bool(self._followers) or embedding
 
     # ---- the engine thread's turns (scheduling/thread.py) -------------------------------------
 
@@ -425,6 +440,9 @@ class Engine(AdmittedWork):
             slot.unload()
             return True
         self._adopt()
+        if self.embedder is not None:
+            self._embed_step()
+            return True
         if not self.has_live_sequences:
             return True
         if self.lockstep is None:
@@ -438,6 +456,11 @@ class Engine(AdmittedWork):
             return False
         return True
 
+    def _embed_step(self) -> None:
+        if len(self.embedder):
+            self.embedder.step()
+            self.stats.embedded_inputs = self.embedder.rows_done
+
     def step_now(self) -> None:
         """One step of the running sequences (also while another model loads, when its new
         requests wait for the load)."""
@@ -449,6 +472,8 @@ class Engine(AdmittedWork):
 
     def finish(self) -> None:
         """Asked to stop: whoever still waits is told so, and the model is let go."""
+        if self.embedder is not None:
+            self.embedder.fail_all("the server is shutting down")
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
         for group in self._reading.values():
@@ -459,6 +484,9 @@ class Engine(AdmittedWork):
         self._stopped.set()
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
+        if loaded.kind == "embed":
+            self.embedder = EmbeddingQueue(loaded.model)
+            return
         self._pacer = PrefillPacer(
             calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
         )
@@ -468,7 +496,9 @@ class Engine(AdmittedWork):
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:
-        self.generator = None
+        if self.embedder is not None:
+            self.embedder.fail_all(f"{self.model_name} was unloaded")
+        self.generator = self.embedder = None
         self.prefixes.reset()
 
     def _new_generator(self) -> ServerBatchGenerator:
@@ -531,7 +561,7 @@ class Engine(AdmittedWork):
             if isinstance(message, Stop):
                 running = False
                 break
-            if isinstance(message, Add | Cancel | Prefetched):
+            if isinstance(message, Add | Cancel | Prefetched | EmbedJob):
                 messages.append(message)
         if self.lockstep is not None:
             prefill = self.generator.prefill_step_size if self.generator is not None else None
@@ -550,6 +580,12 @@ class Engine(AdmittedWork):
                 self._cancel(message.group_id)
             elif isinstance(message, Prefetched):
                 self._prefetched(message)
+            elif isinstance(message, EmbedJob):
+                self.slot.last_work = time.monotonic()
+                if self.embedder is None:
+                    message.settle(error=f"{self.model_name} is not an embedding model")
+                else:
+                    self.embedder.add(message)
         self.stats.waiting_groups = self._inbox.qsize()
 
     def step(self) -> None:

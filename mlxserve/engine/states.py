@@ -21,3 +21,8 @@ class EngineError(Exception):
 
 class NoRoom(Exception):
     """The model does not fit beside the resident ones, and none of them can be unloaded."""
+
+
+class EmbeddingFailed(RuntimeError):
+    """An embedding request could not be served: the model is not an embedding model, or its
+    batch failed (the message says which)."""

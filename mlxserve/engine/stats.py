@@ -28,6 +28,7 @@ class EngineStats:
     prefix_disk_loads: int = 0  # prompts started from one of them
     drafted_tokens: int = 0  # prompt-lookup drafts verified (speculation/)
     accepted_tokens: int = 0  # of them, kept
+    embedded_inputs: int = 0  # an embedding model's inputs embedded (embedding_jobs.py)
     tokens_per_second: float = 0.0  # generated, over the last RATE_WINDOW_S seconds
 
 

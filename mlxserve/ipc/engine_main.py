@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from ..engine.requests import GenerationEvent
-from ..engine.states import EngineError, NoRoom
+from ..engine.states import EmbeddingFailed, EngineError, NoRoom
 from ..settings import Settings
 from .schema import (
     DISTRIBUTED_EXIT,
@@ -183,6 +183,8 @@ class EngineProcess:
             reply.value = await operation(self, message.model, **message.args)
         except NoRoom as error:
             reply.error, reply.kind = str(error), "no_room"
+        except EmbeddingFailed as error:
+            reply.error, reply.kind = str(error), "embedding"
         except EngineError as error:
             reply.error, reply.kind, reply.state = str(error), "engine", error.state
         except KeyError as error:
@@ -294,6 +296,15 @@ async def _slots(process: EngineProcess, model: str):
     return await engine.running_slots() if engine is not None else []
 
 
+async def _embed(process: EngineProcess, model: str, rows: list[list[int]]) -> dict[str, Any]:
+    """The rows' vectors as float32 bytes and their shape (msgpack carries bytes as they are)."""
+    engine = process.pool.get(model)
+    if engine is None:
+        raise KeyError(model)
+    vectors = await engine.embed(rows)
+    return {"shape": list(vectors.shape), "data": vectors.astype("<f4").tobytes()}
+
+
 async def _stop(process: EngineProcess, model: str) -> None:
     await process.stop()
 
@@ -308,6 +319,7 @@ OPERATIONS: dict[str, Callable[..., Awaitable[Any]]] = {
     "make_default": _make_default,
     "facts": _facts,
     "slots": _slots,
+    "embed": _embed,
     "stop": _stop,
 }
 

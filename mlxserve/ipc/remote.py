@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 
 from ..engine.admitted import AdmittedWork
 from ..engine.models.naming import ServedNames
@@ -134,6 +135,12 @@ class RemoteEngine(AdmittedWork):
     async def running_slots(self) -> list[RunningSlot]:
         reply = await self.supervisor.call("slots", self.model_name)
         return msgspec.convert(reply.value or [], list[RunningSlot])
+
+    async def embed(self, rows: list[list[int]]) -> np.ndarray:
+        """As `Engine.embed`: one float32 vector a row, from the engine process."""
+        reply = await self.supervisor.call("embed", self.model_name, rows=rows)
+        value = reply.value
+        return np.frombuffer(value["data"], "<f4").reshape(value["shape"])
 
     # ---- asking the engine -----------------------------------------------------------------
 

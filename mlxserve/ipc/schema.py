@@ -74,6 +74,9 @@ class FactsWire:
     how_it_runs: str
     weight_bytes: int
     base_model: str | None
+    kind: str
+    dimensions: int
+    matryoshka: bool
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

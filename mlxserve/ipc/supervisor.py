@@ -31,7 +31,7 @@ import zmq.asyncio
 
 from ..engine.models.naming import ServedNames
 from ..engine.requests import GenerationEvent
-from ..engine.states import EngineError, NoRoom
+from ..engine.states import EmbeddingFailed, EngineError, NoRoom
 from ..platform.blas import cpu_environment
 from ..settings import Settings
 from .remote import RemotePool
@@ -333,6 +333,8 @@ class EngineSupervisor:
             raise NoRoom(reply.error)
         if reply.kind == "unknown_model":
             raise KeyError(model)
+        if reply.kind == "embedding":
+            raise EmbeddingFailed(reply.error)
         raise EngineError(reply.error, reply.state or "error")
 
     def call_soon(self, op: str, model: str = "", **args) -> None:

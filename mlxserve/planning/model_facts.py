@@ -27,6 +27,9 @@ class ModelFacts:
     how_it_runs: str = ""  # what the platform does to it, its KV's kind included
     weight_bytes: int = 0  # memory its weights take, as this platform runs them (its own only)
     base_model: str | None = None  # an adapter's: the model whose weights it shares
+    kind: str = "generate"  # or "embed": an embedding model (mlxserve/embedding/)
+    dimensions: int = 0  # an embedding model's vector size
+    matryoshka: bool = False  # its vectors may be cut short (`dimensions`), its config says
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)

@@ -274,3 +274,25 @@ def test_the_front_never_imports_mlx(tiny_model):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["statuses"] == [200] * len(report["statuses"]), report
     assert report["mlx_modules"] == [], report
+
+
+def test_an_embedding_model_answers_through_the_engine_process(tmp_path):
+    """Vectors cross from the engine process as float32 bytes: the same as NumPy's BERT; a
+    generation request to the embedding model is the front's 400, not the engine's failure."""
+    import numpy as np
+
+    from .. import numpy_bert
+    from ..embedding_models import build_tiny_bert
+
+    folder = build_tiny_bert(tmp_path / "tiny-bert")
+    config = json.loads((folder / "config.json").read_text())
+    weights = numpy_bert.load_weights(folder)
+    with FrontServer(folder, stable_s=0.0) as live, httpx.Client(base_url=live.url) as http:
+        tokens = [[2, 60, 61, 3], [2, 70, 3]]
+        answer = http.post("/v1/embeddings", json={"input": tokens, "encoding_format": "float"})
+        assert answer.status_code == 200, answer.text
+        for row, datum in zip(tokens, answer.json()["data"]):
+            expected = numpy_bert.mean_pooled(weights, config, row, normalize=True)
+            np.testing.assert_allclose(datum["embedding"], expected, atol=1e-4)
+        refused = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert refused.status_code == 400 and "embedding model" in refused.text

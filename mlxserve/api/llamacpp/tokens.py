@@ -23,7 +23,7 @@ BYTE_OF_SYMBOL = {symbol: byte for byte, symbol in bytes_to_unicode().items()}
 @document_request(TokenizeRequest)
 async def tokenize():
     body = validate(TokenizeRequest, await read_json_object())
-    _, loaded = await ready_model(body.model)
+    _, loaded = await ready_model(body.model, kind=None)
     return await asyncio.to_thread(tokenized, loaded.tokenizer, body)
 
 
@@ -31,7 +31,7 @@ async def tokenize():
 @document_request(DetokenizeRequest)
 async def detokenize():
     body = validate(DetokenizeRequest, await read_json_object())
-    _, loaded = await ready_model(body.model)
+    _, loaded = await ready_model(body.model, kind=None)
     outside = [t for t in body.tokens if not 0 <= t < loaded.vocab_size]
     if outside:
         raise InvalidRequest(

@@ -112,13 +112,6 @@ async def manage(digest_: str | None = None):
     )
 
 
-@blueprint.route("/api/embed", methods=["POST"])
-@blueprint.route("/api/embeddings", methods=["POST"])
-@hide
-async def embed():
-    raise NotSupported("mlxserve does not compute embeddings yet: it serves generation only.")
-
-
 def entries() -> list[ModelEntry]:
     """The registry's models, the served ones first (also those that came from elsewhere)."""
     found = registry().scan()

@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.nn as nn
 
+from ...embedding.model import embedding_architecture
 from ...fim import CONFIG_KEY, FimError, model_fim
 from ...planning.model_facts import ModelFacts
 from ...platform import PlatformPolicy, current_policy
@@ -130,6 +131,13 @@ def load_model(
     progress = progress if progress is not None else LoadProgress(path_or_repo)
     sharded = cluster is not None and cluster.size > 1
     folder = cached_hub_folder(path_or_repo) if from_hub else Path(path_or_repo).expanduser()
+    architecture = embedding_architecture(folder) if folder is not None else None
+    if architecture is not None:
+        from .embedding import load_embedding_model
+
+        return load_embedding_model(
+            folder, architecture, path_or_repo, policy, progress, between, cluster
+        )
     try:
         if sharded:
             shard_of = progress.count_weights(folder) if folder is not None else path_or_repo

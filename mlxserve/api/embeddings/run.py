@@ -1,0 +1,45 @@
+"""An embedding request's way to its engine: the model made ready (it must be an embedding
+model), the inputs' rows embedded, a failure of the batch a clear 500 in the door's shape."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...engine import EmbeddingFailed, EngineError
+from ..dispatch import ready_model
+from ..errors import APIError, ServiceUnavailable
+from .inputs import input_rows
+
+
+class EmbeddingError(APIError):
+    status = 500
+    type = "server_error"
+
+
+@dataclass
+class Embedded:
+    vectors: np.ndarray  # (inputs, dimensions) float32, as the model pooled them
+    tokens: int  # the inputs' tokens (usage)
+    loaded: Any  # the model's facts
+    engine: Any
+    load_ns: int = 0  # the wait for the model (Ollama's load_duration)
+    total_ns: int = 0
+
+
+async def embed(model: str | None, value: Any, param: str = "input", truncate=False) -> Embedded:
+    started = time.perf_counter_ns()
+    engine, loaded = await ready_model(model, kind="embed")
+    loaded_at = time.perf_counter_ns()
+    rows, tokens = input_rows(value, loaded, param, truncate)
+    try:
+        vectors = await engine.embed(rows)
+    except EmbeddingFailed as error:
+        raise EmbeddingError(str(error)) from error
+    except EngineError as error:
+        raise ServiceUnavailable(str(error), headers={"Retry-After": "1"}) from error
+    done = time.perf_counter_ns()
+    return Embedded(vectors, tokens, loaded, engine, loaded_at - started, done - started)

@@ -1,0 +1,1 @@
+"""Encoder architectures in MLX, their parameters named as in Hugging Face checkpoints."""

@@ -1,0 +1,113 @@
+"""An embedding model loaded and ready: right-padded batches of token ids in, one pooled
+vector a row out. Encoders (encoders/bert.py) read the whole row; decoders (any mlx-lm model,
+Qwen3-Embedding's kind) are causal, so a row's right padding never reaches its tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .encoders.bert import MODEL_TYPES as BERT_TYPES
+from .encoders.bert import BertConfig, BertModel
+from .pooling import Pooling
+
+ENCODER, DECODER = "encoder", "decoder"
+
+
+class NotAnEmbeddingModel(ValueError):
+    """The folder's model is not one this server embeds with (the message says why)."""
+
+
+def embedding_architecture(folder: Path) -> str | None:
+    """ENCODER or DECODER where the folder holds an embedding model, else None: an encoder
+    family's config, or a sentence-transformers pipeline over a decoder (a generation model
+    without one is served for generation)."""
+    config = _read_json(folder / "config.json")
+    if config.get("model_type") in BERT_TYPES:
+        return ENCODER
+    if (folder / "modules.json").is_file():
+        return DECODER
+    return None
+
+
+@dataclass
+class EmbeddingModel:
+    network: nn.Module
+    architecture: str
+    pooling: Pooling
+    dimensions: int
+    max_tokens: int  # the most tokens an input may have (its sentence-transformers limit)
+    pad_id: int = 0
+    prompts: dict[str, str] = field(default_factory=dict)  # instruction prefixes by name
+    default_prompt: str | None = None  # the prompt applied unless an input names another
+
+    def hidden(self, ids: mx.array, lengths: mx.array) -> mx.array:
+        if self.architecture == ENCODER:
+            mask = mx.arange(ids.shape[1])[None, :] < lengths[:, None]
+            return self.network(ids, mask)
+        return self.network.model(ids)
+
+    def embed(self, rows: list[list[int]]) -> mx.array:
+        """(len(rows), dimensions) float32 vectors, pooled (and normalised) as the model says."""
+        longest = max(map(len, rows))
+        ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
+        lengths = mx.array([len(row) for row in rows])
+        return self.pooling(self.hidden(ids, lengths), lengths).astype(mx.float32)
+
+
+def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, Any]]:
+    """The network of an embedding model's folder (weights lazy) and its config."""
+    config = _read_json(folder / "config.json")
+    if architecture == DECODER:
+        import mlx_lm
+
+        model, _ = mlx_lm.load(str(folder), lazy=True)
+        if not hasattr(model, "model"):
+            raise NotAnEmbeddingModel("its mlx-lm model has no inner `model` to read states of")
+        return model, config
+    network = BertModel(BertConfig.of(config))
+    weights: dict[str, mx.array] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))
+    if not weights:
+        raise NotAnEmbeddingModel(f"no *.safetensors weights in {folder}")
+    network.load_weights(list(BertModel.sanitize(weights).items()), strict=True)
+    return network, config
+
+
+def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) -> EmbeddingModel:
+    """The loaded `network` with what its folder says of pooling, length and prompts."""
+    architecture = embedding_architecture(folder) or DECODER
+    pooling = Pooling.of_folder(folder, "mean" if architecture == ENCODER else "last")
+    limits = [_read_json(folder / "sentence_bert_config.json").get("max_seq_length")]
+    if architecture == ENCODER:
+        bert = BertConfig.of(config)
+        limits.append(bert.max_position_embeddings - bert.position_offset)
+        dimensions, pad_id = bert.hidden_size, bert.pad_token_id
+    else:
+        limits.append(config.get("max_position_embeddings"))
+        dimensions, pad_id = int(config["hidden_size"]), 0
+    prompts = _read_json(folder / "config_sentence_transformers.json")
+    return EmbeddingModel(
+        network,
+        architecture,
+        pooling,
+        dimensions,
+        min(int(n) for n in limits if n),
+        pad_id,
+        {k: str(v) for k, v in (prompts.get("prompts") or {}).items()},
+        prompts.get("default_prompt_name"),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

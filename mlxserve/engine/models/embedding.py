@@ -1,0 +1,59 @@
+"""Loading an embedding model (mlxserve/embedding/) as a model of the pool: the same facts a
+generation model gives the front (its tokenizer, its longest input), its kind and size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ...embedding.model import NotAnEmbeddingModel, embedding_model, load_network
+from ...embedding.pooling import PoolingError
+from ...platform import PlatformPolicy
+from .host import LoadedModel, LoadProgress, eval_in_slices, weight_bytes
+from .naming import model_id_for
+from .sources import ModelLoadError, first_line
+
+
+def load_embedding_model(
+    folder: Path,
+    architecture: str,
+    source: str,
+    policy: PlatformPolicy,
+    progress: LoadProgress,
+    between: Callable[[], None] | None = None,
+    cluster=None,
+) -> LoadedModel:
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    if cluster is not None and cluster.size > 1:
+        raise ModelLoadError(f"{source}: an embedding model is served by one process, not ranks")
+    progress.enter("reading config and tokenizer", str(folder))
+    try:
+        tokenizer = load_tokenizer(folder)
+        network, config = load_network(folder, architecture)
+        model = embedding_model(folder, network, config)
+    except (NotAnEmbeddingModel, PoolingError) as error:
+        raise ModelLoadError(f"{source}: {error}") from error
+    except Exception as error:
+        raise ModelLoadError(f"could not load model {source}: {first_line(error)}") from error
+    progress.enter("reading weights", progress.count_weights(folder))
+    eval_in_slices(network, between)
+    policy.prepare_model(network, evaluate=lambda m: eval_in_slices(m, between))
+    eval_in_slices(network, between)
+    return LoadedModel(
+        model_id=model_id_for(source),
+        path=str(source),
+        model=model,
+        tokenizer=tokenizer,
+        context_length=model.max_tokens,
+        vocab_size=int(config.get("vocab_size") or len(tokenizer.get_vocab())),
+        eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", ()) or ())),
+        bos_token_id=tokenizer.bos_token_id,
+        weights_folder=folder,
+        how_it_runs=f"{architecture} embeddings, {model.pooling.mode} pooling"
+        + (", normalised" if model.pooling.normalize else ""),
+        weight_bytes=weight_bytes(network),
+        kind="embed",
+        dimensions=model.dimensions,
+        matryoshka=bool(config.get("matryoshka_dimensions") or config.get("is_matryoshka")),
+    )

@@ -1,0 +1,145 @@
+"""Embeddings through every door on a real server beside a generation model: the official
+openai client (base64, as it asks by default, and floats), the ollama client's embed and
+embeddings, llama.cpp's own /embedding body; the vectors equal a NumPy BERT's
+(tests/numpy_bert.py), normalised where the door normalises; each bad input a 400 in the door's
+shape naming it, and generation asked of the embedding model (or embeddings of a generation
+model) refused saying which is which."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import ollama
+import openai
+import pytest
+
+from .. import numpy_bert
+from ..embedding_models import build_tiny_bert
+
+TEXTS = ["a man is eating food.", "why is the sky blue?", "hello"]
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return build_tiny_bert(tmp_path_factory.mktemp("embedding") / "tiny-bert")
+
+
+@pytest.fixture(scope="module")
+def served(live_servers, tiny_model, tiny_bert):
+    return live_servers.shared(tiny_model, models=(str(tiny_bert),))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bert):
+    """text -> (token ids, the model's mean-pooled vector) from NumPy's BERT."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))
+    weights = numpy_bert.load_weights(tiny_bert)
+    config = json.loads((tiny_bert / "config.json").read_text())
+
+    def of(text: str) -> tuple[list[int], np.ndarray]:
+        ids = tokenizer.encode(text)
+        return ids, numpy_bert.mean_pooled(weights, config, ids)
+
+    return of
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
+@pytest.fixture
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_client_embeds_a_list_and_a_string(client, reference):
+    answer = client.embeddings.create(model="tiny-bert", input=TEXTS)  # base64 on the wire
+    assert [d.index for d in answer.data] == [0, 1, 2]
+    tokens = 0
+    for text, datum in zip(TEXTS, answer.data):
+        ids, vector = reference(text)
+        tokens += len(ids)
+        np.testing.assert_allclose(datum.embedding, unit(vector), atol=TOLERANCE)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
+    assert answer.model == "tiny-bert"
+    one = client.embeddings.create(model="tiny-bert", input=TEXTS[1], encoding_format="float")
+    np.testing.assert_allclose(one.data[0].embedding, answer.data[1].embedding, atol=1e-6)
+
+
+def test_token_ids_embed_as_their_text_does(client, reference):
+    ids = [reference(t)[0] for t in TEXTS]
+    by_text = client.embeddings.create(model="tiny-bert", input=TEXTS[:2])
+    by_ids = client.embeddings.create(model="tiny-bert", input=ids[:2])
+    one = client.embeddings.create(model="tiny-bert", input=ids[0])
+    for a, b in zip(by_text.data, by_ids.data):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-6)
+    np.testing.assert_allclose(one.data[0].embedding, by_text.data[0].embedding, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"input": []}, "input", "empty list"),
+        ({"input": ""}, "input", "empty string"),
+        ({"input": ["ok", ""]}, "input", "'input[1]' is an empty string"),
+        ({"input": 5}, "input", "must be a string"),
+        ({"input": [{"text": "x"}]}, "input", "must be a string or a list of token ids"),
+        ({"input": [[1, 2], []]}, "input", "empty list of tokens"),
+        ({"input": [10**6]}, "input", "outside the vocabulary"),
+        ({"input": ["x"] * 2049}, "input", "at most 2048"),
+        ({"input": "word " * 100}, "input", "reads at most 64 tokens"),
+        ({"input": "x", "dimensions": 8}, "dimensions", "Matryoshka"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format", "float"),
+    ],
+)
+def test_bad_inputs_are_a_400_naming_them(served, body, param, says):
+    answer = httpx.post(f"{served.url}/v1/embeddings", json={"model": "tiny-bert", **body})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_each_model_answers_only_what_it_is_for(served, client):
+    with pytest.raises(openai.BadRequestError, match="is an embedding model"):
+        client.completions.create(model="tiny-bert", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="not an embedding model"):
+        client.embeddings.create(model=served.engine.model_name, input="hi")
+
+
+def test_ollama_embed_and_embeddings(served, reference):
+    olla = ollama.Client(host=served.url)
+    answer = olla.embed(model="tiny-bert", input=TEXTS)
+    assert len(answer.embeddings) == 3 and answer.prompt_eval_count > 0
+    for text, vector in zip(TEXTS, answer.embeddings):
+        np.testing.assert_allclose(vector, unit(reference(text)[1]), atol=TOLERANCE)
+    older = olla.embeddings(model="tiny-bert", prompt=TEXTS[0])  # the model's own, unscaled
+    np.testing.assert_allclose(older.embedding, reference(TEXTS[0])[1], atol=TOLERANCE)
+    assert olla.embed(model="tiny-bert", input="").embeddings == []  # Ollama: loads, no vectors
+
+
+def test_ollama_truncates_unless_told_not_to(served):
+    olla = ollama.Client(host=served.url)
+    long = "word " * 100
+    assert len(olla.embed(model="tiny-bert", input=long).embeddings[0]) == 32
+    with pytest.raises(ollama.ResponseError) as refused:
+        olla.embed(model="tiny-bert", input=long, truncate=False)
+    assert refused.value.status_code == 400 and "reads at most 64 tokens" in refused.value.error
+
+
+def test_llamacpp_embedding_body_and_its_normalisations(served, reference):
+    url = f"{served.url}/embedding"
+    ids, vector = reference(TEXTS[0])
+    answer = httpx.post(url, json={"model": "tiny-bert", "content": TEXTS[0]}).json()
+    assert [a["index"] for a in answer] == [0]
+    np.testing.assert_allclose(answer[0]["embedding"][0], unit(vector), atol=TOLERANCE)
+    raw = httpx.post(url, json={"model": "tiny-bert", "content": [ids], "embd_normalize": -1})
+    np.testing.assert_allclose(raw.json()[0]["embedding"][0], vector, atol=TOLERANCE)
+    largest = httpx.post(url, json={"model": "tiny-bert", "content": TEXTS[0], "embd_normalize": 0})
+    assert max(abs(v) for v in largest.json()[0]["embedding"][0]) == pytest.approx(32760, abs=1)
+    missing = httpx.post(url, json={"model": "tiny-bert"})
+    assert missing.status_code == 400 and "must be provided" in missing.json()["error"]["message"]

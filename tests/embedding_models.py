@@ -1,0 +1,173 @@
+"""Tiny embedding models built in the tests, as tiny_model.py builds the tiny Llama: a BERT
+encoder (a WordPiece vocabulary written out, seeded weights, mean pooling without Normalize, so
+the doors that normalise can be told from those that do not) and a decoder embedding model
+(the tiny Llama with a sentence-transformers Pooling module on its last token)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+from pathlib import Path
+
+import numpy as np
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = (
+    "the a an is are was of to and in on for with def return class import from self print "
+    "man woman child dog cat eating food bread baby girl carrying sky blue red green why how "
+    "what python code file function value list string number hello world test"
+).split()
+TINY_BERT = {
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "hidden_act": "gelu",
+    "pad_token_id": 0,
+}
+
+
+def vocabulary() -> list[str]:
+    pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
+    return SPECIALS + pieces + [f"##{p}" for p in pieces] + WORDS
+
+
+def build_tiny_bert(out: Path, seed: int = 0, pooling: str = "mean", normalize=False) -> Path:
+    """A BERT folder as sentence-transformers saves one (config, weights, tokenizer, modules)."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {token: i for i, token in enumerate(vocabulary())}
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = BertPreTokenizer()
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=TINY_BERT["max_position_embeddings"],
+    )
+    fast.save_pretrained(str(out))
+    config = {**TINY_BERT, "vocab_size": len(vocab)}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(bert_weights(config, seed), str(out / "model.safetensors"))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    write_sentence_transformers(out, modules, pooling, config["hidden_size"])
+    return out
+
+
+def bert_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
+    """Seeded weights under the Hugging Face checkpoint's names (a pooler too, as saved)."""
+    rng = np.random.default_rng(seed)
+    size, inner = config["hidden_size"], config["intermediate_size"]
+
+    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {
+        "embeddings.word_embeddings.weight": normal(config["vocab_size"], size, scale=1.0),
+        "embeddings.position_embeddings.weight": normal(config["max_position_embeddings"], size),
+        "embeddings.token_type_embeddings.weight": normal(config["type_vocab_size"], size),
+        "embeddings.LayerNorm.weight": 1 + normal(size, scale=0.1),
+        "embeddings.LayerNorm.bias": normal(size, scale=0.1),
+        "pooler.dense.weight": normal(size, size),
+        "pooler.dense.bias": normal(size),
+    }
+    for n in range(config["num_hidden_layers"]):
+        layer = f"encoder.layer.{n}."
+        for name in ("query", "key", "value"):
+            weights[f"{layer}attention.self.{name}.weight"] = normal(size, size)
+            weights[f"{layer}attention.self.{name}.bias"] = normal(size, scale=0.1)
+        for name, (rows, cols) in (
+            ("attention.output", (size, size)),
+            ("intermediate", (inner, size)),
+            ("output", (size, inner)),
+        ):
+            weights[f"{layer}{name}.dense.weight"] = normal(rows, cols)
+            weights[f"{layer}{name}.dense.bias"] = normal(rows, scale=0.1)
+        for name in ("attention.output", "output"):
+            weights[f"{layer}{name}.LayerNorm.weight"] = 1 + normal(size, scale=0.1)
+            weights[f"{layer}{name}.LayerNorm.bias"] = normal(size, scale=0.1)
+    return weights
+
+
+def build_tiny_decoder_embedder(tiny_model: Path, out: Path, normalize: bool = True) -> Path:
+    """The tiny Llama as an embedding model: a Pooling module on its last token."""
+    if (out / "modules.json").exists():
+        return out
+    shutil.copytree(tiny_model, out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    config = json.loads((out / "config.json").read_text())
+    write_sentence_transformers(out, modules, "last", config["hidden_size"])
+    return out
+
+
+def write_sentence_transformers(out: Path, modules: list, pooling: str, size: int) -> None:
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    keys = {
+        "cls": "pooling_mode_cls_token",
+        "mean": "pooling_mode_mean_tokens",
+        "max": "pooling_mode_max_tokens",
+        "last": "pooling_mode_lasttoken",
+    }
+    pooling_config = {"word_embedding_dimension": size} | {
+        k: k == keys[pooling] for k in keys.values()
+    }
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))

@@ -1,0 +1,126 @@
+"""Embedding models as the engine runs them: the MLX encoder's vectors equal a NumPy BERT's
+(tests/numpy_bert.py) for every pooling, in batches of unequal inputs as alone; a decoder's
+last-token vectors equal mlx-lm's own model read one input at a time; the engine batches many
+requests' inputs together and each gets its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxserve.embedding.model import (
+    DECODER,
+    ENCODER,
+    embedding_architecture,
+    embedding_model,
+    load_network,
+)
+from mlxserve.embedding.pooling import Pooling, PoolingError
+from mlxserve.engine import Engine
+
+from .. import numpy_bert
+from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder
+
+TEXTS = ["a man is eating food.", "why is the sky blue?", "hello", "def f(x): return x + 1"]
+TOLERANCE = 1e-4  # float32 against float64 over two layers
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("embedding") / "tiny-bert")
+
+
+def loaded(folder: Path):
+    network, config = load_network(folder, embedding_architecture(folder))
+    return embedding_model(folder, network, config), config
+
+
+def token_rows(folder: Path, texts=TEXTS) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return [tokenizer.encode(text) for text in texts]
+
+
+def test_the_folder_says_what_it_is(tiny_bert, tiny_model, tmp_path):
+    assert embedding_architecture(tiny_bert) == ENCODER
+    assert embedding_architecture(tiny_model) is None  # a generation model
+    decoder = build_tiny_decoder_embedder(tiny_model, tmp_path / "decoder")
+    assert embedding_architecture(decoder) == DECODER
+    model, _ = loaded(tiny_bert)
+    assert model.pooling == Pooling("mean", normalize=False)
+    assert model.dimensions == 32 and model.max_tokens == 64
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "mean_sqrt_len"])
+def test_encoder_vectors_equal_numpy_berts_in_a_padded_batch(tiny_bert, mode):
+    model, config = loaded(tiny_bert)
+    model.pooling = Pooling(mode)
+    rows = token_rows(tiny_bert)
+    assert len({len(r) for r in rows}) > 1  # the batch pads
+    vectors = np.asarray(model.embed(rows))
+    weights = numpy_bert.load_weights(tiny_bert)
+    for row, vector in zip(rows, vectors):
+        states = numpy_bert.hidden_states(weights, config, row)
+        expected = {
+            "mean": states.mean(0),
+            "cls": states[0],
+            "max": states.max(0),
+            "mean_sqrt_len": states.sum(0) / np.sqrt(len(row)),
+        }[mode]
+        np.testing.assert_allclose(vector, expected, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_normalised_pooling_gives_unit_vectors(tiny_bert):
+    model, _ = loaded(tiny_bert)
+    model.pooling = Pooling("mean", normalize=True)
+    vectors = np.asarray(model.embed(token_rows(tiny_bert)))
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_decoders_last_token_vectors_equal_mlx_lms_model_alone(tiny_model, tmp_path):
+    folder = build_tiny_decoder_embedder(tiny_model, tmp_path / "decoder", normalize=False)
+    model, _ = loaded(folder)
+    rows = [[1, 5, 6, 7, 8], [1, 9], [1, 40, 41, 42, 43, 44, 45]]
+    vectors = np.asarray(model.embed(rows))
+    for row, vector in zip(rows, vectors):
+        alone = model.network.model(mx.array(row)[None])[0, -1]
+        np.testing.assert_allclose(vector, np.asarray(alone), atol=1e-5, rtol=1e-5)
+
+
+def test_pipelines_this_server_cannot_run_are_refused_saying_which_part(tiny_bert, tmp_path):
+    folder = tmp_path / "dense"
+    folder.mkdir()
+    modules = json.loads((tiny_bert / "modules.json").read_text())
+    modules.append({"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(PoolingError, match="Dense module"):
+        Pooling.of_folder(folder, "mean")
+
+
+def test_the_engine_batches_requests_and_each_gets_its_own_vectors(tiny_bert):
+    engine = Engine(str(tiny_bert)).start()
+    try:
+        assert engine.wait_ready(60), engine.error
+        assert engine.loaded.kind == "embed" and engine.loaded.dimensions == 32
+        engine.embedder.batch_tokens = 24  # several batches, rows of two requests in one
+        rows = token_rows(tiny_bert)
+        model, config = loaded(tiny_bert)
+        weights = numpy_bert.load_weights(tiny_bert)
+
+        async def together():
+            return await asyncio.gather(engine.embed(rows), engine.embed(rows[::-1]))
+
+        first, second = asyncio.run(together())
+        for row, a, b in zip(rows, first, second[::-1]):
+            expected = numpy_bert.mean_pooled(weights, config, row)
+            np.testing.assert_allclose(a, expected, atol=TOLERANCE, rtol=TOLERANCE)
+            np.testing.assert_allclose(b, expected, atol=TOLERANCE, rtol=TOLERANCE)
+        assert engine.stats.embedded_inputs == 2 * len(rows)
+    finally:
+        engine.stop()
