@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .embedding.kinds import model_kind
 from .fim import FimError, model_fim
 
 # Config keys architectures use for their context window, most specific first.
@@ -37,6 +38,7 @@ class ModelEntry:
     quantization: str | None  # "4-bit", "float16", ...
     context_length: int | None
     fim: str | None  # the FIM template's name, None without FIM tokens
+    kind: str = "generate"  # or "embed", "rerank" (mlxserve/embedding/kinds.py)
 
     def card(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,7 @@ class ModelEntry:
             "quantization": self.quantization,
             "context_length": self.context_length,
             "fim": self.fim,
+            "kind": self.kind,
         }
 
 
@@ -69,7 +72,8 @@ def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
     """A loadable model folder's entry, or None when mlx-lm could not load it."""
     config = read_json(folder / "config.json")
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not _supported(model_type):
+    kind = model_kind(folder)
+    if not isinstance(model_type, str) or (kind == "generate" and not _supported(model_type)):
         return None
     weights = list(folder.glob("*.safetensors"))
     if not weights:
@@ -81,7 +85,8 @@ def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
         size_bytes=sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
         quantization=_quantization(config),
         context_length=context_length_of(config, folder),
-        fim=_fim_of(folder, config),
+        fim=_fim_of(folder, config) if kind == "generate" else None,
+        kind=kind,
     )
 
 

@@ -38,6 +38,31 @@ def vocabulary() -> list[str]:
     return SPECIALS + pieces + [f"##{p}" for p in pieces] + WORDS
 
 
+def build_tiny_cross_encoder(out: Path, seed: int = 1) -> Path:
+    """A BertForSequenceClassification with one label, as cross-encoders are saved: the
+    encoder's weights under `bert.`, its pooler, a `classifier` (no sentence-transformers
+    modules)."""
+    if (out / "model.safetensors").exists():
+        return out
+    from safetensors.numpy import save_file
+
+    build_tiny_bert(out, seed)
+    for name in ("modules.json", "model.safetensors"):
+        (out / name).unlink()
+    shutil.rmtree(out / "1_Pooling")
+    config = json.loads((out / "config.json").read_text())
+    config |= {"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights = {f"bert.{k}": v for k, v in bert_weights(config, seed).items()}
+    rng = np.random.default_rng(seed + 100)
+    weights["classifier.weight"] = rng.standard_normal((1, config["hidden_size"])).astype(
+        np.float32
+    )
+    weights["classifier.bias"] = np.array([0.1], np.float32)
+    save_file(weights, str(out / "model.safetensors"))
+    return out
+
+
 def build_tiny_bert(out: Path, seed: int = 0, pooling: str = "mean", normalize=False) -> Path:
     """A BERT folder as sentence-transformers saves one (config, weights, tokenizer, modules)."""
     from safetensors.numpy import save_file
@@ -92,6 +117,11 @@ def build_tiny_bert(out: Path, seed: int = 0, pooling: str = "mean", normalize=F
             }
         )
     write_sentence_transformers(out, modules, pooling, config["hidden_size"])
+    prompts = {
+        "prompts": {"query": "query: ", "document": "passage: "},
+        "default_prompt_name": None,
+    }
+    (out / "config_sentence_transformers.json").write_text(json.dumps(prompts))
     return out
 
 

@@ -21,8 +21,11 @@ def load_weights(folder: Path) -> dict[str, np.ndarray]:
     return {k.removeprefix("bert."): v.astype(np.float64) for k, v in weights.items()}
 
 
-def hidden_states(w: dict[str, np.ndarray], config: dict, ids: list[int]) -> np.ndarray:
-    """(len(ids), hidden) last hidden states of one unpadded input."""
+def hidden_states(
+    w: dict[str, np.ndarray], config: dict, ids: list[int], types: list[int] | None = None
+) -> np.ndarray:
+    """(len(ids), hidden) last hidden states of one unpadded input (`types`: each token's
+    segment, 0 when not given)."""
     eps, heads = config.get("layer_norm_eps", 1e-12), config["num_attention_heads"]
     offset = 0 if config["model_type"] == "bert" else config.get("pad_token_id", 1) + 1
 
@@ -37,7 +40,8 @@ def hidden_states(w: dict[str, np.ndarray], config: dict, ids: list[int]) -> np.
     e = "embeddings."
     x = w[e + "word_embeddings.weight"][ids]
     x = x + w[e + "position_embeddings.weight"][offset : offset + len(ids)]
-    x = norm(x + w[e + "token_type_embeddings.weight"][0], e + "LayerNorm")
+    segments = types if types is not None else [0] * len(ids)
+    x = norm(x + w[e + "token_type_embeddings.weight"][segments], e + "LayerNorm")
     for n in range(config["num_hidden_layers"]):
         p = f"encoder.layer.{n}."
 
@@ -56,6 +60,14 @@ def hidden_states(w: dict[str, np.ndarray], config: dict, ids: list[int]) -> np.
         inner = 0.5 * inner * (1 + _erf(inner / math.sqrt(2)))
         x = norm(dense(inner, p + "output.dense") + x, p + "output.LayerNorm")
     return x
+
+
+def pair_score(w, config, ids: list[int], types: list[int]) -> float:
+    """A cross-encoder's logit: BERT's pooler (dense, tanh) on the first token, then its
+    classifier. `w` read with `bert.` kept off the encoder's names (load_weights)."""
+    first = hidden_states(w, config, ids, types)[0]
+    pooled = np.tanh(first @ w["pooler.dense.weight"].T + w["pooler.dense.bias"])
+    return float((pooled @ w["classifier.weight"].T + w["classifier.bias"])[0])
 
 
 def mean_pooled(w, config, ids: list[int], normalize: bool = False) -> np.ndarray:

@@ -16,6 +16,7 @@ from . import access_log, admin, health, metrics, models, openapi
 from .anthropic import messages as anthropic_messages
 from .anthropic.shape import anthropic_error, is_anthropic_path
 from .auth import check_api_key
+from .embeddings import rerank
 from .errors import APIError, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import embedding as llamacpp_embedding
@@ -82,6 +83,7 @@ def create_app(settings: Settings, pool) -> Quart:
         llamacpp_slots,
         openai_embeddings,
         llamacpp_embedding,
+        rerank,
         ollama_models,
         ollama_generate,
         ollama_chat,

@@ -50,14 +50,16 @@ async def ready_model(model: str | None, kind: str | None = "generate"):
 
 
 def wrong_kind(name: str, kind: str) -> str:
+    if kind == "rerank":
+        return f"{name} is a reranker: it answers POST /v1/rerank, not this route"
     if kind == "embed":
         return (
             f"{name} is an embedding model: it answers POST /v1/embeddings (and Ollama's "
             "/api/embed, llama.cpp's /embedding), not text generation"
         )
     return (
-        f"{name} is a text generation model, not an embedding model; serve one with "
-        "--embedding-model (GET /v1/models lists each model's kind)"
+        f"{name} is a text generation model, not an embedding model or a reranker; serve one "
+        "with --embedding-model (GET /v1/models lists each model's kind)"
     )
 
 

@@ -133,11 +133,16 @@ def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict
         card["memory_bytes"] = models.footprint(engine) if engine.loaded is not None else 0
         card["queue"] = engine.stats.waiting_groups
         card["pending_sequences"] = engine.pending_sequences
-        if engine.loaded is not None:
-            card["context_length"] = engine.loaded.context_length
-            card["speculative"] = current_app.config["SETTINGS"].speculative_for(card["default"])
-            chat = current_app.config["SETTINGS"].chat
-            card.update(chat_capabilities(engine.loaded.tokenizer, chat))
+        loaded = engine.loaded
+        if loaded is not None:
+            card["kind"] = loaded.kind
+            card["context_length"] = loaded.context_length
+            if loaded.kind != "generate":
+                card["dimensions"] = loaded.dimensions
+            else:
+                settings = current_app.config["SETTINGS"]
+                card["speculative"] = settings.speculative_for(card["default"])
+                card.update(chat_capabilities(loaded.tokenizer, settings.chat))
     if entry is not None:
         card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card

@@ -4,7 +4,6 @@ Qwen3-Embedding's kind) are causal, so a row's right padding never reaches its t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,27 +11,14 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .encoders.bert import MODEL_TYPES as BERT_TYPES
-from .encoders.bert import BertConfig, BertModel
+from .encoders.bert import BertConfig, BertModel, CrossEncoder
+from .kinds import DECODER, ENCODER, RERANKER, embedding_architecture
+from .kinds import read_json as _read_json
 from .pooling import Pooling
-
-ENCODER, DECODER = "encoder", "decoder"
 
 
 class NotAnEmbeddingModel(ValueError):
     """The folder's model is not one this server embeds with (the message says why)."""
-
-
-def embedding_architecture(folder: Path) -> str | None:
-    """ENCODER or DECODER where the folder holds an embedding model, else None: an encoder
-    family's config, or a sentence-transformers pipeline over a decoder (a generation model
-    without one is served for generation)."""
-    config = _read_json(folder / "config.json")
-    if config.get("model_type") in BERT_TYPES:
-        return ENCODER
-    if (folder / "modules.json").is_file():
-        return DECODER
-    return None
 
 
 @dataclass
@@ -46,17 +32,36 @@ class EmbeddingModel:
     prompts: dict[str, str] = field(default_factory=dict)  # instruction prefixes by name
     default_prompt: str | None = None  # the prompt applied unless an input names another
 
+    @property
+    def kind(self) -> str:
+        """What the pool serves it for: "rerank" (a score a pair) or "embed"."""
+        return "rerank" if self.architecture == RERANKER else "embed"
+
     def hidden(self, ids: mx.array, lengths: mx.array) -> mx.array:
         if self.architecture == ENCODER:
             mask = mx.arange(ids.shape[1])[None, :] < lengths[:, None]
             return self.network(ids, mask)
         return self.network.model(ids)
 
-    def embed(self, rows: list[list[int]]) -> mx.array:
-        """(len(rows), dimensions) float32 vectors, pooled (and normalised) as the model says."""
+    def token_states(self, rows: list[list[int]]) -> mx.array:
+        """(len(rows), longest, dimensions) float32 last hidden states, unpooled (llama.cpp's
+        pooling none); each row's own are its first len(row)."""
+        longest = max(map(len, rows))
+        ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
+        return self.hidden(ids, mx.array([len(row) for row in rows])).astype(mx.float32)
+
+    def embed(self, rows: list[list[int]], seconds: list[int] | None = None) -> mx.array:
+        """(len(rows), dimensions) float32 vectors, pooled (and normalised) as the model says;
+        a reranker's (len(rows), 1) scores of its pairs, whose second text starts at
+        `seconds[i]` in row i."""
         longest = max(map(len, rows))
         ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
         lengths = mx.array([len(row) for row in rows])
+        if self.architecture == RERANKER:
+            positions = mx.arange(longest)[None, :]
+            starts = mx.array(seconds if seconds is not None else [longest] * len(rows))
+            types = (positions >= starts[:, None]).astype(ids.dtype)
+            return self.network(ids, positions < lengths[:, None], types).astype(mx.float32)
         return self.pooling(self.hidden(ids, lengths), lengths).astype(mx.float32)
 
 
@@ -70,13 +75,21 @@ def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, 
         if not hasattr(model, "model"):
             raise NotAnEmbeddingModel("its mlx-lm model has no inner `model` to read states of")
         return model, config
-    network = BertModel(BertConfig.of(config))
+    if architecture == RERANKER:
+        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
+        if labels != 1:
+            raise NotAnEmbeddingModel(
+                f"its classification head has {labels} labels; a reranker scores with one"
+            )
+        network = CrossEncoder(BertConfig.of(config))
+    else:
+        network = BertModel(BertConfig.of(config))
     weights: dict[str, mx.array] = {}
     for file in sorted(folder.glob("*.safetensors")):
         weights.update(mx.load(str(file)))
     if not weights:
         raise NotAnEmbeddingModel(f"no *.safetensors weights in {folder}")
-    network.load_weights(list(BertModel.sanitize(weights).items()), strict=True)
+    network.load_weights(list(network.sanitize(weights).items()), strict=True)
     return network, config
 
 
@@ -85,10 +98,12 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
     architecture = embedding_architecture(folder) or DECODER
     pooling = Pooling.of_folder(folder, "mean" if architecture == ENCODER else "last")
     limits = [_read_json(folder / "sentence_bert_config.json").get("max_seq_length")]
-    if architecture == ENCODER:
+    if architecture in (ENCODER, RERANKER):
         bert = BertConfig.of(config)
         limits.append(bert.max_position_embeddings - bert.position_offset)
         dimensions, pad_id = bert.hidden_size, bert.pad_token_id
+        if architecture == RERANKER:
+            dimensions = 1
     else:
         limits.append(config.get("max_position_embeddings"))
         dimensions, pad_id = int(config["hidden_size"]), 0
@@ -103,11 +118,3 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
         {k: str(v) for k, v in (prompts.get("prompts") or {}).items()},
         prompts.get("default_prompt_name"),
     )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

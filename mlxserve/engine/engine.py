@@ -31,7 +31,7 @@ from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
 from .cluster.lockstep import Cluster, LockStep, follow
-from .embedding_jobs import EmbeddingQueue, EmbedJob
+from .embedding_jobs import EMBEDDING_KINDS, EmbeddingQueue, EmbedJob
 from .failures.recovery import FailedSteps
 from .mlx_lm_compat import ServerBatchGenerator, failed_step
 from .models.draft import with_draft_model
@@ -321,14 +321,19 @@ class Engine(AdmittedWork):
                 if remaining:
                     self.cancel_group(group.group_id)
 
-    async def embed(self, rows: list[list[int]]) -> np.ndarray:
+    async def embed(
+        self, rows: list[list[int]], seconds: list[int] | None = None, per_token: bool = False
+    ) -> np.ndarray | list[np.ndarray]:
         """One vector a row of token ids (float32, (len(rows), dimensions)), from an embedding
-        model; raises EmbeddingFailed."""
+        model; a reranker's scores, (len(rows), 1), of pairs whose second text starts at
+        `seconds[i]`; `per_token`: each row's (len(row), dimensions) hidden states, unpooled.
+        Raises EmbeddingFailed."""
         loaded = self.check_ready()
-        if loaded.kind != "embed":
+        if loaded.kind not in EMBEDDING_KINDS or (per_token and loaded.kind != "embed"):
             raise EmbeddingFailed(f"{self.model_name} is not an embedding model")
         loop = asyncio.get_running_loop()
-        job = EmbedJob([list(row) for row in rows], loop, loop.create_future())
+        rows = [list(row) for row in rows]
+        job = EmbedJob(rows, loop, loop.create_future(), seconds, per_token)
         self._inbox.put(job)
         return await job.future
 
@@ -457,8 +462,11 @@ class Engine(AdmittedWork):
         return True
 
     def _embed_step(self) -> None:
+        """A batch of the embedding jobs; while other models stream, no longer than their
+        pacers let a prefill chunk hold them (`chunk_cost` of their decode steps)."""
         if len(self.embedder):
-            self.embedder.step()
+            streaming = self.others_streaming_s
+            self.embedder.step(self.chunk_cost * streaming if streaming > 0 else None)
             self.stats.embedded_inputs = self.embedder.rows_done
 
     def step_now(self) -> None:
@@ -484,7 +492,7 @@ class Engine(AdmittedWork):
         self._stopped.set()
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
-        if loaded.kind == "embed":
+        if loaded.kind in EMBEDDING_KINDS:
             self.embedder = EmbeddingQueue(loaded.model)
             return
         self._pacer = PrefillPacer(

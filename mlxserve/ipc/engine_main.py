@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -296,12 +297,21 @@ async def _slots(process: EngineProcess, model: str):
     return await engine.running_slots() if engine is not None else []
 
 
-async def _embed(process: EngineProcess, model: str, rows: list[list[int]]) -> dict[str, Any]:
-    """The rows' vectors as float32 bytes and their shape (msgpack carries bytes as they are)."""
+async def _embed(
+    process: EngineProcess,
+    model: str,
+    rows: list[list[int]],
+    seconds: list[int] | None = None,
+    per_token: bool = False,
+) -> dict[str, Any]:
+    """The rows' vectors as float32 bytes and their shape (msgpack carries bytes as they are);
+    per token, every row's states one after the other."""
     engine = process.pool.get(model)
     if engine is None:
         raise KeyError(model)
-    vectors = await engine.embed(rows)
+    vectors = await engine.embed(rows, seconds, per_token)
+    if per_token:
+        vectors = np.concatenate(vectors)
     return {"shape": list(vectors.shape), "data": vectors.astype("<f4").tobytes()}
 
 

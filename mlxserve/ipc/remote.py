@@ -136,11 +136,18 @@ class RemoteEngine(AdmittedWork):
         reply = await self.supervisor.call("slots", self.model_name)
         return msgspec.convert(reply.value or [], list[RunningSlot])
 
-    async def embed(self, rows: list[list[int]]) -> np.ndarray:
-        """As `Engine.embed`: one float32 vector a row, from the engine process."""
-        reply = await self.supervisor.call("embed", self.model_name, rows=rows)
+    async def embed(
+        self, rows: list[list[int]], seconds: list[int] | None = None, per_token: bool = False
+    ) -> np.ndarray | list[np.ndarray]:
+        """As `Engine.embed`: one float32 vector a row (or a token), from the engine process."""
+        reply = await self.supervisor.call(
+            "embed", self.model_name, rows=rows, seconds=seconds, per_token=per_token
+        )
         value = reply.value
-        return np.frombuffer(value["data"], "<f4").reshape(value["shape"])
+        vectors = np.frombuffer(value["data"], "<f4").reshape(value["shape"])
+        if not per_token:
+            return vectors
+        return np.split(vectors, np.cumsum([len(row) for row in rows])[:-1])
 
     # ---- asking the engine -----------------------------------------------------------------
 

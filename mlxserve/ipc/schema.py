@@ -77,6 +77,8 @@ class FactsWire:
     kind: str
     dimensions: int
     matryoshka: bool
+    prompts: dict[str, str]
+    default_prompt: str | None
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

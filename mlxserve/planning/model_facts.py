@@ -30,6 +30,8 @@ class ModelFacts:
     kind: str = "generate"  # or "embed": an embedding model (mlxserve/embedding/)
     dimensions: int = 0  # an embedding model's vector size
     matryoshka: bool = False  # its vectors may be cut short (`dimensions`), its config says
+    prompts: dict[str, str] = field(default_factory=dict)  # an embedding model's instructions
+    default_prompt: str | None = None  # the instruction put before every text, by name
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from .. import numpy_bert
-from ..embedding_models import build_tiny_bert
+from ..embedding_models import build_tiny_bert, build_tiny_cross_encoder
 
 TEXTS = ["a man is eating food.", "why is the sky blue?", "hello"]
 TOLERANCE = 1e-4
@@ -143,3 +143,128 @@ def test_llamacpp_embedding_body_and_its_normalisations(served, reference):
     assert max(abs(v) for v in largest.json()[0]["embedding"][0]) == pytest.approx(32760, abs=1)
     missing = httpx.post(url, json={"model": "tiny-bert"})
     assert missing.status_code == 400 and "must be provided" in missing.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def reranker(live_servers, tiny_model, tmp_path_factory):
+    folder = build_tiny_cross_encoder(tmp_path_factory.mktemp("rerank") / "tiny-reranker")
+    return folder, live_servers.shared(tiny_model, models=(str(folder),))
+
+
+QUERY = "why is the sky blue?"
+DOCUMENTS = ["the sky is blue", "a man is eating food.", "hello world", "blue"]
+
+
+def expected_scores(folder) -> list[float]:
+    """Each pair's sigmoid(logit) from NumPy's BERT, token types as BERT reads a pair."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    weights = numpy_bert.load_weights(folder)
+    config = json.loads((folder / "config.json").read_text())
+    scores = []
+    for document in DOCUMENTS:
+        pair = tokenizer(QUERY, document, return_token_type_ids=True)
+        logit = numpy_bert.pair_score(weights, config, pair["input_ids"], pair["token_type_ids"])
+        scores.append(1 / (1 + np.exp(-logit)))
+    return scores
+
+
+def test_rerank_scores_each_pair_and_orders_them(reranker):
+    folder, live = reranker
+    expected = expected_scores(folder)
+    body = {"model": "tiny-reranker", "query": QUERY, "documents": DOCUMENTS}
+    answer = httpx.post(f"{live.url}/v1/rerank", json=body).json()
+    order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
+    assert [r["index"] for r in answer["results"]] == order
+    for result in answer["results"]:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=1e-4)
+        assert "document" not in result
+    assert answer["usage"]["total_tokens"] > 0
+    top = httpx.post(
+        f"{live.url}/rerank",  # llama.cpp's name; Cohere's objects; two best, with their text
+        json={
+            **body,
+            "documents": [{"text": d} for d in DOCUMENTS],
+            "top_n": 2,
+            "return_documents": True,
+        },
+    ).json()
+    assert [r["index"] for r in top["results"]] == order[:2]
+    assert top["results"][0]["document"] == {"text": DOCUMENTS[order[0]]}
+    tei = httpx.post(
+        f"{live.url}/rerank",
+        json={"model": "tiny-reranker", "query": QUERY, "texts": DOCUMENTS, "return_text": True},
+    ).json()
+    assert [r["index"] for r in tei] == order and tei[0]["text"] == DOCUMENTS[order[0]]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"query": QUERY, "documents": []}, "documents"),
+        ({"query": QUERY, "documents": ["ok", ""]}, "documents"),
+        ({"query": QUERY, "documents": [{"title": "x"}]}, "documents"),
+        ({"query": "", "documents": ["a"]}, "query"),
+        ({"query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
+        ({"query": "word " * 100, "documents": ["a"]}, "query"),
+    ],
+)
+def test_bad_rerank_requests_are_a_400_naming_the_field(reranker, body, param):
+    _, live = reranker
+    answer = httpx.post(f"{live.url}/v1/rerank", json={"model": "tiny-reranker", **body})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+def test_a_reranker_does_not_embed_nor_an_embedder_rerank(reranker, served):
+    _, live = reranker
+    answer = httpx.post(f"{live.url}/v1/embeddings", json={"model": "tiny-reranker", "input": "x"})
+    assert answer.status_code == 400 and "is a reranker" in answer.text
+    answer = httpx.post(
+        f"{served.url}/v1/rerank", json={"model": "tiny-bert", "query": "q", "documents": ["d"]}
+    )
+    assert answer.status_code == 400 and "is an embedding model" in answer.text
+
+
+def test_model_lists_say_what_each_model_is(served, reranker):
+    cards = {c["id"]: c for c in httpx.get(f"{served.url}/v1/models").json()["data"]}
+    assert cards["tiny-bert"]["kind"] == "embed" and cards["tiny-bert"]["dimensions"] == 32
+    assert cards[served.engine.model_name]["kind"] == "generate"
+    _, live = reranker
+    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models").json()["data"]}
+    assert cards["tiny-reranker"]["kind"] == "rerank"
+    show = httpx.post(f"{served.url}/api/show", json={"model": "tiny-bert"})
+    assert show.status_code == 200, show.text
+    assert show.json()["capabilities"] == ["embedding"]
+    tags = [m["name"] for m in httpx.get(f"{served.url}/api/tags").json()["models"]]
+    assert "tiny-bert:latest" in tags
+
+
+def test_a_named_instruction_goes_before_each_text(client, served):
+    """sentence-transformers' `prompt_name`: the model's own instruction (here "query: ")."""
+    named = client.embeddings.create(
+        model="tiny-bert", input=["why?"], extra_body={"prompt_name": "query"}
+    )
+    written = client.embeddings.create(model="tiny-bert", input=["query: why?"])
+    plain = client.embeddings.create(model="tiny-bert", input=["why?"])
+    np.testing.assert_allclose(named.data[0].embedding, written.data[0].embedding, atol=1e-6)
+    assert not np.allclose(named.data[0].embedding, plain.data[0].embedding, atol=1e-3)
+    answer = httpx.post(
+        f"{served.url}/v1/embeddings",
+        json={"model": "tiny-bert", "input": "x", "prompt_name": "passage"},
+    )
+    assert answer.status_code == 400 and "document, query" in answer.json()["error"]["message"]
+
+
+def test_llamacpp_pooling_none_gives_each_tokens_state(served, tiny_bert, reference):
+    ids, _ = reference(TEXTS[0])
+    body = {"model": "tiny-bert", "content": [TEXTS[0], "hello"], "pooling": "none"}
+    answer = httpx.post(f"{served.url}/embedding", json=body)
+    assert answer.status_code == 200, answer.text
+    first, second = answer.json()
+    assert (first["index"], second["index"]) == (0, 1)
+    weights = numpy_bert.load_weights(tiny_bert)
+    config = json.loads((tiny_bert / "config.json").read_text())
+    expected = numpy_bert.hidden_states(weights, config, ids)
+    np.testing.assert_allclose(first["embedding"], expected, atol=TOLERANCE)
+    assert len(second["embedding"]) == len(reference("hello")[0])

@@ -20,6 +20,8 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from mlxserve.settings import Limits
 
+from ..embedding_models import build_tiny_bert, build_tiny_cross_encoder
+
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
 pytestmark = pytest.mark.http_only
 
@@ -65,19 +67,42 @@ ROUTES = {
     "POST /api/chat",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
+    "POST /v1/embeddings",
+    "POST /embedding",
+    "POST /embeddings",
+    "POST /api/embed",
+    "POST /api/embeddings",
+    "POST /v1/rerank",
+    "POST /rerank",
+    "POST /v1/reranking",
+    "POST /reranking",
 }
-# Ollama's generation routes name the model (required): fuzzed names are mostly unknown (404),
-# so a well-formed name is replaced by the served one for the request to reach generation.
-NAMES_A_MODEL = {"POST /api/generate", "POST /api/chat"}
+# Routes that name a model: fuzzed names are mostly unknown (404, or the default model's 400),
+# so a well-formed name is replaced by the one each route serves for the request to reach it.
+EMBEDDING_ROUTES = {
+    "POST /v1/embeddings",
+    "POST /embedding",
+    "POST /embeddings",
+    "POST /api/embed",
+    "POST /api/embeddings",
+}
+RERANK_ROUTES = {"POST /v1/rerank", "POST /rerank", "POST /v1/reranking", "POST /reranking"}
+NAMES_A_MODEL = {"POST /api/generate", "POST /api/chat", *EMBEDDING_ROUTES, *RERANK_ROUTES}
 # Routes whose answer is a 5xx by design: slot save/restore/erase are 501 (not supported).
 NOT_SUPPORTED = {"POST /slots/{id_slot}"}
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(live_servers, tiny_coder):
-    """The tiny coder: it has fill-in-the-middle tokens, so `suffix` and /infill run for real.
-    A server of this module's own: the fuzzer loads and unloads models through /admin."""
-    with live_servers.own(tiny_coder, limits=FUZZ_LIMITS) as live:
+def fuzz_server(live_servers, tiny_coder, tmp_path_factory):
+    """The tiny coder: it has fill-in-the-middle tokens, so `suffix` and /infill run for real;
+    a tiny embedding model and a tiny reranker beside it. A server of this module's own: the
+    fuzzer loads and unloads models through /admin."""
+    folder = tmp_path_factory.mktemp("fuzz-embedding")
+    models = (
+        str(build_tiny_bert(folder / "tiny-bert")),
+        str(build_tiny_cross_encoder(folder / "tiny-reranker")),
+    )
+    with live_servers.own(tiny_coder, limits=FUZZ_LIMITS, models=models) as live:
         yield live
 
 
@@ -135,8 +160,15 @@ def test_every_route_survives_fuzzing(api_schema, fuzz_server, mode):
             database=None,
         )
         def fuzz(case):
-            if case.operation.label in NAMES_A_MODEL and well_formed_name(case.body):
-                case.body["model"] = served_name
+            label = case.operation.label
+            if label in NAMES_A_MODEL and well_formed_name(case.body):
+                case.body["model"] = (
+                    "tiny-bert"
+                    if label in EMBEDDING_ROUTES
+                    else "tiny-reranker"
+                    if label in RERANK_ROUTES
+                    else served_name
+                )
             response = case.call(timeout=30)
             statuses[(case.operation.label, response.status_code)] += 1
 

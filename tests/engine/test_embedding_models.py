@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -25,6 +26,10 @@ from mlxserve.engine import Engine
 
 from .. import numpy_bert
 from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder
+from ..helpers import skip_for_missing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import fetch_embedding_model  # noqa: E402
 
 TEXTS = ["a man is eating food.", "why is the sky blue?", "hello", "def f(x): return x + 1"]
 TOLERANCE = 1e-4  # float32 against float64 over two layers
@@ -124,3 +129,22 @@ def test_the_engine_batches_requests_and_each_gets_its_own_vectors(tiny_bert):
         assert engine.stats.embedded_inputs == 2 * len(rows)
     finally:
         engine.stop()
+
+
+def test_all_minilm_l6_v2_vectors_equal_numpy_berts():
+    """A real sentence-transformers model (scripts/fetch_embedding_model.py): MLX's vectors are
+    NumPy's, and they do what embeddings are for (a paraphrase is near, another topic far)."""
+    folder = fetch_embedding_model.FOLDER
+    if not (folder / "model.safetensors").exists():
+        skip_for_missing(f"{folder} is absent: scripts/fetch_embedding_model.py fetches it")
+    model, config = loaded(folder)
+    assert model.pooling == Pooling("mean", normalize=True) and model.max_tokens == 256
+    sentences = ["A man is eating food.", "A man is eating a piece of bread.", "The sky is blue."]
+    rows = token_rows(folder, sentences)
+    vectors = np.asarray(model.embed(rows))
+    weights = numpy_bert.load_weights(folder)
+    for row, vector in zip(rows, vectors):
+        expected = numpy_bert.mean_pooled(weights, config, row, normalize=True)
+        np.testing.assert_allclose(vector, expected, atol=1e-5)
+    similar = vectors @ vectors.T
+    assert similar[0, 1] > 0.6 > 0.2 > similar[0, 2]

@@ -12,10 +12,14 @@ MAX_INPUTS = 2048  # inputs one request may carry (OpenAI's limit)
 
 
 def input_rows(
-    value: Any, loaded, param: str = "input", truncate: bool = False
+    value: Any, loaded, param: str = "input", truncate: bool = False, prompt_name=None
 ) -> tuple[list[list[int]], int]:
-    """(token rows, the tokens they hold) for `value`, in the order given."""
+    """(token rows, the tokens they hold) for `value`, in the order given; texts after the
+    model's instruction `prompt_name` (None: its default one, if it has one)."""
     items = _items(value, param)
+    prefix = instruction(loaded, prompt_name)
+    if prefix:
+        items = [prefix + item if isinstance(item, str) else item for item in items]
     if len(items) > MAX_INPUTS:
         raise InvalidRequest(
             f"'{param}' has {len(items)} inputs; at most {MAX_INPUTS} may be sent at once",
@@ -35,6 +39,20 @@ def input_rows(
             )
         rows.append(row)
     return rows, sum(map(len, rows))
+
+
+def instruction(loaded, prompt_name: str | None) -> str:
+    """The text put before each input: the model's prompt by that name (sentence-transformers'
+    `prompt_name`: "query", "document", ...), else its default prompt, else nothing."""
+    if prompt_name is None:
+        return loaded.prompts.get(loaded.default_prompt, "") if loaded.default_prompt else ""
+    if prompt_name not in loaded.prompts:
+        known = ", ".join(sorted(loaded.prompts)) or "none"
+        raise InvalidRequest(
+            f"{loaded.model_id} has no prompt named {prompt_name!r} (it has: {known})",
+            param="prompt_name",
+        )
+    return loaded.prompts[prompt_name]
 
 
 def _items(value: Any, param: str) -> list[Any]:

@@ -63,6 +63,9 @@ class EmbeddingRequest(Fields):
         None, ge=1, description="cut each vector to its first N (Matryoshka models only)"
     )
     user: str | None = Field(None, max_length=MAX_NAME)
+    prompt_name: str | None = Field(
+        None, max_length=MAX_NAME, description="the model's instruction to put before each text"
+    )
 
 
 class OllamaEmbedRequest(OllamaFields):
@@ -74,6 +77,7 @@ class OllamaEmbedRequest(OllamaFields):
     input: Any = None
     truncate: StrictBool = True
     dimensions: StrictInt | None = Field(None, ge=1)
+    prompt_name: str | None = Field(None, max_length=MAX_NAME)
 
 
 class OllamaEmbeddingsRequest(OllamaFields):
@@ -94,6 +98,10 @@ class NativeEmbeddingRequest(Fields):
     content: Any = None
     input: Any = None
     model: str | None = Field(None, max_length=MAX_NAME)
+    pooling: Literal["none"] | None = Field(
+        None,
+        description="\"none\": every token's vector, not normalised (llama.cpp's --pooling none)",
+    )
     embd_normalize: StrictInt = Field(
         2,
         ge=-1,

@@ -22,7 +22,9 @@ class EmbeddingError(APIError):
 
 @dataclass
 class Embedded:
-    vectors: np.ndarray  # (inputs, dimensions) float32, as the model pooled them
+    # (inputs, dimensions) float32, as the model pooled them; per token, one (tokens,
+    # dimensions) array an input
+    vectors: np.ndarray | list[np.ndarray]
     tokens: int  # the inputs' tokens (usage)
     loaded: Any  # the model's facts
     engine: Any
@@ -30,13 +32,20 @@ class Embedded:
     total_ns: int = 0
 
 
-async def embed(model: str | None, value: Any, param: str = "input", truncate=False) -> Embedded:
+async def embed(
+    model: str | None,
+    value: Any,
+    param: str = "input",
+    truncate=False,
+    prompt_name=None,
+    per_token: bool = False,
+) -> Embedded:
     started = time.perf_counter_ns()
     engine, loaded = await ready_model(model, kind="embed")
     loaded_at = time.perf_counter_ns()
-    rows, tokens = input_rows(value, loaded, param, truncate)
+    rows, tokens = input_rows(value, loaded, param, truncate, prompt_name)
     try:
-        vectors = await engine.embed(rows)
+        vectors = await engine.embed(rows, per_token=per_token)
     except EmbeddingFailed as error:
         raise EmbeddingError(str(error)) from error
     except EngineError as error:

@@ -29,7 +29,10 @@ async def embedding():
         value, param = body.input, "input"
     else:
         raise InvalidRequest('"input" or "content" must be provided', param="content")
-    done = await embed(body.model, value, param=param)
+    per_token = body.pooling == "none"
+    done = await embed(body.model, value, param=param, per_token=per_token)
+    if per_token:  # as llama.cpp: each token's state as the model left it
+        return [{"index": i, "embedding": v.tolist()} for i, v in enumerate(done.vectors)]
     vectors = scaled(done.vectors, body.embd_normalize)
     return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
 

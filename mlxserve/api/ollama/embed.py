@@ -31,7 +31,7 @@ async def embed_route():
         engine, _ = await ready_model(name, kind="embed")
         keeper(engine, body.keep_alive)()
         return {"model": body.model, "embeddings": []}
-    done = await embed(name, inputs, truncate=body.truncate)
+    done = await embed(name, inputs, truncate=body.truncate, prompt_name=body.prompt_name)
     keeper(done.engine, body.keep_alive)()
     vectors = cut(normalised(done.vectors), body.dimensions, done.loaded)
     return {

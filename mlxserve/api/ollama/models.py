@@ -229,7 +229,10 @@ def fim_section(fim: FimTemplate) -> str:
 
 def capabilities(entry: ModelEntry) -> list[str]:
     """completion always; insert with FIM tokens; tools (the server renders tool calls for any
-    template); thinking when the template thinks."""
+    template); thinking when the template thinks. An embedding model: embedding alone (a
+    reranker has none of Ollama's)."""
+    if entry.kind != "generate":
+        return ["embedding"] if entry.kind == "embed" else []
     found = ["completion"]
     if entry.fim:
         found.append("insert")

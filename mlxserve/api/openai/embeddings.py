@@ -18,7 +18,7 @@ blueprint = Blueprint("openai_embeddings", __name__)
 @document_request(EmbeddingRequest)
 async def create_embeddings():
     body = validate(EmbeddingRequest, await read_json_object())
-    done = await embed(body.model, body.input)
+    done = await embed(body.model, body.input, prompt_name=body.prompt_name)
     vectors = cut(normalised(done.vectors), body.dimensions, done.loaded)
     return {
         "object": "list",

@@ -1,5 +1,6 @@
 """BERT and its RoBERTa / XLM-RoBERTa variants: bidirectional encoders whose last hidden states
-are pooled into embeddings (MiniLM, bge, e5, gte, multilingual-e5 are of this family).
+are pooled into embeddings (MiniLM, bge, e5, gte, multilingual-e5 are of this family), and the
+cross-encoders built on them that score a (query, document) pair (bge-reranker).
 
 Parameter names are the Hugging Face checkpoint's (a `bert.` / `roberta.` prefix and the pooler
 are dropped at load), so `load_weights` reads a sentence-transformers folder as it is.
@@ -14,7 +15,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
 _PREFIXES = ("bert.", "roberta.", "model.")
 
 
@@ -140,8 +140,12 @@ class BertModel(nn.Module):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
 
-    def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
-        x = self.embeddings(ids, mx.zeros_like(ids))
+    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
+        """`types`: each token's segment (a pair's second text is 1; BERT reads it, RoBERTa
+        has one segment)."""
+        if types is None or self.config.type_vocab_size < 2:
+            types = mx.zeros_like(ids)
+        x = self.embeddings(ids, types)
         dtype = x.dtype
         additive = mx.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(dtype)
         for layer in self.encoder.layer:
@@ -161,6 +165,57 @@ class BertModel(nn.Module):
                 continue
             out[name] = value
         return out
+
+
+class ScoreHead(nn.Module):
+    """A cross-encoder's head on the first token: dense, tanh, one logit (BERT's pooler and
+    classifier, RoBERTa's classification head: the same arithmetic under other names)."""
+
+    def __init__(self, size: int, labels: int):
+        super().__init__()
+        self.dense = nn.Linear(size, size)
+        self.out = nn.Linear(size, labels)
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.out(mx.tanh(self.dense(first)))
+
+
+class CrossEncoder(nn.Module):
+    """`*ForSequenceClassification` with one label: a (query, document) pair read together,
+    scored by its first token (bge-reranker, ms-marco cross-encoders)."""
+
+    def __init__(self, config: BertConfig, labels: int = 1):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.head = ScoreHead(config.hidden_size, labels)
+
+    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
+        return self.head(self.bert(ids, mask, types)[:, 0])
+
+    @staticmethod
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        out = {}
+        for name, value in weights.items():
+            for prefix in ("bert.", "roberta."):
+                if name.startswith(prefix):
+                    name = "bert." + name[len(prefix) :]
+            for before, after in _HEAD_NAMES:
+                if name.startswith(before):
+                    name = after + name[len(before) :]
+                    break
+            if name.endswith("position_ids"):
+                continue
+            out[name] = value
+        return out
+
+
+_HEAD_NAMES = (
+    ("bert.pooler.dense.", "head.dense."),
+    ("classifier.dense.", "head.dense."),
+    ("classifier.out_proj.", "head.out."),
+    ("classifier.", "head.out."),
+)
 
 
 def _gelu_tanh(x: mx.array) -> mx.array:

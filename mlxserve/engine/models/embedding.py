@@ -50,10 +50,18 @@ def load_embedding_model(
         eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", ()) or ())),
         bos_token_id=tokenizer.bos_token_id,
         weights_folder=folder,
-        how_it_runs=f"{architecture} embeddings, {model.pooling.mode} pooling"
-        + (", normalised" if model.pooling.normalize else ""),
+        how_it_runs=_how_it_runs(model),
         weight_bytes=weight_bytes(network),
-        kind="embed",
+        kind=model.kind,
         dimensions=model.dimensions,
         matryoshka=bool(config.get("matryoshka_dimensions") or config.get("is_matryoshka")),
+        prompts=model.prompts,
+        default_prompt=model.default_prompt if model.default_prompt in model.prompts else None,
     )
+
+
+def _how_it_runs(model) -> str:
+    if model.kind == "rerank":
+        return "cross-encoder: a score a (query, document) pair"
+    normalised = ", normalised" if model.pooling.normalize else ""
+    return f"{model.architecture} embeddings, {model.pooling.mode} pooling{normalised}"

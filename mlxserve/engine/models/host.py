@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from ...embedding.model import embedding_architecture
+from ...embedding.kinds import embedding_architecture
 from ...fim import CONFIG_KEY, FimError, model_fim
 from ...planning.model_facts import ModelFacts
 from ...platform import PlatformPolicy, current_policy

@@ -1,0 +1,42 @@
+"""What a model folder holds, read from its files without MLX (the front process lists models
+too): an encoder or a cross-encoder of the BERT family, a decoder with a sentence-transformers
+pipeline, or none of these (a generation model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+ENCODER, DECODER, RERANKER = "encoder", "decoder", "reranker"
+
+
+def embedding_architecture(folder: Path) -> str | None:
+    """ENCODER, DECODER or RERANKER where the folder holds an embedding model or a reranker,
+    else None: an encoder family's config (with a classification head: a cross-encoder), or a
+    sentence-transformers pipeline over a decoder (a generation model without one is served
+    for generation)."""
+    config = read_json(folder / "config.json")
+    if config.get("model_type") in BERT_TYPES:
+        heads = [a for a in config.get("architectures") or [] if a.endswith("Classification")]
+        return RERANKER if heads else ENCODER
+    if (folder / "modules.json").is_file():
+        return DECODER
+    return None
+
+
+def model_kind(folder: Path) -> str:
+    """What the pool serves the folder's model for: "generate", "embed" or "rerank"."""
+    architecture = embedding_architecture(folder)
+    if architecture is None:
+        return "generate"
+    return "rerank" if architecture == RERANKER else "embed"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
