@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+# Encoder families this server does not run yet: refused by name, not read as a decoder
+OTHER_ENCODERS = ("modernbert", "nomic_bert", "jina_bert", "new", "distilbert", "mpnet", "t5")
 ENCODER, DECODER, RERANKER = "encoder", "decoder", "reranker"
+OTHER = "other encoder"  # an encoder of a family in OTHER_ENCODERS
 
 
 def embedding_architecture(folder: Path) -> str | None:
@@ -21,6 +24,8 @@ def embedding_architecture(folder: Path) -> str | None:
     if config.get("model_type") in BERT_TYPES:
         heads = [a for a in config.get("architectures") or [] if a.endswith("Classification")]
         return RERANKER if heads else ENCODER
+    if config.get("model_type") in OTHER_ENCODERS:
+        return OTHER
     if (folder / "modules.json").is_file():
         return DECODER
     return None

@@ -17,6 +17,7 @@ PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
 SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
 RECOVERY = 0.05  # pull towards the prior of each step a row had drafts but was not let draft
 MAX_BACKOFF = 6  # the recovery halves for each pass in a row whose drafts were all refused
+PRIOR_WEIGHT = 16  # drafts the prior counts for in a draft model's pair prior
 
 
 def expected_tokens(acceptance: float, drafted: int) -> float:
@@ -32,13 +33,23 @@ def updated_acceptance(acceptance: float, drafted: int, kept: int) -> float:
     return (1 - SMOOTHING) * acceptance + SMOOTHING * kept / drafted
 
 
-def recovered_acceptance(acceptance: float, misses: int = 0) -> float:
+def pair_prior(drafted: int, accepted: int) -> float:
+    """A draft model's row starts from how often the pair has agreed so far (the draft's
+    agreement with the model is the pair's, learnt across requests): PRIOR_ACCEPTANCE
+    counted as PRIOR_WEIGHT drafts, then every draft verified."""
+    return (accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (drafted + PRIOR_WEIGHT)
+
+
+def recovered_acceptance(
+    acceptance: float, misses: int = 0, prior: float = PRIOR_ACCEPTANCE
+) -> float:
     """A row kept from drafting by its low acceptance is let try again after a while: what it
     copies changes (a chat turns to quoting code), and only a draft can show it. `misses`:
     its last passes in a row that kept nothing; each one doubles the wait (a draft model that
-    never agrees would otherwise cost a wide pass every few steps)."""
+    never agrees would otherwise cost a wide pass every few steps). `prior`: where it recovers
+    to (the row's start)."""
     rate = RECOVERY * 0.5 ** min(max(0, misses - 1), MAX_BACKOFF)
-    return acceptance + rate * (PRIOR_ACCEPTANCE - acceptance)
+    return acceptance + rate * (prior - acceptance)
 
 
 def choose_width(

@@ -19,6 +19,7 @@ from .draft_length import (
     PRIOR_ACCEPTANCE,
     WIDTHS,
     choose_width,
+    pair_prior,
     recovered_acceptance,
     updated_acceptance,
 )
@@ -40,6 +41,7 @@ class RowDrafts:
     limit: int
     drafter: NgramDrafter | None = None
     acceptance: float = PRIOR_ACCEPTANCE
+    prior: float = PRIOR_ACCEPTANCE  # where its acceptance starts, and recovers to
     misses: int = 0  # its last verify passes in a row that kept none of its drafts
 
 
@@ -68,7 +70,10 @@ class DraftPlanner:
         """Row `uid` drafts up to `limit` tokens a pass (None: `draft_tokens`; 0: never)."""
         limit = self.draft_tokens if limit is None else limit
         if limit > 0:
-            self.rows[uid] = RowDrafts(limit)
+            prior = PRIOR_ACCEPTANCE
+            if self.model is not None:  # the pair's agreement so far; prompt lookup's is the text's
+                prior = pair_prior(self.totals.drafted, self.totals.accepted)
+            self.rows[uid] = RowDrafts(limit, acceptance=prior, prior=prior)
 
     def drafting(self, uid: int) -> bool:
         return uid in self.rows
@@ -122,7 +127,7 @@ class DraftPlanner:
             for uid, count in zip(uids, available):
                 if count:
                     row = self.rows[uid]
-                    row.acceptance = recovered_acceptance(row.acceptance, row.misses)
+                    row.acceptance = recovered_acceptance(row.acceptance, row.misses, row.prior)
             self.costs.recover(len(uids))
         return width
 

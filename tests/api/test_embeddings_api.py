@@ -16,7 +16,11 @@ import openai
 import pytest
 
 from .. import numpy_bert
-from ..embedding_models import build_tiny_bert, build_tiny_cross_encoder
+from ..embedding_models import (
+    build_tiny_bert,
+    build_tiny_cross_encoder,
+    build_tiny_decoder_embedder,
+)
 
 TEXTS = ["a man is eating food.", "why is the sky blue?", "hello"]
 TOLERANCE = 1e-4
@@ -268,3 +272,23 @@ def test_llamacpp_pooling_none_gives_each_tokens_state(served, tiny_bert, refere
     expected = numpy_bert.hidden_states(weights, config, ids)
     np.testing.assert_allclose(first["embedding"], expected, atol=TOLERANCE)
     assert len(second["embedding"]) == len(reference("hello")[0])
+
+
+def test_a_decoder_embedding_model_answers_its_last_tokens_state(
+    live_servers, tiny_model, tmp_path_factory
+):
+    """An mlx-lm model with a sentence-transformers Pooling module (Qwen3-Embedding's kind):
+    the last token's hidden state, normalised, as mlx-lm's model gives it alone."""
+    import mlx.core as mx
+    import mlx_lm
+
+    folder = build_tiny_decoder_embedder(tiny_model, tmp_path_factory.mktemp("dec") / "tiny-dec")
+    live = live_servers.shared(tiny_model, models=(str(folder),))
+    rows = [[1, 5, 6, 7, 8], [1, 9]]
+    body = {"model": "tiny-dec", "input": rows, "encoding_format": "float"}
+    answer = httpx.post(f"{live.url}/v1/embeddings", json=body)
+    assert answer.status_code == 200, answer.text
+    model, _ = mlx_lm.load(str(tiny_model))
+    for row, datum in zip(rows, answer.json()["data"]):
+        alone = np.asarray(model.model(mx.array(row)[None])[0, -1])
+        np.testing.assert_allclose(datum["embedding"], unit(alone), atol=1e-5)

@@ -5,7 +5,7 @@ never agrees must not cost a wide pass every few steps)."""
 from __future__ import annotations
 
 from mlxserve.speculation.pass_costs import PassCosts
-from mlxserve.speculation.planner import DraftPlanner
+from mlxserve.speculation.planner import DraftPlanner, DraftTotals
 
 from .test_draft_length import MEASURED
 
@@ -51,3 +51,18 @@ def test_a_kept_pass_ends_the_backoff():
     after = [step for step in tried if step > kept_at]
     assert after[0] - kept_at < alone[7] - alone[6]  # the next try comes sooner
     assert len(tried) > len(alone)
+
+
+def test_a_draft_models_rows_start_from_the_pairs_agreement_so_far():
+    """A draft model's agreement is the pair's: a pair that has kept 2 of 200 drafts does not
+    try a wide pass at each new request's start; prompt lookup's rows start from the prior."""
+    poor = DraftPlanner(costs=MeasuredCosts(), model=object(), totals=DraftTotals(200, 2))
+    poor.admit(0)
+    assert poor.rows[0].acceptance < 0.1
+    assert poor.width([0], [[1, 2, 3]], [100]) == 0
+    good = DraftPlanner(costs=MeasuredCosts(), model=object(), totals=DraftTotals(200, 180))
+    good.admit(0)
+    assert good.rows[0].acceptance > 0.8 and good.width([0], [[1, 2, 3]], [100]) > 0
+    for fresh in (DraftPlanner(model=object()), DraftPlanner(totals=DraftTotals(200, 2))):
+        fresh.admit(0)
+        assert fresh.rows[0].acceptance == 0.5
