@@ -128,7 +128,8 @@ class DraftPlanner:
                 if count:
                     row = self.rows[uid]
                     row.acceptance = recovered_acceptance(row.acceptance, row.misses, row.prior)
-            self.costs.recover(len(uids))
+            if self.model is None:  # a draft model's passes are in its timings: no prior holds
+                self.costs.recover(len(uids))
         return width
 
     def drafts(

@@ -66,3 +66,19 @@ def test_a_draft_models_rows_start_from_the_pairs_agreement_so_far():
     for fresh in (DraftPlanner(model=object()), DraftPlanner(totals=DraftTotals(200, 2))):
         fresh.admit(0)
         assert fresh.rows[0].acceptance == 0.5
+
+
+def test_a_draft_models_timed_costs_stay_what_they_were_timed():
+    """Prompt lookup's timed widths drift back to the prior while unused (a slow step may have
+    waited on something else); a draft model's include its own passes, which the prior does
+    not know of, so they stay."""
+    for model, drifts in ((None, True), (object(), False)):
+        costs = PassCosts()
+        costs.observe(1, 0, 1.0)
+        costs.observe(1, 2, 1.5)
+        planner = DraftPlanner(costs=costs, model=model, totals=DraftTotals(200, 2))
+        planner.admit(0)
+        planner.rows[0].acceptance = 0.01
+        for _ in range(200):
+            assert planner.width([0], [[1, 2, 3, 1, 2, 3, 1, 2]], [100]) == 0
+        assert (costs.relative_cost(1, 2) < 1.2) == drifts
