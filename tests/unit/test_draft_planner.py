@@ -78,7 +78,7 @@ def test_a_draft_models_timed_costs_stay_what_they_were_timed():
         costs.observe(1, 2, 1.5)
         planner = DraftPlanner(costs=costs, model=model, totals=DraftTotals(200, 2))
         planner.admit(0)
-        planner.rows[0].acceptance = 0.01
         for _ in range(200):
+            planner.rows[0].acceptance = 0.01  # never worth a pass: each step recovers
             assert planner.width([0], [[1, 2, 3, 1, 2, 3, 1, 2]], [100]) == 0
         assert (costs.relative_cost(1, 2) < 1.2) == drifts
