@@ -26,7 +26,7 @@ import numpy as np
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
 from ..speculation.draft_model import ModelDrafter
-from ..speculation.pass_costs import FlatPassCosts, PassCosts
+from ..speculation.pass_costs import DraftModelPassCosts, FlatPassCosts, PassCosts
 from ..speculation.planner import DraftPlanner, DraftTotals
 from .admitted import AdmittedWork
 from .cluster.doorbell import Doorbell
@@ -119,7 +119,12 @@ class Engine(AdmittedWork):
         self.speculation = speculation if drafting else None
         if drafting and speculation.draft_model is not None:
             loader = with_draft_model(loader or load_model, speculation.draft_model)
-        self.pass_costs = PassCosts()  # learnt over the engine's life, across batches
+        # learnt over the engine's life, across batches
+        self.pass_costs = (
+            DraftModelPassCosts()
+            if self.speculation and self.speculation.draft_model
+            else PassCosts()
+        )
         self.draft_totals = DraftTotals()
         self._last_decode: tuple[int, int, float] | None = None  # rows, width, start
         budget = default_budget_bytes() if prefix_cache_bytes is None else prefix_cache_bytes
@@ -658,7 +663,9 @@ class Engine(AdmittedWork):
         if last is not None and self.speculation is not None:
             self.pass_costs.observe(last[0], last[1], started - last[2])
         self._last_decode = None
-        if responses and not prompt_tokens:
+        planner = generator.planner
+        joined = planner is not None and planner.model is not None and planner.model.joined
+        if responses and not prompt_tokens and not joined:  # (a draft model's prompt read)
             rows = len({r.uid for r in responses})
             self._last_decode = (rows, generator.decode_batch.draft_width, started)
 

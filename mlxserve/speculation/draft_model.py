@@ -60,6 +60,7 @@ class ModelDrafter:
         self.fed: list[int] = []  # per row: how many of `known` the draft KV holds
         self.cache: list[BatchKVCache] | None = None
         self._last: tuple[list[int], int] | None = None  # per row: sequence length; width
+        self.joined = 0  # rows that read their prompt in this step (its time is no pass cost)
 
     def forget(self, uids: Sequence[int]) -> None:
         gone = set(uids)
@@ -89,7 +90,9 @@ class ModelDrafter:
         will hold once the step's first token is fed: that token last)."""
         sequence_of = dict(zip(uids, sequences))
         self.forget([uid for uid in self.uids if uid not in sequence_of])
-        self._join([uid for uid in uids if uid not in self.uids], sequence_of)
+        joining = [uid for uid in uids if uid not in self.uids]
+        self.joined += len(joining)
+        self._join(joining, sequence_of)
         rows = [sequence_of[uid] for uid in self.uids]
         feeds = [seq[fed:] for seq, fed in zip(rows, self.fed)]
         longest = max(map(len, feeds))

@@ -66,6 +66,29 @@ class PassCosts:
         return dict(self._seconds)
 
 
+class DraftModelPassCosts(PassCosts):
+    """A draft model's pass costs: each drafted token is a pass of the draft model too, which
+    the prior (a wider pass of the model alone) does not count. So a width not yet timed costs
+    at least what the widest timed one below it costs a draft, and timed widths stay as timed
+    (no drift back to the prior: what made them slow is the draft model, every time)."""
+
+    def recover(self, rows: int) -> None:
+        return
+
+    def relative_cost(self, rows: int, width: int) -> float:
+        cost = super().relative_cost(rows, width)
+        size = bucket(rows)
+        plain = self._seconds.get((size, 0))
+        if width == 0 or (size, width) in self._seconds or not plain:
+            return cost
+        below = [w for (at, w) in self._seconds if at == size and 0 < w < width]
+        if not below:
+            return cost
+        timed = max(below)
+        per_draft = (self._seconds[size, timed] / plain - 1.0) / timed
+        return max(cost, 1.0 + per_draft * width)
+
+
 class FlatPassCosts(PassCosts):
     """`--spec-fixed-width`: every width costs what a plain step does, so a row drafts all it
     finds (up to its most), as llama.cpp's and vLLM's servers draft, whatever the timings."""

@@ -102,6 +102,8 @@ class DraftPlanner:
         """The drafts the next pass would carry, from lookups on each row's `tokens` (those in
         its KV, not yet the one sampled after them); 0: a plain step. `remaining`: tokens each
         row may still emit after that one."""
+        if self.model is not None:
+            self.model.joined = 0
         if not self.rows:
             return 0
         acceptances, available, limits = [], [], [0]
@@ -128,8 +130,7 @@ class DraftPlanner:
                 if count:
                     row = self.rows[uid]
                     row.acceptance = recovered_acceptance(row.acceptance, row.misses, row.prior)
-            if self.model is None:  # a draft model's passes are in its timings: no prior holds
-                self.costs.recover(len(uids))
+            self.costs.recover(len(uids))
         return width
 
     def drafts(

@@ -4,10 +4,17 @@ never agrees must not cost a wide pass every few steps)."""
 
 from __future__ import annotations
 
-from mlxserve.speculation.pass_costs import PassCosts
+from mlxserve.speculation.pass_costs import DraftModelPassCosts, PassCosts
 from mlxserve.speculation.planner import DraftPlanner, DraftTotals
 
 from .test_draft_length import MEASURED
+
+
+class DraftModelStandIn:
+    """What the planner reads of a draft model (speculation/draft_model.py) when it only
+    chooses widths: no drafts are asked of it here."""
+
+    joined = 0
 
 
 class MeasuredCosts(PassCosts):
@@ -56,14 +63,21 @@ def test_a_kept_pass_ends_the_backoff():
 def test_a_draft_models_rows_start_from_the_pairs_agreement_so_far():
     """A draft model's agreement is the pair's: a pair that has kept 2 of 200 drafts does not
     try a wide pass at each new request's start; prompt lookup's rows start from the prior."""
-    poor = DraftPlanner(costs=MeasuredCosts(), model=object(), totals=DraftTotals(200, 2))
+    poor = DraftPlanner(
+        costs=MeasuredCosts(), model=DraftModelStandIn(), totals=DraftTotals(200, 2)
+    )
     poor.admit(0)
     assert poor.rows[0].acceptance < 0.1
     assert poor.width([0], [[1, 2, 3]], [100]) == 0
-    good = DraftPlanner(costs=MeasuredCosts(), model=object(), totals=DraftTotals(200, 180))
+    good = DraftPlanner(
+        costs=MeasuredCosts(), model=DraftModelStandIn(), totals=DraftTotals(200, 180)
+    )
     good.admit(0)
     assert good.rows[0].acceptance > 0.8 and good.width([0], [[1, 2, 3]], [100]) > 0
-    for fresh in (DraftPlanner(model=object()), DraftPlanner(totals=DraftTotals(200, 2))):
+    for fresh in (
+        DraftPlanner(model=DraftModelStandIn()),
+        DraftPlanner(totals=DraftTotals(200, 2)),
+    ):
         fresh.admit(0)
         assert fresh.rows[0].acceptance == 0.5
 
@@ -72,8 +86,10 @@ def test_a_draft_models_timed_costs_stay_what_they_were_timed():
     """Prompt lookup's timed widths drift back to the prior while unused (a slow step may have
     waited on something else); a draft model's include its own passes, which the prior does
     not know of, so they stay."""
-    for model, drifts in ((None, True), (object(), False)):
-        costs = PassCosts()
+    for model, costs, drifts in (
+        (None, PassCosts(), True),
+        (DraftModelStandIn(), DraftModelPassCosts(), False),
+    ):
         costs.observe(1, 0, 1.0)
         costs.observe(1, 2, 1.5)
         planner = DraftPlanner(costs=costs, model=model, totals=DraftTotals(200, 2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxserve.speculation.pass_costs import PRIOR_COST_PER_DRAFT, PassCosts
+from mlxserve.speculation.pass_costs import PRIOR_COST_PER_DRAFT, DraftModelPassCosts, PassCosts
 from mlxserve.speculation.planner import DraftPlanner
 
 WIDTHS = (2, 4, 8, 16)
@@ -40,3 +40,18 @@ def test_a_row_that_drafts_well_drafts_again_after_its_widths_were_timed_slow():
     assert any(widths), "never tried again"
     first = widths.index(next(w for w in widths if w))
     assert first > 10  # not at once: the timings count for a while
+
+
+def test_a_draft_models_untimed_widths_cost_what_the_timed_ones_cost_a_draft():
+    """Timed: width 2 at 2.5 plain steps (the draft model's two passes in it). Width 8, not
+    timed, is taken at 1 + 0.75 * 8, not the prior's 1.16 (tried once, it cost every row a
+    slow step); a timed width stays as timed, and no drift pulls it back."""
+    costs = DraftModelPassCosts()
+    costs.observe(1, 0, 0.1)
+    costs.observe(1, 2, 0.25)
+    assert costs.relative_cost(1, 8) == pytest.approx(7.0)
+    assert costs.relative_cost(1, 2) == pytest.approx(2.5)
+    assert costs.relative_cost(1, 1) == pytest.approx(PassCosts().relative_cost(1, 1))
+    for _ in range(100):
+        costs.recover(1)
+    assert costs.relative_cost(1, 2) == pytest.approx(2.5)
