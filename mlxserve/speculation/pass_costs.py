@@ -12,7 +12,10 @@ row a slow step).
 
 from __future__ import annotations
 
-SMOOTHING = 0.2  # weight of a new step's time in the running mean
+from collections import deque
+from statistics import median
+
+WINDOW = 9  # a width's latest step times at a batch size; their median is its time
 PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured pass's cost per drafted token, over the plain step
 RECOVERY = 0.05  # pull towards the prior of each step a batch could have drafted and did not
 
@@ -23,47 +26,55 @@ def bucket(rows: int) -> int:
 
 
 class PassCosts:
-    """Running mean step time by (batch bucket, width); `relative_cost` is the `choose_width`
-    cost function."""
+    """Step times by (batch bucket, width), the median of each one's latest WINDOW (one slow
+    step, a pause of the process or the machine, moves no median: a running mean kept one for
+    dozens of steps, and a plain step timed 4x its usual made drafting look cheaper than not);
+    `relative_cost` is the `choose_width` cost function."""
 
     def __init__(self) -> None:
-        self._seconds: dict[tuple[int, int], float] = {}
+        self._samples: dict[tuple[int, int], deque[float]] = {}
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A decode step of `rows` rows with `width` drafts (0: a plain step), with no prompt
         work in it, took `seconds` start to start."""
         key = (bucket(rows), width)
-        before = self._seconds.get(key)
-        self._seconds[key] = (
-            seconds if before is None else (1 - SMOOTHING) * before + SMOOTHING * seconds
-        )
+        self._samples.setdefault(key, deque(maxlen=WINDOW)).append(seconds)
 
     def recover(self, rows: int) -> None:
         """A step at `rows` rows that had drafts but drafted none: each width timed at that size
         moves a little towards its prior, so a width once timed slow (a step that waited on
         something else) is tried again, and timed again, some steps later."""
         size = bucket(rows)
-        plain = self._seconds.get((size, 0))
+        plain = self._time(size, 0)
         if plain is None or plain <= 0:
             return
-        for (at, width), seconds in self._seconds.items():
+        for (at, width), samples in self._samples.items():
             if at == size and width:
+                seconds = median(samples)
                 prior = plain * (1.0 + PRIOR_COST_PER_DRAFT * width * rows)
-                self._seconds[at, width] = seconds + RECOVERY * (prior - seconds)
+                scale = (seconds + RECOVERY * (prior - seconds)) / seconds
+                moved = [t * scale for t in samples]  # every sample alike: the median moves
+                samples.clear()
+                samples.extend(moved)
 
     def relative_cost(self, rows: int, width: int) -> float:
-        """A step of `width` drafts over the plain step, at `rows` rows."""
+        """A step of `width` drafts over the plain step, at `rows` rows (never under 1: a pass
+        that carries drafts does all a plain one does)."""
         if width == 0:
             return 1.0
         size = bucket(rows)
-        plain, wide = self._seconds.get((size, 0)), self._seconds.get((size, width))
+        plain, wide = self._time(size, 0), self._time(size, width)
         if plain is None or wide is None or plain <= 0:
             return 1.0 + PRIOR_COST_PER_DRAFT * width * rows
-        return wide / plain
+        return max(1.0, wide / plain)
 
     def measured(self) -> dict[tuple[int, int], float]:
-        """(bucket, width): mean seconds, for /metrics' and benchmarks' eyes."""
-        return dict(self._seconds)
+        """(bucket, width): median seconds, for /metrics' and benchmarks' eyes."""
+        return {key: median(samples) for key, samples in self._samples.items()}
+
+    def _time(self, size: int, width: int) -> float | None:
+        samples = self._samples.get((size, width))
+        return median(samples) if samples else None
 
 
 class DraftModelPassCosts(PassCosts):
@@ -78,14 +89,14 @@ class DraftModelPassCosts(PassCosts):
     def relative_cost(self, rows: int, width: int) -> float:
         cost = super().relative_cost(rows, width)
         size = bucket(rows)
-        plain = self._seconds.get((size, 0))
-        if width == 0 or (size, width) in self._seconds or not plain:
+        plain = self._time(size, 0)
+        if width == 0 or (size, width) in self._samples or not plain:
             return cost
-        below = [w for (at, w) in self._seconds if at == size and 0 < w < width]
+        below = [w for (at, w) in self._samples if at == size and 0 < w < width]
         if not below:
             return cost
         timed = max(below)
-        per_draft = (self._seconds[size, timed] / plain - 1.0) / timed
+        per_draft = (self._time(size, timed) / plain - 1.0) / timed
         return max(cost, 1.0 + per_draft * width)
 
 

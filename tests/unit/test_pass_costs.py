@@ -55,3 +55,16 @@ def test_a_draft_models_untimed_widths_cost_what_the_timed_ones_cost_a_draft():
     for _ in range(100):
         costs.recover(1)
     assert costs.relative_cost(1, 2) == pytest.approx(2.5)
+
+
+def test_one_slow_step_moves_no_cost_and_drafting_never_costs_less_than_not():
+    """A plain step timed at 0.316 s among ones of 0.07 s (the process paused), as a server
+    measured: with a running mean, width 2 (0.17 s) looked cheaper than a plain step and a row
+    that kept nothing drafted at every step."""
+    costs = PassCosts()
+    for seconds in (0.07, 0.316, 0.07):
+        costs.observe(1, 0, seconds)
+    costs.observe(1, 2, 0.17)
+    assert costs.relative_cost(1, 2) == pytest.approx(0.17 / 0.07)
+    costs.observe(1, 4, 0.05)  # faster than a plain step: a timing fluke, not a cheap pass
+    assert costs.relative_cost(1, 4) == 1.0
