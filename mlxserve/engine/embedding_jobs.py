@@ -61,6 +61,8 @@ class EmbeddingQueue:
         self.jobs: deque[EmbedJob] = deque()
         self.rows_done = 0  # for stats
         self.token_cost_s: float | None = None  # a padded token's time in a batch (mean)
+        # ... in batches sized to a budget: small ones, whose tokens each cost more
+        self.paced_cost_s: float | None = None
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -102,8 +104,9 @@ class EmbeddingQueue:
             return
         padded = len(batch) * max(len(job.rows[i]) for job, i in batch)
         cost = (time.perf_counter() - started) / padded
-        before = self.token_cost_s
-        self.token_cost_s = cost if before is None else before + COST_SMOOTHING * (cost - before)
+        self.token_cost_s = _smoothed(self.token_cost_s, cost)
+        if _bounded(budget_s):
+            self.paced_cost_s = _smoothed(self.paced_cost_s, cost)
         for (job, i), vector in zip(batch, values):
             job.vectors[i] = vector[: len(job.rows[i])] if job.per_token else vector
         self.rows_done += len(batch)
@@ -112,9 +115,14 @@ class EmbeddingQueue:
             job.settle(job.vectors if job.per_token else np.stack(job.vectors))
 
     def _tokens_within(self, budget_s: float | None) -> int:
-        cost = self.token_cost_s
-        if budget_s is None or not math.isfinite(budget_s) or cost is None or cost <= 0:
+        """The padded tokens a batch may hold: all it may while nothing streams; within the
+        budget at what paced batches have cost a token; one row until one has been timed (a
+        large batch's cost a token is a small one's underestimate)."""
+        if not _bounded(budget_s):
             return self.batch_tokens
+        cost = self.paced_cost_s
+        if cost is None or cost <= 0:
+            return 1
         return max(1, min(self.batch_tokens, int(budget_s / cost)))
 
     def _next_batch(self, most: int) -> list[tuple[EmbedJob, int]]:
@@ -133,3 +141,11 @@ class EmbeddingQueue:
                 longest = length
                 job.taken += 1
         return batch
+
+
+def _bounded(budget_s: float | None) -> bool:
+    return budget_s is not None and math.isfinite(budget_s)
+
+
+def _smoothed(before: float | None, value: float) -> float:
+    return value if before is None else before + COST_SMOOTHING * (value - before)
