@@ -22,6 +22,16 @@ class NotAnEmbeddingModel(ValueError):
 
 
 @dataclass
+class EncoderPass:
+    """An encoder's batch part way through its layers (run over several engine turns)."""
+
+    x: mx.array  # the next layer's input
+    additive: mx.array  # the padding's mask, as every layer adds it to its scores
+    lengths: mx.array  # each row's tokens
+    done: int = 0  # layers run so far
+
+
+@dataclass
 class EmbeddingModel:
     network: nn.Module
     architecture: str
@@ -37,32 +47,68 @@ class EmbeddingModel:
         """What the pool serves it for: "rerank" (a score a pair) or "embed"."""
         return "rerank" if self.architecture == RERANKER else "embed"
 
-    def hidden(self, ids: mx.array, lengths: mx.array) -> mx.array:
-        if self.architecture == ENCODER:
-            mask = mx.arange(ids.shape[1])[None, :] < lengths[:, None]
-            return self.network(ids, mask)
-        return self.network.model(ids)
+    @property
+    def layers(self) -> int:
+        """An encoder's layers, which a batch may go through a few at a time (`begin`,
+        `advance`, `finish`); 0 for a decoder, whose batch runs whole."""
+        return len(self._bert().encoder.layer) if self.architecture != DECODER else 0
+
+    def begin(self, rows: list[list[int]], seconds: list[int] | None = None) -> EncoderPass:
+        """An encoder's batch of right-padded rows, before its first layer; a reranker's pairs
+        have their second text from `seconds[i]` in row i."""
+        longest = max(map(len, rows))
+        ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
+        lengths = mx.array([len(row) for row in rows])
+        positions = mx.arange(longest)[None, :]
+        types = None
+        if seconds is not None:
+            types = (positions >= mx.array(seconds)[:, None]).astype(ids.dtype)
+        x, additive = self._bert().begin(ids, positions < lengths[:, None], types)
+        return EncoderPass(x, additive, lengths)
+
+    def advance(self, part: EncoderPass, count: int) -> None:
+        """The next `count` layers of the batch (no more than it has left)."""
+        for layer in self._bert().encoder.layer[part.done : part.done + count]:
+            part.x = layer(part.x, part.additive)
+        part.done = min(self.layers, part.done + count)
+
+    def finish(self, part: EncoderPass, per_token: bool = False) -> mx.array:
+        """A batch through every layer: pooled vectors, a reranker's scores, or (`per_token`)
+        every token's state, float32."""
+        if self.architecture == RERANKER:
+            out = self.network.head(part.x[:, 0])
+        elif per_token:
+            out = part.x
+        else:
+            out = self.pooling(part.x, part.lengths)
+        return out.astype(mx.float32)
 
     def token_states(self, rows: list[list[int]]) -> mx.array:
         """(len(rows), longest, dimensions) float32 last hidden states, unpooled (llama.cpp's
         pooling none); each row's own are its first len(row)."""
+        if self.layers:
+            part = self.begin(rows)
+            self.advance(part, self.layers)
+            return self.finish(part, per_token=True)
         longest = max(map(len, rows))
         ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
-        return self.hidden(ids, mx.array([len(row) for row in rows])).astype(mx.float32)
+        return self.network.model(ids).astype(mx.float32)
 
     def embed(self, rows: list[list[int]], seconds: list[int] | None = None) -> mx.array:
         """(len(rows), dimensions) float32 vectors, pooled (and normalised) as the model says;
         a reranker's (len(rows), 1) scores of its pairs, whose second text starts at
         `seconds[i]` in row i."""
+        if self.layers:
+            part = self.begin(rows, seconds)
+            self.advance(part, self.layers)
+            return self.finish(part)
         longest = max(map(len, rows))
         ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
         lengths = mx.array([len(row) for row in rows])
-        if self.architecture == RERANKER:
-            positions = mx.arange(longest)[None, :]
-            starts = mx.array(seconds if seconds is not None else [longest] * len(rows))
-            types = (positions >= starts[:, None]).astype(ids.dtype)
-            return self.network(ids, positions < lengths[:, None], types).astype(mx.float32)
-        return self.pooling(self.hidden(ids, lengths), lengths).astype(mx.float32)
+        return self.pooling(self.network.model(ids), lengths).astype(mx.float32)
+
+    def _bert(self):
+        return self.network.bert if self.architecture == RERANKER else self.network
 
 
 def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, Any]]:

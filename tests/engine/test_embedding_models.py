@@ -23,6 +23,7 @@ from mlxserve.embedding.model import (
 )
 from mlxserve.embedding.pooling import Pooling, PoolingError
 from mlxserve.engine import Engine
+from mlxserve.engine.embedding_jobs import EmbeddingQueue, EmbedJob
 
 from .. import numpy_bert
 from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder
@@ -162,3 +163,30 @@ def test_an_encoder_family_not_run_here_is_refused_by_name(tiny_bert, tmp_path):
         assert "modernbert encoders are not supported yet" in engine.error
     finally:
         engine.stop()
+
+
+def test_beside_streams_an_encoders_batch_goes_through_its_layers_a_few_a_turn(tiny_bert):
+    """With a budget too small for the whole pass (other models' streams wait on each turn),
+    the first turns run one layer of one row, then as many as fit; the vectors are the same."""
+    model, config = loaded(tiny_bert)
+    queue = EmbeddingQueue(model)
+    rows = token_rows(tiny_bert)
+    loop = asyncio.new_event_loop()
+    try:
+        job = EmbedJob(rows, loop, loop.create_future())
+        queue.add(job)
+        turns, depths = 0, []
+        while not job.future.done():
+            queue.step(budget_s=1e-9)  # nothing fits: one layer of one row a turn
+            if queue.current is not None:
+                depths.append(queue.current[1].done)
+            turns += 1
+            loop.run_until_complete(asyncio.sleep(0))
+        vectors = job.future.result()
+    finally:
+        loop.close()
+    assert turns == len(rows) * model.layers and depths[0] == 1
+    weights = numpy_bert.load_weights(tiny_bert)
+    for row, vector in zip(rows, vectors):
+        expected = numpy_bert.mean_pooled(weights, config, row)
+        np.testing.assert_allclose(vector, expected, atol=TOLERANCE, rtol=TOLERANCE)

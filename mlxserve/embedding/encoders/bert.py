@@ -141,16 +141,22 @@ class BertModel(nn.Module):
         self.encoder = Encoder(config)
 
     def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
-        """`types`: each token's segment (a pair's second text is 1; BERT reads it, RoBERTa
-        has one segment)."""
-        if types is None or self.config.type_vocab_size < 2:
-            types = mx.zeros_like(ids)
-        x = self.embeddings(ids, types)
-        dtype = x.dtype
-        additive = mx.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(dtype)
+        x, additive = self.begin(ids, mask, types)
         for layer in self.encoder.layer:
             x = layer(x, additive)
         return x
+
+    def begin(
+        self, ids: mx.array, mask: mx.array, types: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
+        """The first layer's input, and the additive mask every layer reads (the layers may
+        then run a few at a time). `types`: each token's segment (a pair's second text is 1;
+        BERT reads it, RoBERTa has one segment)."""
+        if types is None or self.config.type_vocab_size < 2:
+            types = mx.zeros_like(ids)
+        x = self.embeddings(ids, types)
+        additive = mx.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(x.dtype)
+        return x, additive
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
