@@ -56,11 +56,13 @@ class EmbedJob:
 class EmbeddingQueue:
     """The jobs of one embedding model, first come first served, row by row."""
 
-    def __init__(self, model, batch_tokens: int = BATCH_TOKENS):
+    def __init__(self, model, stats=None, batch_tokens: int = BATCH_TOKENS):
+        """`stats`: the engine's EngineStats, whose `embedded_inputs` counts the rows done
+        (before their requests hear of them)."""
         self.model = model
+        self.stats = stats
         self.batch_tokens = batch_tokens
         self.jobs: deque[EmbedJob] = deque()
-        self.rows_done = 0  # for stats
         # A padded token's time beside streams (batches sized to a budget are small, and a
         # token costs more in them): a decoder's whole pass, an encoder's layer
         self.paced_cost_s: float | None = None
@@ -147,7 +149,8 @@ class EmbeddingQueue:
     def _settle(self, batch: list[tuple[EmbedJob, int]], values: np.ndarray) -> None:
         for (job, i), vector in zip(batch, values):
             job.vectors[i] = vector[: len(job.rows[i])] if job.per_token else vector
-        self.rows_done += len(batch)
+        if self.stats is not None:
+            self.stats.embedded_inputs += len(batch)
         while self.jobs and all(v is not None for v in self.jobs[0].vectors):
             job = self.jobs.popleft()
             job.settle(job.vectors if job.per_token else np.stack(job.vectors))

@@ -472,7 +472,6 @@ class Engine(AdmittedWork):
         if len(self.embedder):
             streaming = self.others_streaming_s
             self.embedder.step(self.chunk_cost * streaming if streaming > 0 else None)
-            self.stats.embedded_inputs = self.embedder.rows_done
 
     def step_now(self) -> None:
         """One step of the running sequences (also while another model loads, when its new
@@ -498,7 +497,7 @@ class Engine(AdmittedWork):
 
     def _model_loaded(self, loaded: LoadedModel) -> None:
         if loaded.kind in EMBEDDING_KINDS:
-            self.embedder = EmbeddingQueue(loaded.model)
+            self.embedder = EmbeddingQueue(loaded.model, self.stats)
             return
         self._pacer = PrefillPacer(
             calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
