@@ -8,6 +8,9 @@ import json
 import math
 
 import httpx
+import pytest
+
+from ..device_numerics import LOGPROB_TOLERANCE
 
 GREEDY = {"prompt": "Once upon a time", "temperature": 0, "n_predict": 8, "ignore_eos": True}
 
@@ -55,8 +58,27 @@ def test_a_stream_sends_each_tokens_probabilities_with_it(http):
     streamed = [p for c in pieces for p in c["completion_probabilities"]]
     assert all(len(c["completion_probabilities"]) == 1 for c in pieces)
     assert [p["id"] for p in streamed] == [c["tokens"][0] for c in pieces]
-    assert streamed == answer["completion_probabilities"]
+    assert_same_probabilities(streamed, answer["completion_probabilities"])
     assert "completion_probabilities" not in last
+
+
+def assert_same_probabilities(ours: list[dict], theirs: list[dict]) -> None:
+    """The same tokens and alternatives, logprobs within LOGPROB_TOLERANCE: the two requests
+    may verify drafts in passes of different widths, which moves a logprob in its last
+    digits (measured: 5e-7 on the CPU)."""
+
+    def shape(entries):
+        return [
+            (e["id"], e["token"], e["bytes"], [(t["id"], t["token"]) for t in e["top_logprobs"]])
+            for e in entries
+        ]
+
+    def numbers(entries):
+        return [[e["logprob"], *(t["logprob"] for t in e["top_logprobs"])] for e in entries]
+
+    assert shape(ours) == shape(theirs)
+    for a, b in zip(numbers(ours), numbers(theirs)):
+        assert a == pytest.approx(b, abs=LOGPROB_TOLERANCE)
 
 
 def test_post_sampling_probs_are_those_the_token_was_drawn_from(http):
