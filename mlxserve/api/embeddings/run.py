@@ -3,11 +3,14 @@ model), the inputs' rows embedded, a failure of the batch a clear 500 in the doo
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from quart import Response, current_app
 
 from ...engine import EmbeddingFailed, EngineError
 from ..dispatch import ready_model
@@ -43,7 +46,8 @@ async def embed(
     started = time.perf_counter_ns()
     engine, loaded = await ready_model(model, kind="embed")
     loaded_at = time.perf_counter_ns()
-    rows, tokens = input_rows(value, loaded, param, truncate, prompt_name)
+    # tokenizing thousands of inputs must not hold the loop that serves every other stream
+    rows, tokens = await asyncio.to_thread(input_rows, value, loaded, param, truncate, prompt_name)
     try:
         vectors = await engine.embed(rows, per_token=per_token)
     except EmbeddingFailed as error:
@@ -52,3 +56,11 @@ async def embed(
         raise ServiceUnavailable(str(error), headers={"Retry-After": "1"}) from error
     done = time.perf_counter_ns()
     return Embedded(vectors, tokens, loaded, engine, loaded_at - started, done - started)
+
+
+async def json_response(build: Callable[[], Any]) -> Response:
+    """`build()`'s body as JSON, built and encoded off the event loop (a few thousand vectors
+    are tens of megabytes of text: the other streams' chunks would wait for it)."""
+    provider = current_app.json
+    text = await asyncio.to_thread(lambda: provider.dumps(build()))
+    return Response(text, content_type="application/json")

@@ -9,7 +9,7 @@ from quart import Blueprint
 from quart_schema import document_request
 
 from ..embeddings.protocol import NativeEmbeddingRequest
-from ..embeddings.run import embed
+from ..embeddings.run import embed, json_response
 from ..embeddings.vectors import normalised
 from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
@@ -32,9 +32,14 @@ async def embedding():
     per_token = body.pooling == "none"
     done = await embed(body.model, value, param=param, per_token=per_token)
     if per_token:  # as llama.cpp: each token's state as the model left it
-        return [{"index": i, "embedding": v.tolist()} for i, v in enumerate(done.vectors)]
+        states = done.vectors
+        return await json_response(
+            lambda: [{"index": i, "embedding": v.tolist()} for i, v in enumerate(states)]
+        )
     vectors = scaled(done.vectors, body.embd_normalize)
-    return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
+    return await json_response(
+        lambda: [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
+    )
 
 
 def scaled(vectors: np.ndarray, norm: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from quart_schema import document_request
 
 from ..dispatch import ready_model
 from ..embeddings.protocol import OllamaEmbeddingsRequest, OllamaEmbedRequest
-from ..embeddings.run import embed
+from ..embeddings.run import embed, json_response
 from ..embeddings.vectors import cut, normalised
 from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
@@ -34,13 +34,15 @@ async def embed_route():
     done = await embed(name, inputs, truncate=body.truncate, prompt_name=body.prompt_name)
     keeper(done.engine, body.keep_alive)()
     vectors = cut(normalised(done.vectors), body.dimensions, done.loaded)
-    return {
-        "model": body.model,
-        "embeddings": vectors.tolist(),
-        "total_duration": done.total_ns,
-        "load_duration": done.load_ns,
-        "prompt_eval_count": done.tokens,
-    }
+    return await json_response(
+        lambda: {
+            "model": body.model,
+            "embeddings": vectors.tolist(),
+            "total_duration": done.total_ns,
+            "load_duration": done.load_ns,
+            "prompt_eval_count": done.tokens,
+        }
+    )
 
 
 @blueprint.post("/api/embeddings")
