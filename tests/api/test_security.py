@@ -148,9 +148,12 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tiny_model, tmp_path):
             with httpx.stream(
                 "POST", url + "/v1/completions", json=body, headers=headers, timeout=120
             ) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        chunks.append(line[6:])
+                # SSE lines end at "\n" only: httpx's iter_lines also splits at U+2028 and
+                # friends, which a sampled random model's text may hold (raw, in JSON)
+                pending = ""
+                for text in response.iter_text():
+                    *lines, pending = (pending + text).split("\n")
+                    chunks.extend(line[6:] for line in lines if line.startswith("data: "))
 
         reader = threading.Thread(target=read_stream)
         reader.start()
