@@ -98,25 +98,7 @@ def build_tiny_bert(out: Path, seed: int = 0, pooling: str = "mean", normalize=F
     config = {**TINY_BERT, "vocab_size": len(vocab)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     save_file(bert_weights(config, seed), str(out / "model.safetensors"))
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
-    write_sentence_transformers(out, modules, pooling, config["hidden_size"])
+    write_sentence_transformers(out, pooling, config["hidden_size"], normalize)
     prompts = {
         "prompts": {"query": "query: ", "document": "passage: "},
         "default_prompt_name": None,
@@ -165,30 +147,19 @@ def build_tiny_decoder_embedder(tiny_model: Path, out: Path, normalize: bool = T
     if (out / "modules.json").exists():
         return out
     shutil.copytree(tiny_model, out)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
     config = json.loads((out / "config.json").read_text())
-    write_sentence_transformers(out, modules, "last", config["hidden_size"])
+    write_sentence_transformers(out, "last", config["hidden_size"], normalize)
     return out
 
 
-def write_sentence_transformers(out: Path, modules: list, pooling: str, size: int) -> None:
+def write_sentence_transformers(out: Path, pooling: str, size: int, normalize: bool) -> None:
+    """sentence-transformers' pipeline files: the model, a Pooling module, a Normalize one."""
+    kinds = ["Transformer", "Pooling"] + (["Normalize"] if normalize else [])
+    paths = ["", "1_Pooling", "2_Normalize"]
+    modules = [
+        {"idx": i, "name": str(i), "path": paths[i], "type": f"sentence_transformers.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     keys = {
         "cls": "pooling_mode_cls_token",
