@@ -528,6 +528,18 @@ def beside(base_url: str, prompt: str, streams: int = 1, tokens_after: int = 0) 
 # -- tables -----------------------------------------------------------------------------------
 
 
+def print_median_ratios(ratios: dict[str, list[float]]) -> None:
+    """Each row's median ratio over the runs, after a blank line (nothing when none)."""
+    if ratios:
+        print()
+        print_table(
+            [
+                (f"{name}: median ratio of {len(r)}", f"{statistics.median(r):.2f}x")
+                for name, r in ratios.items()
+            ]
+        )
+
+
 def print_table(rows: list[tuple[str, str]]) -> None:
     """Two aligned columns: label and value."""
     width = max(len(label) for label, _ in rows)

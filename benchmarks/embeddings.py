@@ -31,6 +31,7 @@ from common import (
     ROW_ERRORS,
     bench_parser,
     default_model,
+    print_median_ratios,
     print_table,
     reexec_for_cpu,
     row_failed,
@@ -192,13 +193,7 @@ def main() -> int:
         return 1
     print()
     print_table(rows_table)
-    print()
-    print_table(
-        [
-            (f"{k}: median ratio of {len(v)}", f"{statistics.median(v):.2f}x")
-            for k, v in ratios.items()
-        ]
-    )
+    print_median_ratios(ratios)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from common import (
     ServerFailed,
     bench_parser,
     default_model,
+    print_median_ratios,
     print_table,
     reexec_for_cpu,
     row_failed,
@@ -288,14 +288,7 @@ def main() -> int:
             row_failed("mlx_lm.server", error)
     print()
     print_table(rows)
-    if ratios:
-        print()
-        print_table(
-            [
-                (f"{name}: median ratio of {len(r)}", f"{statistics.median(r):.2f}x")
-                for name, r in ratios.items()
-            ]
-        )
+    print_median_ratios(ratios)
     return 0
 
 
