@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .embedding.kinds import model_kind
 from .fim import FimError, model_fim
 
 # Config keys architectures use for their context window, most specific first.
@@ -70,6 +69,8 @@ def context_length_of(config: Mapping[str, Any], folder: Path | None = None) -> 
 
 def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
     """A loadable model folder's entry, or None when mlx-lm could not load it."""
+    from .embedding.kinds import model_kind  # it reads folders with read_json, below
+
     config = read_json(folder / "config.json")
     model_type = config.get("model_type")
     kind = model_kind(folder)

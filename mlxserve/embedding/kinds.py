@@ -4,9 +4,9 @@ pipeline, or none of these (a generation model)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from ..registry import read_json
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
 # Encoder families this server does not run yet: refused by name, not read as a decoder
@@ -37,11 +37,3 @@ def model_kind(folder: Path) -> str:
     if architecture is None:
         return "generate"
     return "rerank" if architecture == RERANKER else "embed"
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -14,7 +14,7 @@ from pydantic import (
     field_validator,
 )
 
-from ..ollama.protocol import FOREVER, MAX_KEEP_ALIVE_S, parse_duration
+from ..ollama.protocol import keep_alive_seconds
 from ..schema_docs import documented
 
 MAX_NAME = 4096
@@ -38,10 +38,7 @@ class OllamaFields(Fields):
     @field_validator("keep_alive")
     @classmethod
     def _seconds(cls, value: float | str | None) -> float | None:
-        if value is None:
-            return None
-        seconds = parse_duration(value) if isinstance(value, str) else float(value)
-        return FOREVER if seconds < 0 or seconds > MAX_KEEP_ALIVE_S else seconds
+        return keep_alive_seconds(value)
 
 
 class EmbeddingRequest(Fields):

@@ -131,6 +131,14 @@ def parse_duration(text: str) -> float:
     return -seconds if sign == "-" else seconds
 
 
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """A request's `keep_alive` as seconds to stay loaded; FOREVER for a negative one."""
+    if value is None:
+        return None
+    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    return FOREVER if seconds < 0 or seconds > MAX_KEEP_ALIVE_S else seconds
+
+
 class GenerationFields(BaseModel):
     """What /api/generate and /api/chat share."""
 
@@ -165,11 +173,7 @@ class GenerationFields(BaseModel):
     @field_validator("keep_alive")
     @classmethod
     def _seconds(cls, value: float | str | None) -> float | None:
-        """Seconds to stay loaded; FOREVER for a negative one."""
-        if value is None:
-            return None
-        seconds = parse_duration(value) if isinstance(value, str) else float(value)
-        return FOREVER if seconds < 0 or seconds > MAX_KEEP_ALIVE_S else seconds
+        return keep_alive_seconds(value)
 
     @property
     def sampling_options(self) -> Options:

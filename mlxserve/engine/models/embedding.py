@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ...embedding.kinds import BERT_TYPES, OTHER, read_json
+from ...embedding.kinds import BERT_TYPES, OTHER
 from ...embedding.model import NotAnEmbeddingModel, embedding_model, load_network
 from ...embedding.pooling import PoolingError
 from ...platform import PlatformPolicy
+from ...registry import read_json
 from .host import LoadedModel, LoadProgress, eval_in_slices, weight_bytes
 from .naming import model_id_for
 from .sources import ModelLoadError, first_line
