@@ -11,9 +11,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..registry import read_json as _read_json
 from .encoders.bert import BertConfig, BertModel, CrossEncoder
 from .kinds import DECODER, ENCODER, RERANKER, embedding_architecture
-from .kinds import read_json as _read_json
 from .pooling import Pooling
 
 
@@ -56,10 +56,8 @@ class EmbeddingModel:
     def begin(self, rows: list[list[int]], seconds: list[int] | None = None) -> EncoderPass:
         """An encoder's batch of right-padded rows, before its first layer; a reranker's pairs
         have their second text from `seconds[i]` in row i."""
-        longest = max(map(len, rows))
-        ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
-        lengths = mx.array([len(row) for row in rows])
-        positions = mx.arange(longest)[None, :]
+        ids, lengths = self._padded(rows)
+        positions = mx.arange(ids.shape[1])[None, :]
         types = None
         if seconds is not None:
             types = (positions >= mx.array(seconds)[:, None]).astype(ids.dtype)
@@ -86,26 +84,29 @@ class EmbeddingModel:
     def token_states(self, rows: list[list[int]]) -> mx.array:
         """(len(rows), longest, dimensions) float32 last hidden states, unpooled (llama.cpp's
         pooling none); each row's own are its first len(row)."""
-        if self.layers:
-            part = self.begin(rows)
-            self.advance(part, self.layers)
-            return self.finish(part, per_token=True)
-        longest = max(map(len, rows))
-        ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
-        return self.network.model(ids).astype(mx.float32)
+        return self._whole(rows, None, per_token=True)
 
     def embed(self, rows: list[list[int]], seconds: list[int] | None = None) -> mx.array:
         """(len(rows), dimensions) float32 vectors, pooled (and normalised) as the model says;
         a reranker's (len(rows), 1) scores of its pairs, whose second text starts at
         `seconds[i]` in row i."""
+        return self._whole(rows, seconds, per_token=False)
+
+    def _whole(self, rows: list[list[int]], seconds: list[int] | None, per_token: bool):
+        """A batch in one go: an encoder's every layer, or a decoder's model."""
         if self.layers:
             part = self.begin(rows, seconds)
             self.advance(part, self.layers)
-            return self.finish(part)
+            return self.finish(part, per_token)
+        ids, lengths = self._padded(rows)
+        states = self.network.model(ids)
+        return (states if per_token else self.pooling(states, lengths)).astype(mx.float32)
+
+    def _padded(self, rows: list[list[int]]) -> tuple[mx.array, mx.array]:
+        """The rows right-padded to the longest, and each one's length."""
         longest = max(map(len, rows))
         ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
-        lengths = mx.array([len(row) for row in rows])
-        return self.pooling(self.network.model(ids), lengths).astype(mx.float32)
+        return ids, mx.array([len(row) for row in rows])
 
     def _bert(self):
         return self.network.bert if self.architecture == RERANKER else self.network

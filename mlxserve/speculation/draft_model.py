@@ -67,11 +67,10 @@ class ModelDrafter:
         keep = [i for i, uid in enumerate(self.uids) if uid not in gone]
         if len(keep) == len(self.uids):
             return
+        self._keep_rows([i for i, uid in enumerate(self.uids) if uid in gone])
         if not keep:
-            self._keep_rows([i for i, uid in enumerate(self.uids) if uid in gone])
             self.reset()
             return
-        self._keep_rows([i for i, uid in enumerate(self.uids) if uid in gone])
         for layer in self.cache:
             layer.filter(mx.array(keep))
         self.uids = [self.uids[i] for i in keep]

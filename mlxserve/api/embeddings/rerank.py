@@ -5,6 +5,7 @@ TEI's list)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -12,14 +13,13 @@ from pydantic import Field, StrictBool, StrictInt
 from quart import Blueprint
 from quart_schema import document_request
 
-from ...engine import EmbeddingFailed, EngineError
 from ..dispatch import ready_model
-from ..errors import InvalidRequest, ServiceUnavailable
+from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
 from ..schema_docs import documented
 from .inputs import MAX_INPUTS
 from .protocol import MAX_NAME, Fields
-from .run import EmbeddingError
+from .run import engine_vectors
 
 blueprint = Blueprint("rerank", __name__)
 
@@ -52,13 +52,8 @@ async def rerank():
     tei = body.documents is None and body.texts is not None
     documents = _texts(body)
     engine, loaded = await ready_model(body.model, kind="rerank")
-    rows, seconds = _pairs(loaded, body.query, documents)
-    try:
-        logits = await engine.embed(rows, seconds)
-    except EmbeddingFailed as error:
-        raise EmbeddingError(str(error)) from error
-    except EngineError as error:
-        raise ServiceUnavailable(str(error), headers={"Retry-After": "1"}) from error
+    rows, seconds = await asyncio.to_thread(_pairs, loaded, body.query, documents)
+    logits = await engine_vectors(engine, rows, seconds)
     raw = [float(v) for v in logits[:, 0]]
     scores = raw if tei and body.raw_scores else [_sigmoid(v) for v in raw]
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[: body.top_n]

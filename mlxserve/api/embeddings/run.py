@@ -48,14 +48,20 @@ async def embed(
     loaded_at = time.perf_counter_ns()
     # tokenizing thousands of inputs must not hold the loop that serves every other stream
     rows, tokens = await asyncio.to_thread(input_rows, value, loaded, param, truncate, prompt_name)
+    vectors = await engine_vectors(engine, rows, per_token=per_token)
+    done = time.perf_counter_ns()
+    return Embedded(vectors, tokens, loaded, engine, loaded_at - started, done - started)
+
+
+async def engine_vectors(engine, rows: list[list[int]], seconds=None, per_token=False):
+    """`engine.embed`'s answer; its failures as the door's errors (a failed batch: 500; an
+    engine not there now: 503 with Retry-After)."""
     try:
-        vectors = await engine.embed(rows, per_token=per_token)
+        return await engine.embed(rows, seconds, per_token)
     except EmbeddingFailed as error:
         raise EmbeddingError(str(error)) from error
     except EngineError as error:
         raise ServiceUnavailable(str(error), headers={"Retry-After": "1"}) from error
-    done = time.perf_counter_ns()
-    return Embedded(vectors, tokens, loaded, engine, loaded_at - started, done - started)
 
 
 async def json_response(build: Callable[[], Any]) -> Response:
