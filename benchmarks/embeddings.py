@@ -7,7 +7,10 @@ then a chat stream's gaps while embedding requests run beside it (issue 61).
 - `beside a stream`: a greedy stream on the server's generation model (SmolLM2 by default);
   after GAP_TOKENS_BEFORE tokens, requests of 256 inputs one after the other until it ends.
   Its median gap before them, its worst and 99th-percentile gap while they ran, against the
-  bound `--max-stream-gap` (3 times the usual gap).
+  bound `--max-stream-gap` (3 times the usual gap). The stream does not draft
+  (`num_draft_tokens: 0`): its prompt repeats itself, so prompt lookup would turn its later steps
+  into verify passes of several tokens and twice the time, and the gaps after would be measured
+  against the plain steps before.
 
 Inputs: 256 pieces of this repository's Python source, ~100 tokens each (the model's own
 tokenizer). The model: all-MiniLM-L6-v2 (scripts/fetch_embedding_model.py) unless `--model`.
@@ -44,6 +47,7 @@ BATCH = 32  # sentence-transformers' encode batch
 CONCURRENT = 8
 STREAM_TOKENS = 400
 GAP_BOUND = 3.0  # --max-stream-gap's default
+PROMPT = "Count slowly: one, two, three,"
 
 
 def parse_args():
@@ -118,7 +122,7 @@ def gaps_beside(url: str, texts: list[str], name: str) -> tuple[float, float, fl
     helper = threading.Thread(target=embedding_load)
     helper.start()
     try:
-        result = stream(url, "Count slowly: one, two, three,", STREAM_TOKENS, on_token)
+        result = stream(url, PROMPT, STREAM_TOKENS, on_token, {"num_draft_tokens": 0})
     finally:
         ended.set()
         started.set()
