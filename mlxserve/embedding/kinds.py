@@ -1,6 +1,6 @@
 """What a model folder holds, read from its files without MLX (the front process lists models
-too): an encoder or a cross-encoder of the BERT family, a decoder with a sentence-transformers
-pipeline, or none of these (a generation model)."""
+too): an encoder or a cross-encoder of a family this server runs, a decoder with a
+sentence-transformers pipeline, or none of these (a generation model)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ..registry import read_json
 
-BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+# The encoder families this server runs (encoders/__init__.py has their models)
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "modernbert", "nomic_bert")
 # Encoder families this server does not run yet: refused by name, not read as a decoder
-OTHER_ENCODERS = ("modernbert", "nomic_bert", "jina_bert", "new", "distilbert", "mpnet", "t5")
+OTHER_ENCODERS = ("jina_bert", "new", "distilbert", "mpnet", "t5", "deberta-v2", "electra")
 ENCODER, DECODER, RERANKER = "encoder", "decoder", "reranker"
 OTHER = "other encoder"  # an encoder of a family in OTHER_ENCODERS
 
@@ -21,7 +22,7 @@ def embedding_architecture(folder: Path) -> str | None:
     sentence-transformers pipeline over a decoder (a generation model without one is served
     for generation)."""
     config = read_json(folder / "config.json")
-    if config.get("model_type") in BERT_TYPES:
+    if config.get("model_type") in ENCODER_TYPES:
         heads = [a for a in config.get("architectures") or [] if a.endswith("Classification")]
         return RERANKER if heads else ENCODER
     if config.get("model_type") in OTHER_ENCODERS:

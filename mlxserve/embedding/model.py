@@ -1,5 +1,5 @@
 """An embedding model loaded and ready: right-padded batches of token ids in, one pooled
-vector a row out. Encoders (encoders/bert.py) read the whole row; decoders (any mlx-lm model,
+vector a row out. Encoders (encoders/) read the whole row; decoders (any mlx-lm model,
 Qwen3-Embedding's kind) are causal, so a row's right padding never reaches its tokens."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..registry import read_json as _read_json
-from .encoders.bert import BertConfig, BertModel, CrossEncoder
+from . import encoders
 from .kinds import DECODER, ENCODER, RERANKER, embedding_architecture
 from .pooling import Pooling
 
@@ -26,7 +26,7 @@ class EncoderPass:
     """An encoder's batch part way through its layers (run over several engine turns)."""
 
     x: mx.array  # the next layer's input
-    additive: mx.array  # the padding's mask, as every layer adds it to its scores
+    masks: Any  # what the encoder's layers read besides x (the padding's additive masks)
     lengths: mx.array  # each row's tokens
     done: int = 0  # layers run so far
 
@@ -51,7 +51,7 @@ class EmbeddingModel:
     def layers(self) -> int:
         """An encoder's layers, which a batch may go through a few at a time (`begin`,
         `advance`, `finish`); 0 for a decoder, whose batch runs whole."""
-        return len(self._bert().encoder.layer) if self.architecture != DECODER else 0
+        return len(self._encoder().blocks) if self.architecture != DECODER else 0
 
     def begin(self, rows: list[list[int]], seconds: list[int] | None = None) -> EncoderPass:
         """An encoder's batch of right-padded rows, before its first layer; a reranker's pairs
@@ -61,24 +61,26 @@ class EmbeddingModel:
         types = None
         if seconds is not None:
             types = (positions >= mx.array(seconds)[:, None]).astype(ids.dtype)
-        x, additive = self._bert().begin(ids, positions < lengths[:, None], types)
-        return EncoderPass(x, additive, lengths)
+        x, masks = self._encoder().begin(ids, positions < lengths[:, None], types)
+        return EncoderPass(x, masks, lengths)
 
     def advance(self, part: EncoderPass, count: int) -> None:
         """The next `count` layers of the batch (no more than it has left)."""
-        for layer in self._bert().encoder.layer[part.done : part.done + count]:
-            part.x = layer(part.x, part.additive)
+        encoder = self._encoder()
+        for index in range(part.done, min(self.layers, part.done + count)):
+            part.x = encoder.run(index, part.x, part.masks)
         part.done = min(self.layers, part.done + count)
 
     def finish(self, part: EncoderPass, per_token: bool = False) -> mx.array:
         """A batch through every layer: pooled vectors, a reranker's scores, or (`per_token`)
         every token's state, float32."""
+        states = self._encoder().end(part.x)
         if self.architecture == RERANKER:
-            out = self.network.head(part.x[:, 0])
+            out = self.network.score(states, part.lengths)
         elif per_token:
-            out = part.x
+            out = states
         else:
-            out = self.pooling(part.x, part.lengths)
+            out = self.pooling(states, part.lengths)
         return out.astype(mx.float32)
 
     def token_states(self, rows: list[list[int]]) -> mx.array:
@@ -108,8 +110,8 @@ class EmbeddingModel:
         ids = mx.array([row + [self.pad_id] * (longest - len(row)) for row in rows])
         return ids, mx.array([len(row) for row in rows])
 
-    def _bert(self):
-        return self.network.bert if self.architecture == RERANKER else self.network
+    def _encoder(self):
+        return self.network.encoder if self.architecture == RERANKER else self.network
 
 
 def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, Any]]:
@@ -128,9 +130,10 @@ def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, 
             raise NotAnEmbeddingModel(
                 f"its classification head has {labels} labels; a reranker scores with one"
             )
-        network = CrossEncoder(BertConfig.of(config))
-    else:
-        network = BertModel(BertConfig.of(config))
+    try:
+        network = encoders.build(config, reranker=architecture == RERANKER)
+    except ValueError as error:
+        raise NotAnEmbeddingModel(str(error)) from error
     weights: dict[str, mx.array] = {}
     for file in sorted(folder.glob("*.safetensors")):
         weights.update(mx.load(str(file)))
@@ -146,9 +149,9 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
     pooling = Pooling.of_folder(folder, "mean" if architecture == ENCODER else "last")
     limits = [_read_json(folder / "sentence_bert_config.json").get("max_seq_length")]
     if architecture in (ENCODER, RERANKER):
-        bert = BertConfig.of(config)
-        limits.append(bert.max_position_embeddings - bert.position_offset)
-        dimensions, pad_id = bert.hidden_size, bert.pad_token_id
+        facts = encoders.facts(config)
+        limits.append(facts.max_tokens)
+        dimensions, pad_id = facts.hidden_size, facts.pad_id
         if architecture == RERANKER:
             dimensions = 1
     else:

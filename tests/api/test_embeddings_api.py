@@ -20,6 +20,8 @@ from ..embedding_models import (
     build_tiny_bert,
     build_tiny_cross_encoder,
     build_tiny_decoder_embedder,
+    build_tiny_modernbert,
+    build_tiny_nomic,
 )
 
 TEXTS = ["a man is eating food.", "why is the sky blue?", "hello"]
@@ -292,3 +294,41 @@ def test_a_decoder_embedding_model_answers_its_last_tokens_state(
     for row, datum in zip(rows, answer.json()["data"]):
         alone = np.asarray(model.model(mx.array(row)[None])[0, -1])
         np.testing.assert_allclose(datum["embedding"], unit(alone), atol=1e-5)
+
+
+def test_nomic_and_modernbert_models_serve_ollama_embed_and_rerank(
+    live_servers, tiny_model, tmp_path_factory
+):
+    """The other encoder families through the doors their users come by: a NomicBERT (Ollama's
+    nomic-embed-text) on Ollama's /api/embed, a ModernBERT reranker (gte-reranker-modernbert)
+    on /v1/rerank; vectors as NumPy's NomicBERT, scores as the model's own in-process."""
+    from transformers import AutoTokenizer
+
+    from mlxserve.embedding.model import embedding_architecture, embedding_model, load_network
+
+    from .. import numpy_bert, numpy_nomic
+
+    root = tmp_path_factory.mktemp("families")
+    nomic = build_tiny_nomic(root / "tiny-nomic")
+    modernbert = build_tiny_modernbert(root / "tiny-modernbert-rr", reranker=True)
+    live = live_servers.shared(tiny_model, models=(str(nomic), str(modernbert)))
+
+    answer = ollama.Client(host=live.url).embed(model="tiny-nomic", input=TEXTS)
+    tokenizer = AutoTokenizer.from_pretrained(str(nomic))
+    weights = numpy_bert.load_weights(nomic)
+    config = json.loads((nomic / "config.json").read_text())
+    for text, vector in zip(TEXTS, answer.embeddings):
+        pooled = numpy_nomic.hidden_states(weights, config, tokenizer.encode(text)).mean(0)
+        np.testing.assert_allclose(vector, unit(pooled), atol=TOLERANCE)
+
+    body = {"model": "tiny-modernbert-rr", "query": QUERY, "documents": DOCUMENTS}
+    ranked = httpx.post(f"{live.url}/v1/rerank", json=body)
+    assert ranked.status_code == 200, ranked.text
+    network, config = load_network(modernbert, embedding_architecture(modernbert))
+    model = embedding_model(modernbert, network, config)
+    tokenizer = AutoTokenizer.from_pretrained(str(modernbert))
+    rows = [tokenizer(QUERY, document)["input_ids"] for document in DOCUMENTS]
+    logits = np.asarray(model.embed(rows))[:, 0]
+    for result in ranked.json()["results"]:
+        expected = 1 / (1 + np.exp(-logits[result["index"]]))
+        assert result["relevance_score"] == pytest.approx(expected, abs=1e-4)

@@ -152,15 +152,15 @@ def test_all_minilm_l6_v2_vectors_equal_numpy_berts():
 
 
 def test_an_encoder_family_not_run_here_is_refused_by_name(tiny_bert, tmp_path):
-    folder = tmp_path / "modernbert"
+    folder = tmp_path / "mpnet"
     folder.mkdir()
-    config = json.loads((tiny_bert / "config.json").read_text()) | {"model_type": "modernbert"}
+    config = json.loads((tiny_bert / "config.json").read_text()) | {"model_type": "mpnet"}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes((tiny_bert / "model.safetensors").read_bytes())
     engine = Engine(str(folder)).start()
     try:
         assert not engine.wait_ready(60)
-        assert "modernbert encoders are not supported yet" in engine.error
+        assert "mpnet encoders are not supported yet" in engine.error
     finally:
         engine.stop()
 

@@ -15,6 +15,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .common import EncoderFacts, activation, padding_mask
+
 _PREFIXES = ("bert.", "roberta.", "model.")
 
 
@@ -41,6 +43,11 @@ class BertConfig:
     def position_offset(self) -> int:
         """RoBERTa numbers positions from its padding id + 1; BERT from 0."""
         return 0 if self.model_type == "bert" else self.pad_token_id + 1
+
+    @property
+    def facts(self) -> EncoderFacts:
+        positions = self.max_position_embeddings - self.position_offset
+        return EncoderFacts(self.hidden_size, positions, self.pad_token_id)
 
 
 class Embeddings(nn.Module):
@@ -107,7 +114,7 @@ class Intermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.activation = activation(config.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.activation(self.dense(x))
@@ -140,10 +147,30 @@ class BertModel(nn.Module):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
 
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> BertModel:
+        return cls(BertConfig.of(config))
+
+    @staticmethod
+    def facts_of(config: dict[str, Any]) -> EncoderFacts:
+        return BertConfig.of(config).facts
+
+    @property
+    def blocks(self) -> list[Layer]:
+        return self.encoder.layer
+
     def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
         x, additive = self.begin(ids, mask, types)
-        for layer in self.encoder.layer:
-            x = layer(x, additive)
+        for index in range(len(self.blocks)):
+            x = self.run(index, x, additive)
+        return self.end(x)
+
+    def run(self, index: int, x: mx.array, additive: mx.array) -> mx.array:
+        """Layer `index` over the batch."""
+        return self.encoder.layer[index](x, additive)
+
+    def end(self, x: mx.array) -> mx.array:
+        """The last layer's output is the hidden states (no final norm)."""
         return x
 
     def begin(
@@ -155,8 +182,7 @@ class BertModel(nn.Module):
         if types is None or self.config.type_vocab_size < 2:
             types = mx.zeros_like(ids)
         x = self.embeddings(ids, types)
-        additive = mx.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(x.dtype)
-        return x, additive
+        return x, padding_mask(mask, x.dtype)
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -196,8 +222,20 @@ class CrossEncoder(nn.Module):
         self.bert = BertModel(config)
         self.head = ScoreHead(config.hidden_size, labels)
 
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> CrossEncoder:
+        return cls(BertConfig.of(config))
+
+    @property
+    def encoder(self) -> BertModel:
+        return self.bert
+
     def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
-        return self.head(self.bert(ids, mask, types)[:, 0])
+        return self.score(self.bert(ids, mask, types), None)
+
+    def score(self, hidden: mx.array, lengths: mx.array | None) -> mx.array:
+        """(B, L, D) last hidden states -> (B, 1) scores, read off the first token."""
+        return self.head(hidden[:, 0])
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -222,16 +260,3 @@ _HEAD_NAMES = (
     ("classifier.out_proj.", "head.out."),
     ("classifier.", "head.out."),
 )
-
-
-def _gelu_tanh(x: mx.array) -> mx.array:
-    return nn.gelu_approx(x)
-
-
-_ACTIVATIONS = {
-    "gelu": nn.gelu,
-    "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "relu": nn.relu,
-    "silu": nn.silu,
-}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ...embedding.kinds import BERT_TYPES, OTHER
+from ...embedding.kinds import ENCODER_TYPES, OTHER
 from ...embedding.model import NotAnEmbeddingModel, embedding_model, load_network
 from ...embedding.pooling import PoolingError
 from ...platform import PlatformPolicy
@@ -32,9 +32,9 @@ def load_embedding_model(
     if architecture == OTHER:
         family = read_json(folder / "config.json").get("model_type")
         raise ModelLoadError(
-            f"{source}: {family} encoders are not supported yet; embedding models of the BERT, "
-            f"RoBERTa and XLM-RoBERTa families are ({', '.join(BERT_TYPES)}), and decoders "
-            "mlx-lm loads with a sentence-transformers Pooling module"
+            f"{source}: {family} encoders are not supported yet; encoders of these families "
+            f"are ({', '.join(ENCODER_TYPES)}), and decoders mlx-lm loads with a "
+            "sentence-transformers Pooling module"
         )
     progress.enter("reading config and tokenizer", str(folder))
     try:

@@ -1,0 +1,46 @@
+"""What every encoder family shares: the facts the server reads off its config, the additive
+padding mask its layers read, and the activations configs name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+MASKED = -1e9  # a padded key's additive score: softmax gives it nothing
+
+
+@dataclass(frozen=True)
+class EncoderFacts:
+    hidden_size: int  # an embedding's dimensions
+    max_tokens: int  # the most tokens an input may have (its positions)
+    pad_id: int  # the id right-padded rows are filled with
+
+
+def padding_mask(mask: mx.array, dtype) -> mx.array:
+    """(B, L) booleans (a real token) -> (B, 1, 1, L) additive scores every query adds."""
+    return mx.where(mask[:, None, None, :], 0.0, MASKED).astype(dtype)
+
+
+def gelu_tanh(x: mx.array) -> mx.array:
+    return nn.gelu_approx(x)
+
+
+ACTIVATIONS = {
+    "gelu": nn.gelu,
+    "gelu_new": gelu_tanh,
+    "gelu_fast": gelu_tanh,
+    "gelu_pytorch_tanh": gelu_tanh,
+    "relu": nn.relu,
+    "silu": nn.silu,
+    "swish": nn.silu,
+    "sigmoid": mx.sigmoid,
+}
+
+
+def activation(name: str):
+    """The activation a config names, or a ValueError naming it."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"its activation {name!r} is not one this server runs")
+    return ACTIVATIONS[name]

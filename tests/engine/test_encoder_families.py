@@ -1,0 +1,147 @@
+"""Encoder families beside BERT, each against a reference in a padded batch of unequal inputs:
+ModernBERT's hidden states and reranker scores equal mlx-embeddings' own ModernBERT's (read one
+input at a time), NomicBERT's vectors a NumPy model of Nomic's reference; and either one's
+batch gone through its layers a few a turn (beside streams) gives the same vectors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from mlxserve.embedding.model import (
+    ENCODER,
+    RERANKER,
+    embedding_architecture,
+    embedding_model,
+    load_network,
+)
+
+from .. import numpy_bert, numpy_nomic
+from ..embedding_models import TINY_MODERNBERT, build_tiny_modernbert, build_tiny_nomic
+from ..mlx_embeddings_reference import model_module
+
+# Longer than ModernBERT's tiny sliding window (2 tokens each side), of unequal lengths
+TEXTS = [
+    "a man is eating food with a child and a dog.",
+    "why is the sky blue?",
+    "hello",
+    "def f(x): return x + 1",
+]
+TOLERANCE = 1e-4
+
+
+def loaded(folder: Path):
+    network, config = load_network(folder, embedding_architecture(folder))
+    return embedding_model(folder, network, config), config
+
+
+def token_rows(folder: Path, texts=TEXTS) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return [tokenizer.encode(text) for text in texts]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "modernbert": build_tiny_modernbert(root / "modernbert"),
+        "modernbert-reranker": build_tiny_modernbert(root / "modernbert-rr", reranker=True),
+        "nomic": build_tiny_nomic(root / "nomic"),
+    }
+
+
+def reference_modernbert(folder: Path):
+    """mlx-embeddings' ModernBERT with the folder's config and weights."""
+    module = model_module("modernbert")
+    config = json.loads((folder / "config.json").read_text())
+    args = module.ModelArgs.from_dict(config)
+    if "id2label" in config:
+        args.id2label = config["id2label"]
+    reference = module.Model(args)
+    weights = {k: mx.array(v) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    if args.architectures == ["ModernBertForMaskedLM"]:
+        weights["decoder.weight"] = weights["model.embeddings.tok_embeddings.weight"]
+    reference.load_weights(list(weights.items()), strict=False)
+    # mlx-embeddings 0.1.0 runs ModernBERT's "gelu" as the tanh approximation; Hugging Face's
+    # model (the checkpoints' own) runs it exact, as mlxserve does
+    for layer in reference.model.layers:
+        layer.mlp.act = nn.GELU()
+    if hasattr(reference, "head"):
+        reference.head.act = nn.GELU()
+    return reference
+
+
+def test_the_folders_say_what_they_are(folders):
+    assert embedding_architecture(folders["modernbert"]) == ENCODER
+    assert embedding_architecture(folders["modernbert-reranker"]) == RERANKER
+    assert embedding_architecture(folders["nomic"]) == ENCODER
+    model, _ = loaded(folders["modernbert"])
+    assert (model.dimensions, model.max_tokens, model.layers) == (32, 64, 4)
+    model, _ = loaded(folders["nomic"])
+    assert (model.dimensions, model.max_tokens, model.layers) == (32, 64, 2)
+    assert model.pooling.normalize and model.prompts["query"] == "search_query: "
+
+
+def test_modernbert_states_equal_mlx_embeddings_one_input_at_a_time(folders):
+    folder = folders["modernbert"]
+    model, _ = loaded(folder)
+    rows = token_rows(folder)
+    assert max(map(len, rows)) > TINY_MODERNBERT["local_attention"] + 2  # windows matter
+    states = np.asarray(model.token_states(rows))
+    reference = reference_modernbert(folder)
+    for row, state in zip(rows, states):
+        ids = mx.array([row])
+        alone = reference.model(ids, attention_mask=mx.ones(ids.shape))["last_hidden_state"]
+        np.testing.assert_allclose(state[: len(row)], np.asarray(alone[0]), atol=TOLERANCE)
+
+
+def test_modernbert_reranker_scores_equal_mlx_embeddings(folders):
+    folder = folders["modernbert-reranker"]
+    model, _ = loaded(folder)
+    rows = token_rows(folder, [f"{a} [SEP] {b}" for a, b in zip(TEXTS, TEXTS[::-1])])
+    scores = np.asarray(model.embed(rows))[:, 0]
+    reference = reference_modernbert(folder)
+    expected = []
+    for row in rows:
+        ids = mx.array([row])
+        probability = reference(ids, attention_mask=mx.ones(ids.shape)).pooler_output
+        expected.append(float(probability[0, 0]))
+    np.testing.assert_allclose(1 / (1 + np.exp(-scores)), expected, atol=TOLERANCE)
+    assert np.ptp(scores) > 0.1  # the pairs score apart
+
+
+def test_nomic_vectors_equal_a_numpy_model_of_nomics_reference(folders):
+    folder = folders["nomic"]
+    model, config = loaded(folder)
+    rows = token_rows(folder)
+    vectors = np.asarray(model.embed(rows))
+    weights = numpy_bert.load_weights(folder)
+    for row, vector in zip(rows, vectors):
+        pooled = numpy_nomic.hidden_states(weights, config, row).mean(0)
+        np.testing.assert_allclose(vector, pooled / np.linalg.norm(pooled), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ["modernbert", "modernbert-reranker", "nomic"])
+def test_a_padded_batch_a_layer_a_turn_gives_what_one_pass_gives(folders, name):
+    """Beside streams a batch goes through its layers over several turns (`begin`, `advance`,
+    `finish`, as EmbeddingQueue runs it): ModernBERT's two masks and its final norm, the
+    reranker's pooled head, come out as in one pass."""
+    model, _ = loaded(folders[name])
+    rows = token_rows(folders[name])
+    whole = np.asarray(model.embed(rows))
+    part = model.begin(rows)
+    turns = 0
+    while part.done < model.layers:
+        model.advance(part, 1)
+        mx.eval(part.x)
+        turns += 1
+    assert turns == model.layers
+    np.testing.assert_allclose(np.asarray(model.finish(part)), whole, atol=1e-5)
