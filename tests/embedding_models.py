@@ -311,3 +311,20 @@ def build_tiny_nomic(out: Path, seed: int = 3) -> Path:
     prompts = {"prompts": {"query": "search_query: ", "document": "search_document: "}}
     (out / "config_sentence_transformers.json").write_text(json.dumps(prompts))
     return out
+
+
+def build_tiny_yes_no_reranker(tiny_model: Path, out: Path) -> Path:
+    """The tiny Llama as a language-model reranker (Qwen3-Reranker's kind): vLLM's marker in its
+    config (a Llama is not a Qwen3 named a reranker), and "yes" in its vocabulary in place of a
+    token no merge makes ("no" is one already)."""
+    if (out / "config.json").exists():
+        return out
+    shutil.copytree(tiny_model, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"is_original_qwen3_reranker": True}))
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    assert "no" in vocab and "yes" not in vocab
+    vocab["yes"] = vocab.pop("Y")
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return out

@@ -13,8 +13,9 @@ import mlx.nn as nn
 
 from ..registry import read_json as _read_json
 from . import encoders
-from .kinds import DECODER, ENCODER, RERANKER, embedding_architecture
+from .kinds import DECODER, ENCODER, RERANKER, YES_NO, embedding_architecture
 from .pooling import Pooling
+from .yes_no import ANSWERS
 
 
 class NotAnEmbeddingModel(ValueError):
@@ -41,17 +42,18 @@ class EmbeddingModel:
     pad_id: int = 0
     prompts: dict[str, str] = field(default_factory=dict)  # instruction prefixes by name
     default_prompt: str | None = None  # the prompt applied unless an input names another
+    answer_ids: tuple[int, int] | None = None  # a yes-no reranker's "yes" and "no" tokens
 
     @property
     def kind(self) -> str:
         """What the pool serves it for: "rerank" (a score a pair) or "embed"."""
-        return "rerank" if self.architecture == RERANKER else "embed"
+        return "rerank" if self.architecture in (RERANKER, YES_NO) else "embed"
 
     @property
     def layers(self) -> int:
         """An encoder's layers, which a batch may go through a few at a time (`begin`,
         `advance`, `finish`); 0 for a decoder, whose batch runs whole."""
-        return len(self._encoder().blocks) if self.architecture != DECODER else 0
+        return len(self._encoder().blocks) if self.architecture in (ENCODER, RERANKER) else 0
 
     def begin(self, rows: list[list[int]], seconds: list[int] | None = None) -> EncoderPass:
         """An encoder's batch of right-padded rows, before its first layer; a reranker's pairs
@@ -102,7 +104,20 @@ class EmbeddingModel:
             return self.finish(part, per_token)
         ids, lengths = self._padded(rows)
         states = self.network.model(ids)
+        if self.architecture == YES_NO:
+            return self._judged(states[mx.arange(len(rows)), lengths - 1])
         return (states if per_token else self.pooling(states, lengths)).astype(mx.float32)
+
+    def _judged(self, last: mx.array) -> mx.array:
+        """(B, D) hidden states at each prompt's answer -> (B, 1) logit of "yes" less "no"'s
+        (its sigmoid is the two answers' softmax)."""
+        network = self.network
+        if hasattr(network, "lm_head"):
+            logits = network.lm_head(last)
+        else:  # tied embeddings
+            logits = network.model.embed_tokens.as_linear(last)
+        yes, no = self.answer_ids
+        return (logits[:, yes] - logits[:, no]).astype(mx.float32)[:, None]
 
     def _padded(self, rows: list[list[int]]) -> tuple[mx.array, mx.array]:
         """The rows right-padded to the longest, and each one's length."""
@@ -117,7 +132,7 @@ class EmbeddingModel:
 def load_network(folder: Path, architecture: str) -> tuple[nn.Module, dict[str, Any]]:
     """The network of an embedding model's folder (weights lazy) and its config."""
     config = _read_json(folder / "config.json")
-    if architecture == DECODER:
+    if architecture in (DECODER, YES_NO):
         import mlx_lm
 
         model, _ = mlx_lm.load(str(folder), lazy=True)
@@ -147,6 +162,7 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
     """The loaded `network` with what its folder says of pooling, length and prompts."""
     architecture = embedding_architecture(folder) or DECODER
     pooling = Pooling.of_folder(folder, "mean" if architecture == ENCODER else "last")
+    answer_ids = _answer_ids(folder) if architecture == YES_NO else None
     limits = [_read_json(folder / "sentence_bert_config.json").get("max_seq_length")]
     if architecture in (ENCODER, RERANKER):
         facts = encoders.facts(config)
@@ -157,6 +173,8 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
     else:
         limits.append(config.get("max_position_embeddings"))
         dimensions, pad_id = int(config["hidden_size"]), 0
+        if architecture == YES_NO:
+            dimensions = 1
     prompts = _read_json(folder / "config_sentence_transformers.json")
     return EmbeddingModel(
         network,
@@ -167,4 +185,16 @@ def embedding_model(folder: Path, network: nn.Module, config: dict[str, Any]) ->
         pad_id,
         {k: str(v) for k, v in (prompts.get("prompts") or {}).items()},
         prompts.get("default_prompt_name"),
+        answer_ids,
     )
+
+
+def _answer_ids(folder: Path) -> tuple[int, int]:
+    """A yes-no reranker's "yes" and "no" token ids, from its tokenizer's vocabulary."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = [tokenizer.token_to_id(answer) for answer in ANSWERS]
+    if None in ids:
+        raise NotAnEmbeddingModel('its vocabulary has no "yes" and "no" tokens to score with')
+    return ids[0], ids[1]

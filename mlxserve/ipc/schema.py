@@ -79,6 +79,7 @@ class FactsWire:
     matryoshka: bool
     prompts: dict[str, str]
     default_prompt: str | None
+    judges_pairs: bool
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

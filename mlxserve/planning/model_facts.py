@@ -32,6 +32,7 @@ class ModelFacts:
     matryoshka: bool = False  # its vectors may be cut short (`dimensions`), its config says
     prompts: dict[str, str] = field(default_factory=dict)  # an embedding model's instructions
     default_prompt: str | None = None  # the instruction put before every text, by name
+    judges_pairs: bool = False  # a reranker that is a language model judging a prompt (yes_no.py)
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)

@@ -22,6 +22,7 @@ from ..embedding_models import (
     build_tiny_decoder_embedder,
     build_tiny_modernbert,
     build_tiny_nomic,
+    build_tiny_yes_no_reranker,
 )
 
 TEXTS = ["a man is eating food.", "why is the sky blue?", "hello"]
@@ -214,6 +215,10 @@ def test_rerank_scores_each_pair_and_orders_them(reranker):
         ({"query": "", "documents": ["a"]}, "query"),
         ({"query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
         ({"query": "word " * 100, "documents": ["a"]}, "query"),
+        (
+            {"query": QUERY, "documents": ["a"], "instruction": "x"},
+            "instruction",
+        ),  # a cross-encoder
     ],
 )
 def test_bad_rerank_requests_are_a_400_naming_the_field(reranker, body, param):
@@ -332,3 +337,43 @@ def test_nomic_and_modernbert_models_serve_ollama_embed_and_rerank(
     for result in ranked.json()["results"]:
         expected = 1 / (1 + np.exp(-logits[result["index"]]))
         assert result["relevance_score"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_language_model_reranker_judges_each_pair_in_its_prompt(
+    live_servers, tiny_model, tmp_path_factory
+):
+    """Qwen3-Reranker's kind on /v1/rerank: each score is softmax("yes", "no") of mlx-lm's own
+    model at the end of the pair's judging prompt; `instruction` changes the prompt's task."""
+    import mlx.core as mx
+    import mlx_lm
+    from transformers import AutoTokenizer
+
+    from mlxserve.embedding.yes_no import pair_ids
+
+    folder = build_tiny_yes_no_reranker(tiny_model, tmp_path_factory.mktemp("yn") / "tiny-yn")
+    live = live_servers.shared(tiny_model, models=(str(folder),))
+    model, _ = mlx_lm.load(str(folder))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
+
+    def expected(instruction: str | None) -> list[float]:
+        scores = []
+        for document in DOCUMENTS:
+            row = pair_ids(tokenizer, QUERY, document, 2048, instruction)
+            logits = model(mx.array(row)[None])[0, -1]
+            scores.append(1 / (1 + np.exp(-float(logits[yes] - logits[no]))))
+        return scores
+
+    for instruction in (None, "Find the document that answers the question"):
+        body = {"model": "tiny-yn", "query": QUERY, "documents": DOCUMENTS}
+        if instruction:
+            body["instruction"] = instruction
+        answer = httpx.post(f"{live.url}/v1/rerank", json=body)
+        assert answer.status_code == 200, answer.text
+        want = expected(instruction)
+        results = answer.json()["results"]
+        assert [r["index"] for r in results] == sorted(range(len(want)), key=lambda i: -want[i])
+        for result in results:
+            assert result["relevance_score"] == pytest.approx(want[result["index"]], abs=1e-4)
+    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models").json()["data"]}
+    assert cards["tiny-yn"]["kind"] == "rerank"

@@ -1,7 +1,8 @@
-"""Encoder families beside BERT, each against a reference in a padded batch of unequal inputs:
-ModernBERT's hidden states and reranker scores equal mlx-embeddings' own ModernBERT's (read one
-input at a time), NomicBERT's vectors a NumPy model of Nomic's reference; and either one's
-batch gone through its layers a few a turn (beside streams) gives the same vectors."""
+"""Embedding and reranking families beside BERT, each against a reference in a padded batch of
+unequal inputs: ModernBERT's hidden states and reranker scores equal mlx-embeddings' own
+ModernBERT's (read one input at a time), NomicBERT's vectors a NumPy model of Nomic's reference,
+and each one's batch gone through its layers a few a turn (beside streams) gives the same
+vectors; a language-model reranker (Qwen3-Reranker's kind) scores as mlx-lm's model alone."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from mlxserve.embedding.kinds import YES_NO, model_kind
 from mlxserve.embedding.model import (
     ENCODER,
     RERANKER,
@@ -23,7 +25,12 @@ from mlxserve.embedding.model import (
 )
 
 from .. import numpy_bert, numpy_nomic
-from ..embedding_models import TINY_MODERNBERT, build_tiny_modernbert, build_tiny_nomic
+from ..embedding_models import (
+    TINY_MODERNBERT,
+    build_tiny_modernbert,
+    build_tiny_nomic,
+    build_tiny_yes_no_reranker,
+)
 from ..mlx_embeddings_reference import model_module
 
 # Longer than ModernBERT's tiny sliding window (2 tokens each side), of unequal lengths
@@ -145,3 +152,55 @@ def test_a_padded_batch_a_layer_a_turn_gives_what_one_pass_gives(folders, name):
         turns += 1
     assert turns == model.layers
     np.testing.assert_allclose(np.asarray(model.finish(part)), whole, atol=1e-5)
+
+
+def qwen3_config_folder(root: Path, *parts: str) -> Path:
+    folder = root.joinpath(*parts)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    return folder
+
+
+def test_a_qwen3_named_a_reranker_is_one_and_a_qwen3_chat_model_is_not(tmp_path):
+    """Qwen3-Reranker's config says only "Qwen3ForCausalLM": the name tells it, in a Hugging
+    Face cache's repository folder or LM Studio's."""
+    cached = ("models--Qwen--Qwen3-Reranker-0.6B", "snapshots", "0123abc")
+    assert embedding_architecture(qwen3_config_folder(tmp_path, *cached)) == YES_NO
+    lmstudio = qwen3_config_folder(tmp_path, "mlx-community", "Qwen3-Reranker-4B-4bit")
+    assert model_kind(lmstudio) == "rerank"
+    chat = qwen3_config_folder(tmp_path, "models--Qwen--Qwen3-0.6B", "snapshots", "0123abc")
+    assert embedding_architecture(chat) is None and model_kind(chat) == "generate"
+
+
+def test_a_language_model_reranker_scores_yes_against_no_at_its_prompts_end(tiny_model, tmp_path):
+    """Each pair in the judging prompt (the model card's), scored in one padded batch as
+    mlx-lm's model scores it alone: the "yes" logit less the "no" one at the last position."""
+    import mlx_lm
+    from transformers import AutoTokenizer
+
+    from mlxserve.embedding.yes_no import HEAD, TAIL, pair_ids
+
+    folder = build_tiny_yes_no_reranker(tiny_model, tmp_path / "tiny-yn")
+    model, _ = loaded(folder)
+    assert model.kind == "rerank" and model.dimensions == 1 and model.layers == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
+    assert model.answer_ids == (yes, no)
+    rows = [pair_ids(tokenizer, "why is the sky blue?", doc, 512, None) for doc in TEXTS]
+    assert rows[0][: len(tokenizer.encode(HEAD, add_special_tokens=False))] == tokenizer.encode(
+        HEAD, add_special_tokens=False
+    )
+    assert rows[0][-len(tokenizer.encode(TAIL, add_special_tokens=False)) :] == tokenizer.encode(
+        TAIL, add_special_tokens=False
+    )
+    assert len({len(r) for r in rows}) > 1  # the batch pads
+    scores = np.asarray(model.embed(rows))[:, 0]
+    reference, _ = mlx_lm.load(str(folder))
+    for row, score in zip(rows, scores):
+        logits = reference(mx.array(row)[None])[0, -1]
+        assert score == pytest.approx(float(logits[yes] - logits[no]), abs=1e-4)
+    assert np.ptp(scores) > 0.01  # the documents score apart
+    limit = len(rows[0]) + 8
+    short = pair_ids(tokenizer, "why is the sky blue?", TEXTS[0] * 20, limit, None)
+    assert len(short) == limit and short[-3:] == rows[0][-3:]  # the document cut, not the tail
+    assert pair_ids(tokenizer, "why " * 200, "a", limit, None) is None

@@ -13,6 +13,7 @@ from pydantic import Field, StrictBool, StrictInt
 from quart import Blueprint
 from quart_schema import document_request
 
+from ...embedding.yes_no import pair_ids
 from ..dispatch import ready_model
 from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
@@ -22,6 +23,7 @@ from .protocol import MAX_NAME, Fields
 from .run import engine_vectors
 
 blueprint = Blueprint("rerank", __name__)
+MAX_INSTRUCTION = 4096  # characters
 
 
 class RerankRequest(Fields):
@@ -40,6 +42,12 @@ class RerankRequest(Fields):
     return_documents: StrictBool = False
     return_text: StrictBool = Field(False, description="TEI: each result with its text")
     raw_scores: StrictBool = Field(False, description="TEI: the logit, not its sigmoid")
+    instruction: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_INSTRUCTION,
+        description="a language-model reranker's task (Qwen3-Reranker's Instruct; ours)",
+    )
 
 
 @blueprint.post("/v1/rerank")
@@ -52,7 +60,19 @@ async def rerank():
     tei = body.documents is None and body.texts is not None
     documents = _texts(body)
     engine, loaded = await ready_model(body.model, kind="rerank")
-    rows, seconds = await asyncio.to_thread(_pairs, loaded, body.query, documents)
+    if loaded.judges_pairs:
+        rows = await asyncio.to_thread(
+            _judged_pairs, loaded, body.query, documents, body.instruction
+        )
+        seconds = None
+    elif body.instruction is not None:
+        raise InvalidRequest(
+            f"'instruction' is for rerankers that are language models; {loaded.model_id} is a "
+            "cross-encoder",
+            param="instruction",
+        )
+    else:
+        rows, seconds = await asyncio.to_thread(_pairs, loaded, body.query, documents)
     logits = await engine_vectors(engine, rows, seconds)
     raw = [float(v) for v in logits[:, 0]]
     scores = raw if tei and body.raw_scores else [_sigmoid(v) for v in raw]
@@ -113,6 +133,27 @@ def _pairs(loaded, query: str, documents: list[str]) -> tuple[list[list[int]], l
         rows.append(ids)
         seconds.append(sequence.index(1) if 1 in sequence else len(ids))
     return rows, seconds
+
+
+def _judged_pairs(
+    loaded, query: str, documents: list[str], instruction: str | None
+) -> list[list[int]]:
+    """Each pair written into a language-model reranker's prompt (yes_no.py), the document cut
+    to fit."""
+    rows = []
+    for document in documents:
+        ids = pair_ids(
+            loaded.tokenizer._tokenizer, query, document, loaded.context_length, instruction
+        )
+        if ids is None:
+            raise InvalidRequest(
+                f"'query' is too long: {loaded.model_id} reads at most "
+                f"{loaded.context_length} tokens a pair",
+                param="query",
+                code="context_length_exceeded",
+            )
+        rows.append(ids)
+    return rows
 
 
 def _sigmoid(x: float) -> float:

@@ -66,10 +66,13 @@ def load_embedding_model(
         matryoshka=bool(config.get("matryoshka_dimensions") or config.get("is_matryoshka")),
         prompts=model.prompts,
         default_prompt=model.default_prompt if model.default_prompt in model.prompts else None,
+        judges_pairs=model.answer_ids is not None,
     )
 
 
 def _how_it_runs(model) -> str:
+    if model.answer_ids is not None:
+        return 'a language model judging each (query, document) pair: "yes" against "no"'
     if model.kind == "rerank":
         return "cross-encoder: a score a (query, document) pair"
     normalised = ", normalised" if model.pooling.normalize else ""
