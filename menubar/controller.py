@@ -42,6 +42,7 @@ class ModelChoice:
     queue: int = 0
     base_model: str | None = None  # a LoRA adapter's base
     error: str | None = None
+    kind: str = "generate"  # or "embed", "rerank" (/v1/models): never the default
 
 
 @dataclass(frozen=True)
@@ -304,6 +305,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
             default=bool(card.get("default", name == default)),
             pinned=bool(card.get("pinned")),
             memory_bytes=int(card.get("memory_bytes") or 0),
+            kind=card.get("kind") or "generate",
         )
     memory = int(facts.get("memory_bytes") or 0)
     state = facts.get("state")
@@ -318,6 +320,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
         queue=int(facts.get("pending_sequences") or 0),
         base_model=facts.get("base_model"),
         error=facts.get("load_error") or facts.get("error"),
+        kind=card.get("kind") or "generate",
     )
 
 

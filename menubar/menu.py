@@ -69,10 +69,15 @@ def build(snapshot: Snapshot, launch_at_login: bool) -> list[Item]:
     return items
 
 
+KIND_ROLES = {"embed": "embeddings", "rerank": "reranker"}  # what a model is, where not chat
+
+
 def model_title(model: ModelChoice) -> str:
-    """Its state's mark (none when not in memory), its name, its roles: "● name (default)"."""
+    """Its state's mark (none when not in memory), its name, its roles: "● name (default)",
+    "name (embeddings, pinned)"."""
     mark = MODEL_SYMBOLS.get(model.state or "")
-    roles = [role for role, on in (("default", model.default), ("pinned", model.pinned)) if on]
+    roles = [KIND_ROLES[model.kind]] if model.kind in KIND_ROLES else []
+    roles += [role for role, on in (("default", model.default), ("pinned", model.pinned)) if on]
     text = f"{mark} {model.name}" if mark else model.name
     return f"{text} ({', '.join(roles)})" if roles else text
 
@@ -84,7 +89,9 @@ def model_menu(model: ModelChoice, snapshot: Snapshot) -> Item:
     can_act = snapshot.state in ("loading", "ready", "error")
     name = model.name
     on_its_way = model.loaded or model.state in ("starting", "loading")
-    if model.default and on_its_way:
+    if model.kind in KIND_ROLES:  # an embedding model or a reranker is loaded, never the default
+        load = Item("Load", f"load:{name}", enabled=can_act and not on_its_way)
+    elif model.default and on_its_way:
         load = Item("Make default", enabled=False, checked=True, checkable=True)
     else:
         load = Item("Make default" if on_its_way else "Load", f"load:{name}", enabled=can_act)

@@ -124,7 +124,8 @@ async def get_status():
 @document_request(LoadRequest)
 async def load():
     """Load a model beside the others (room made as for a request): 202 while it loads, 200
-    once ready; it becomes the default unless `default` is false."""
+    once ready; a generation model becomes the default unless `default` is false (an
+    embedding model or a reranker never does: requests naming no model are generation's)."""
     body = validate(LoadRequest, await read_json_object())
     name, source = served_name(body.model)
     models = pool()
@@ -133,7 +134,8 @@ async def load():
     engine = await acquire(name, source)
     ready = engine.state == "ready" and engine.loaded is not None
     if body.default and ready:
-        models.make_default(name)
+        if engine.loaded.kind == "generate":
+            models.make_default(name)
     elif body.default:  # once it is ready; a model that fails to load leaves the default as is
         asyncio.get_running_loop().create_task(_default_once_ready(engine))
     return status(), 200 if ready else 202
@@ -141,7 +143,7 @@ async def load():
 
 async def _default_once_ready(engine) -> None:
     await engine.ensure_loaded(timeout=DEFAULT_WAIT_S)
-    if engine.state == "ready":
+    if engine.state == "ready" and engine.loaded is not None and engine.loaded.kind == "generate":
         pool().make_default(engine.model_name)
 
 

@@ -251,6 +251,16 @@ def test_model_lists_say_what_each_model_is(served, reranker):
     assert "tiny-bert:latest" in tags
 
 
+def test_loading_an_embedding_model_leaves_the_default_as_it_was(served):
+    """The menubar's Load (POST /admin/load, `default` true unless told): requests naming no
+    model are generation's, so an embedding model never becomes their default."""
+    answer = httpx.post(f"{served.url}/admin/load", json={"model": "tiny-bert"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == served.engine.model_name
+    chat = httpx.post(f"{served.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+    assert chat.status_code == 200, chat.text
+
+
 def test_a_named_instruction_goes_before_each_text(client, served):
     """sentence-transformers' `prompt_name`: the model's own instruction (here "query: ")."""
     named = client.embeddings.create(

@@ -129,3 +129,27 @@ def test_a_refused_action_is_the_snapshots_error_not_an_exception(tmp_path):
     assert controller.load("coder") is False
     assert controller.snapshot.error.startswith(f"no answer from {controller.url}")
     assert menu.find(menu.build(controller.snapshot, False), f"Error: {controller.snapshot.error}")
+
+
+def test_an_embedding_model_and_a_reranker_say_what_they_are_and_never_become_default():
+    snapshot = Snapshot(
+        state="ready",
+        url="http://127.0.0.1:8080",
+        model="coder",
+        models=(
+            ModelChoice("coder", True, 900 * MB, "ready", default=True, memory_bytes=512 * MB),
+            ModelChoice("minilm", True, 90 * MB, "ready", memory_bytes=90 * MB, kind="embed"),
+            ModelChoice("bge-reranker", False, 300 * MB, kind="rerank"),
+        ),
+    )
+    items = menu.build(snapshot, launch_at_login=False)
+    titles = [m.title for m in menu.find(items, "Models").children]
+    assert titles == ["● coder (default)", "● minilm (embeddings)", "bge-reranker (reranker)"]
+    minilm = submenu(items, "minilm")
+    assert "Make default" not in minilm and not minilm["Load"].enabled  # loaded already
+    assert minilm["Unload"].enabled
+    reranker = submenu(items, "bge-reranker")
+    assert reranker["Load"].enabled and reranker["Load"].action == "load:bge-reranker"
+    cards = [{"id": "coder"}, {"id": "minilm", "kind": "embed"}]
+    status = {"model": "coder", "models": [{"model": "minilm", "state": "ready"}]}
+    assert [c.kind for c in model_choices(status, cards)] == ["generate", "embed"]
