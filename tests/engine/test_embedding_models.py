@@ -28,6 +28,7 @@ from mlxserve.engine.embedding_jobs import EmbeddingQueue, EmbedJob
 from .. import numpy_bert
 from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder
 from ..helpers import skip_for_missing
+from ..mlx_embeddings_reference import model_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import fetch_embedding_model  # noqa: E402
@@ -149,6 +150,28 @@ def test_all_minilm_l6_v2_vectors_equal_numpy_berts():
         np.testing.assert_allclose(vector, expected, atol=1e-5)
     similar = vectors @ vectors.T
     assert similar[0, 1] > 0.6 > 0.2 > similar[0, 2]
+
+
+def test_all_minilm_l6_v2_vectors_equal_mlx_embeddings_own_encode():
+    """The same real model through mlx-embeddings' BERT (the MLX field's embedding library), a
+    padded batch with its attention mask: its mean-pooled, normalised `text_embeds`."""
+    folder = fetch_embedding_model.FOLDER
+    if not (folder / "model.safetensors").exists():
+        skip_for_missing(f"{folder} is absent: scripts/fetch_embedding_model.py fetches it")
+    module = model_module("bert")
+    reference = module.Model(
+        module.ModelArgs.from_dict(json.loads((folder / "config.json").read_text()))
+    )
+    weights = mx.load(str(folder / "model.safetensors"))
+    reference.load_weights(list(reference.sanitize(weights).items()), strict=True)
+    reference.eval()  # its dropout off (an MLX module trains until told otherwise)
+    model, _ = loaded(folder)
+    rows = token_rows(folder, TEXTS)
+    longest = max(map(len, rows))
+    ids = mx.array([row + [0] * (longest - len(row)) for row in rows])
+    mask = mx.array([[1] * len(row) + [0] * (longest - len(row)) for row in rows])
+    expected = reference(ids, attention_mask=mask).text_embeds
+    np.testing.assert_allclose(np.asarray(model.embed(rows)), np.asarray(expected), atol=1e-5)
 
 
 def test_an_encoder_family_not_run_here_is_refused_by_name(tiny_bert, tmp_path):

@@ -77,6 +77,7 @@ def reference_modernbert(folder: Path):
     if args.architectures == ["ModernBertForMaskedLM"]:
         weights["decoder.weight"] = weights["model.embeddings.tok_embeddings.weight"]
     reference.load_weights(list(weights.items()), strict=False)
+    reference.eval()  # its dropout off (an MLX module trains until told otherwise)
     # mlx-embeddings 0.1.0 runs ModernBERT's "gelu" as the tanh approximation; Hugging Face's
     # model (the checkpoints' own) runs it exact, as mlxserve does
     for layer in reference.model.layers:
