@@ -16,7 +16,7 @@ from .chat.templates import CHATML
 from .chat.tool_calls import parser_names
 from .engine.cluster.launched import engine_in_front
 from .fim import TEMPLATE_NAMES, TEMPLATES
-from .flag_values import memory_size, name_and_value, read_api_key, stream_gap
+from .flag_values import layer_split, memory_size, name_and_value, read_api_key, stream_gap
 from .platform import reexec_for_cpu
 from .settings import (
     DEFAULT_HOST,
@@ -387,6 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(5 s once a stop signal came)",
     )
     serve.add_argument(
+        "--layer-split",
+        type=layer_split,
+        metavar="N,N,...",
+        help="with --distributed: split the model as a pipeline of its layers, this many on each "
+        "rank (rank 0 first), e.g. 8,22 (default: a pipeline only where the attention heads do "
+        "not split evenly over the ranks, its layers in proportion to each rank's memory)",
+    )
+    serve.add_argument(
         "--engine-in-process",
         action="store_true",
         help="run the engine inside the HTTP server's process, not in a supervised process of "
@@ -489,6 +497,7 @@ def serve(args: argparse.Namespace) -> int:
         distributed=args.distributed,
         engine_in_process=args.engine_in_process,
         rank_timeout_s=args.rank_timeout,
+        layer_split=args.layer_split,
         speculation=speculation,
         **memory,
     )

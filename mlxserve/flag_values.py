@@ -1,5 +1,6 @@
 """The values of `mlxserve serve`'s flags read from their text: sizes, NAME=VALUE pairs, the
-stream-gap bound, the API key. argparse types raise ArgumentTypeError; the key, ValueError."""
+stream-gap bound, a pipeline's layers by rank, the API key. argparse types raise
+ArgumentTypeError; the key, ValueError."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ def stream_gap(text: str) -> float | None:
     if not value > 1 or value != value:
         raise argparse.ArgumentTypeError(f"must be a number above 1 or 'off' (got {text!r})")
     return value
+
+
+def layer_split(text: str) -> tuple[int, ...]:
+    """--layer-split 8,22: a pipeline's layers by rank, rank 0 first."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not layer counts like 8,22: {text}") from None
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"every rank needs at least one layer: {text}")
+    return counts
 
 
 def read_api_key(key: str | None, key_file: str | None) -> str | None:

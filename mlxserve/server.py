@@ -166,9 +166,9 @@ def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None
     cluster = None
     in_process = engine_in_front(settings.engine_in_process, settings.distributed)
     if settings.distributed and in_process:
-        from .engine.cluster.lockstep import Cluster
+        from .engine.cluster.lockstep import Cluster, layer_split_of
 
-        cluster = Cluster()
+        cluster = Cluster(layer_split=layer_split_of(settings))
         if not cluster.leader:
             from .engine import Engine
 

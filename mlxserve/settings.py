@@ -140,6 +140,7 @@ class Settings:
     distributed: bool = False  # one model over the ranks mlx.launch started
     engine_in_process: bool = False  # the engine in the HTTP server's process (no ipc/)
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails
+    layer_split: tuple[int, ...] | None = None  # distributed: a pipeline's layers by rank
 
     @property
     def speculative(self) -> dict | None:

@@ -71,9 +71,12 @@ class EngineProcess:
         self._groups: dict[int, Any] = {}  # group id: its engine
         options = {}
         if settings.distributed:  # rank 0 of the ranks mlx.launch started (cli.py decided)
-            from ..engine.cluster.lockstep import Cluster
+            from ..engine.cluster.lockstep import Cluster, layer_split_of
 
-            options = {"cluster": Cluster(), "on_fatal": self.exit_lost}
+            options = {
+                "cluster": Cluster(layer_split=layer_split_of(settings)),
+                "on_fatal": self.exit_lost,
+            }
         self.engine = new_engine(settings, settings.model, **options)
         self.pool = pool_for(settings, self.engine)
         self._last_report = b""

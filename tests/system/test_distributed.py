@@ -112,12 +112,18 @@ THREE_HEADS = {"hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads
 @pytest.fixture(scope="module")
 def three_heads(tmp_path_factory) -> dict[str, Path]:
     """Tiny models with 3 heads, which do not split over 2 ranks: a Qwen2 (mlx-lm has a
-    pipeline for it) and a Llama (it has none)."""
+    pipeline for it), a Llama of 5 layers (it has none: mlxserve's pipeline), and a Llama of
+    one layer (too few for 2 ranks)."""
     folder = tmp_path_factory.mktemp("three-heads")
     qwen2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
     return {
         "qwen2": build_tiny_model(folder / "qwen2", 0, False, THREE_HEADS | qwen2),
-        "llama": build_tiny_model(folder / "llama", 0, False, THREE_HEADS),
+        "llama": build_tiny_model(
+            folder / "llama", 0, False, THREE_HEADS | {"num_hidden_layers": 5}
+        ),
+        "one layer": build_tiny_model(
+            folder / "one-layer", 0, False, THREE_HEADS | {"num_hidden_layers": 1}
+        ),
     }
 
 
@@ -251,23 +257,39 @@ def test_two_ranks_answer_as_one_process(cluster, server):
         assert answers(url, False)[0] == answers(server.url, False)[0]
 
 
+@pytest.mark.parametrize(
+    ("model", "whose", "extra", "ranks"),
+    [
+        ("qwen2", "mlx-lm's", (), 2),
+        ("llama", "mlxserve's", (), 2),
+        ("llama", "mlxserve's", ("--layer-split", "1,4"), 2),  # rank 0 the last layer only
+        ("llama", "mlxserve's", (), 3),
+    ],
+    ids=["qwen2-mlx-lm", "llama-2-ranks", "llama-split-1-4", "llama-3-ranks"],
+)
 def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
-    ring, three_heads, live_servers, tmp_path
+    ring, three_heads, live_servers, tmp_path, model, whose, extra, ranks
 ):
-    with ranks_by_hand(three_heads["qwen2"], tmp_path) as (url, _):
-        assert "pipeline parallel over 2 ranks" in (tmp_path / "rank0.log").read_text()
-        with live_servers.own(three_heads["qwen2"]) as single:
-            alone = answers(single.url, stream=False)
-            assert_answered(alone)
-            assert answers(url, stream=False) == alone
+    """Greedy, seeded, n=2, a JSON schema, echo with logprobs, a prompt prefilled in chunks,
+    streamed and whole: a pipeline of layers answers as one process does."""
+    with ranks_by_hand(three_heads[model], tmp_path, *extra, count=ranks) as (url, _):
+        log = (tmp_path / "rank0.log").read_text()
+        assert f"pipeline parallel over {ranks} ranks ({whose})" in log
+        if extra:
+            assert "rank 0: layers 4-4; rank 1: layers 0-3" in log
+        with live_servers.own(three_heads[model]) as single:
+            for stream in (False, True):
+                alone = answers(single.url, stream=stream)
+                assert_answered(alone)
+                assert answers(url, stream=stream) == alone
 
 
 def test_a_model_that_splits_neither_way_is_refused_at_start(ring, three_heads, tmp_path):
-    with ranks_by_hand(three_heads["llama"], tmp_path, ready=False) as (_, ranks):
+    with ranks_by_hand(three_heads["one layer"], tmp_path, ready=False) as (_, ranks):
         assert [rank.wait(60) for rank in ranks] == [1, 1]
     assert (
         "its 3 attention heads (3 key/value heads) do not split evenly over 2 ranks (3 ranks "
-        "would), and mlx-lm has no pipeline parallelism for llama models"
+        "would), and its 1 layers are too few for a pipeline of 2 ranks (at most 1 ranks would)"
     ) in (tmp_path / "rank0.log").read_text()
 
 
@@ -368,13 +390,13 @@ def test_under_mlx_launch_it_answers_and_a_killed_rank_fails_the_stream_and_ever
 
 
 @contextmanager
-def ranks_by_hand(model: Path, tmp_path: Path, *extra: str, ready: bool = True):
-    """Two ranks started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), without the
-    launcher (which would also stop the others when one dies): (url, [rank 0, rank 1]), once
-    it answers if `ready`; each rank's output in `tmp_path`/rank{N}.log."""
+def ranks_by_hand(model: Path, tmp_path: Path, *extra: str, ready: bool = True, count: int = 2):
+    """`count` ranks started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), without the
+    launcher (which would also stop the others when one dies): (url, [rank 0, rank 1, ...]),
+    once it answers if `ready`; each rank's output in `tmp_path`/rank{N}.log."""
     port = free_port()
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(count)]))
     command = serve_command(port, model, *extra)
     ranks = [
         subprocess.Popen(
@@ -383,7 +405,7 @@ def ranks_by_hand(model: Path, tmp_path: Path, *extra: str, ready: bool = True):
             stdout=(tmp_path / f"rank{rank}.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
-        for rank in (0, 1)
+        for rank in range(count)
     ]
     try:
         url = f"http://127.0.0.1:{port}"

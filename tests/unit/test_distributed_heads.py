@@ -1,8 +1,9 @@
 """How a model splits over the ranks is decided before its weights load: tensor parallel where
-its heads split, pipeline parallel where mlx-lm has it for the architecture, else a refusal with
-the numbers that would work (SmolLM2's 9 heads over 2 ranks failed in its first forward pass
-with mlx-lm's shape error). Rank 0 knows it is rank 0 from its launcher's variables, before
-MLX starts: its engine runs in a process of its own."""
+its heads split, else a pipeline of its layers (mlx-lm's, or mlxserve's for any architecture
+whose forward pass runs its layers alike), else a refusal with the numbers that would work
+(SmolLM2's 9 heads over 2 ranks failed in its first forward pass with mlx-lm's shape error; it
+now runs as a pipeline). A pipeline's layers go by each rank's memory. Rank 0 knows it is rank 0
+from its launcher's variables, before MLX starts: its engine runs in a process of its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mlx_lm.utils import _get_classes
 
 from mlxserve.engine.cluster.launched import launched_rank
 from mlxserve.engine.cluster.lockstep import DistributedError, sharding
+from mlxserve.engine.cluster.pipeline import pipeline_refusal, split_by_memory
 
 
 def model(model_type: str, heads: int, kv_heads: int, layers: int = 2):
@@ -45,28 +47,62 @@ def test_heads_that_do_not_split_fall_back_to_a_pipeline_where_mlx_lm_has_one():
     assert sharding(model("qwen2", 4, 1), 2) == "pipeline"
 
 
-def test_without_a_pipeline_the_refusal_names_the_ranks_that_would_work():
+def test_heads_that_do_not_split_run_as_a_pipeline_of_layers_in_any_uniform_architecture():
+    """SmolLM2's shape (9 heads, 3 KV heads) over 2 ranks, and architectures mlx-lm has no
+    pipeline for: a pipeline of their layers."""
+    assert sharding(model("llama", 9, 3), 2) == "pipeline"
+    for model_type in ("llama", "phi3", "gemma", "gemma2", "starcoder2", "olmo2", "internlm2"):
+        assert pipeline_refusal(model(model_type, 4, 4)) is None, model_type
+
+
+def test_an_mlp_that_does_not_split_runs_as_a_pipeline():
+    """3 heads over 3 ranks split, but an MLP of 32 rows does not (mlx-lm's shard refused it
+    at load: "Cannot shard the output of size 32 across 3 devices")."""
+    assert sharding(model("llama", 3, 3, layers=3), 3) == "pipeline"
+
+
+def test_a_layer_split_asks_for_a_pipeline_where_heads_would_split():
+    assert sharding(model("llama", 4, 2), 2) == "tensor"
+    assert sharding(model("llama", 4, 2), 2, [1, 1]) == "pipeline"
+
+
+def test_a_forward_pass_that_picks_layers_by_position_is_refused_saying_so():
+    """Gemma 3 chooses each layer's mask by its index: on a rank holding layers 3-5 it would
+    give layer 3 the mask of layer 0."""
     with pytest.raises(
         DistributedError,
-        match=r"9 attention heads \(3 key/value heads\) do not split evenly over 2 ranks "
-        r"\(3 ranks would\), and mlx-lm has no pipeline parallelism for llama models",
+        match=r"a pipeline of its layers cannot split gemma3_text models: its forward pass "
+        r"treats each layer by its position",
     ):
-        sharding(model("llama", 9, 3), 2)
-    with pytest.raises(DistributedError, match="no number of ranks would"):
-        sharding(model("llama", 8, 1), 2)
+        sharding(model("gemma3_text", 9, 3), 2)
+    with pytest.raises(DistributedError, match="--layer-split needs a pipeline"):
+        sharding(model("gemma3_text", 4, 2), 2, [1, 1])
 
 
 def test_a_pipeline_needs_a_layer_a_rank():
     with pytest.raises(
         DistributedError,
-        match=r"\(2 or 4 ranks would\), and its 2 layers are too few for a pipeline of 3 ranks",
+        match=r"\(2 or 4 ranks would\), and its 2 layers are too few for a pipeline of 3 ranks "
+        r"\(at most 2 ranks would\)",
     ):
         sharding(model("qwen2", 4, 4, layers=2), 3)
+    with pytest.raises(DistributedError, match="no number of ranks would"):
+        sharding(model("llama", 8, 1, layers=2), 3)
 
 
-def test_an_architecture_with_neither_is_refused():
-    with pytest.raises(DistributedError, match="gemma architecture supports neither"):
-        sharding(model("gemma", 4, 4), 2)
+@pytest.mark.parametrize(
+    ("layers", "memory", "split"),
+    [
+        (30, [64, 16], [24, 6]),  # a 64 GB Mac and a 16 GB one
+        (30, [1, 1], [15, 15]),
+        (31, [1, 1], [16, 15]),  # as mlx-lm's even split: the low ranks take the extra
+        (30, [1, 1, 1], [10, 10, 10]),
+        (3, [100, 1, 1], [1, 1, 1]),  # every rank keeps a layer
+        (22, [32, 16, 16], [11, 6, 5]),
+    ],
+)
+def test_layers_go_by_each_ranks_memory(layers, memory, split):
+    assert split_by_memory(layers, memory) == split
 
 
 @pytest.mark.parametrize(

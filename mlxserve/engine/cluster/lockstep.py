@@ -1,7 +1,8 @@
 """One model over several machines with mlx.distributed (started by `mlx.launch`).
 
-Every rank loads its shard (mlx-lm's `sharded_load`: tensor parallel where the architecture has
-it, pipeline parallel where only that exists) and runs the same engine loop in lock-step. Rank 0
+Every rank loads its shard (tensor parallel where the model's heads split over the ranks, else
+a pipeline of its layers: mlx-lm's where the architecture has one, pipeline.py's for the rest)
+and runs the same engine loop in lock-step. Rank 0
 alone serves HTTP: before each engine step it broadcasts what changed (requests added or
 cancelled, sequences its stop rules ended, the prefill chunk), and the other ranks apply exactly
 that, so every rank runs the same forward passes. Rank 0's sampled tokens are broadcast back
@@ -11,6 +12,7 @@ same tokens even if their logits differed in the last bit.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -25,8 +27,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
+from ...settings import machine_memory_bytes
 from ..models.sources import ModelLoadError
 from ..scheduling.messages import Add
+from . import pipeline
 from .doorbell import Doorbell
 
 if TYPE_CHECKING:
@@ -42,12 +46,17 @@ class DistributedError(RuntimeError):
 class Cluster:
     """This process's place in the group mlx.launch started."""
 
-    def __init__(self, group: mx.distributed.Group | None = None):
+    def __init__(
+        self, group: mx.distributed.Group | None = None, layer_split: list[int] | None = None
+    ):
+        """`layer_split`: layers by rank for a pipeline (`--layer-split`), else by memory."""
         self.group = group if group is not None else mx.distributed.init(strict=True)
         self.rank = self.group.rank()
         self.size = self.group.size()
+        self.layer_split = layer_split
         log.info("distributed: rank %d of %d (pid %d)", self.rank, self.size, os.getpid())
         self.sharding: str | None = None  # "tensor" or "pipeline", once the model loaded
+        self.stages: list[tuple[int, int]] = []  # a pipeline's layers by rank: (first, end)
 
     @property
     def leader(self) -> bool:
@@ -76,21 +85,39 @@ class Cluster:
         return pickle.loads(bytes(np.array(received, dtype=np.uint8)))
 
     def load(self, path: str):
-        """(model, tokenizer, config) with this rank's shard of the weights: tensor parallel
-        where the model's heads split over the ranks, else pipeline parallel where mlx-lm has
-        it for the architecture; decided on the lazily read model, before any weight is read.
-        (mlx-lm's `sharded_load` does the same but needs a weight index to pick a pipeline
-        stage's files, which a model of one file has not.)"""
+        """(model, tokenizer, config) with this rank's shard of the weights, decided on the
+        lazily read model before any weight is read (`sharding`): tensor parallel where the
+        model's heads split over the ranks, else a pipeline of layers, split by `layer_split`
+        or in proportion to each rank's memory. (mlx-lm's `sharded_load` needs a weight index
+        to pick a pipeline stage's files, which a model of one file has not.)"""
         from mlx_lm.utils import load_model, load_tokenizer
 
         folder = _local(path)
         model, config = load_model(folder, lazy=True, strict=False)
-        self.sharding = how = sharding(model, self.size)
-        log.info("%s parallel over %d ranks", how, self.size)
+        self.sharding = how = sharding(model, self.size, self.layer_split)
         if how == "tensor":
             model.shard(self.group)
+            log.info(
+                "tensor parallel over %d ranks: its attention heads split evenly (each rank "
+                "runs every layer's share; --layer-split asks for a pipeline)",
+                self.size,
+            )
         else:
-            model.model.pipeline(self.group)
+            split = self._split(len(model.layers))
+            if hasattr(model.model, "pipeline"):
+                _mlx_lm_pipeline(model.model, self.group, split)
+                first, end = model.model.start_idx, model.model.end_idx
+                whose = "mlx-lm's"
+            else:
+                first, end = pipeline.install(model, self.group, split)
+                whose = "mlxserve's"
+            self.stages = self._gather_stages(first, end)
+            log.info(
+                "pipeline parallel over %d ranks (%s): %s",
+                self.size,
+                whose,
+                "; ".join(f"rank {r}: layers {a}-{b - 1}" for r, (a, b) in enumerate(self.stages)),
+            )
         mx.eval(model.parameters())  # this rank's shard only: the rest is never read
         self.broadcast()  # every rank has its shard before any runs the model
         tokenizer = load_tokenizer(
@@ -98,28 +125,81 @@ class Cluster:
         )
         return model, tokenizer, config
 
+    def _split(self, layers: int) -> list[int]:
+        """Layers by rank: `layer_split` as given, else in proportion to each rank's memory."""
+        if self.layer_split is not None:
+            if len(self.layer_split) != self.size or sum(self.layer_split) != layers:
+                raise DistributedError(
+                    f"--layer-split {','.join(map(str, self.layer_split))} does not fit: it "
+                    f"needs {self.size} counts (one a rank, rank 0 first) that add up to the "
+                    f"model's {layers} layers"
+                )
+            return self.layer_split
+        memory = self._gather_ints([machine_memory_bytes()])
+        split = pipeline.split_by_memory(layers, [int(m[0]) for m in memory])
+        log.info(
+            "layers split by each rank's memory (%s)",
+            ", ".join(f"rank {r}: {m[0] / 2**30:.1f} GiB" for r, m in enumerate(memory)),
+        )
+        return split
 
-def sharding(model, ranks: int) -> str:
-    """How `model` splits over `ranks`: "tensor" or "pipeline". DistributedError, saying why
-    and what would work, where neither can."""
+    def _gather_stages(self, first: int, end: int) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, b in self._gather_ints([first, end])]
+
+    def _gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Each rank's `values`, by rank (a collective: every rank calls it)."""
+        with mx.stream(generation_stream):
+            gathered = mx.distributed.all_gather(
+                mx.array([values], dtype=mx.int64), group=self.group
+            )
+            return np.array(gathered).tolist()
+
+
+def layer_split_of(settings) -> list[int] | None:
+    return list(settings.layer_split) if settings.layer_split else None
+
+
+def _mlx_lm_pipeline(inner, group, split: list[int]) -> None:
+    """mlx-lm's pipeline of the model's layers, split as asked where it takes a split (a few of
+    its architectures split evenly only)."""
+    if "split" in inspect.signature(inner.pipeline).parameters:
+        inner.pipeline(group, split)
+        return
+    base, extra = divmod(sum(split), len(split))
+    if split != [base + (1 if r < extra else 0) for r in range(len(split))]:
+        raise DistributedError(
+            f"mlx-lm's pipeline for this architecture splits its layers evenly only; layers "
+            f"by rank {','.join(map(str, split))} cannot be"
+        )
+    inner.pipeline(group)
+
+
+def sharding(model, ranks: int, layer_split: list[int] | None = None) -> str:
+    """How `model` splits over `ranks`: "tensor" where its heads split evenly (and no
+    `layer_split` asks for a pipeline), else "pipeline" (mlx-lm's for the architecture, or
+    pipeline.py's). DistributedError, saying why and what would work, where neither can."""
     kind = type(model).__module__.rsplit(".", 1)[-1]
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     layers = len(getattr(model, "layers", ()))
     tensor = hasattr(model, "shard")
-    pipeline = hasattr(getattr(model, "model", None), "pipeline")
+    inner = getattr(model, "model", None)
+    refusal = None if hasattr(inner, "pipeline") else pipeline.pipeline_refusal(model)
     heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
-    if tensor and heads_split:
+    inner_size = getattr(args, "intermediate_size", None)
+    mlp_splits = not isinstance(inner_size, int) or inner_size % ranks == 0
+    if tensor and heads_split and mlp_splits and layer_split is None:
         return "tensor"
-    if pipeline and layers >= ranks:
+    if refusal is None and layers >= ranks:
         return "pipeline"
-    if not tensor and not pipeline:
+    if layer_split is not None and refusal is not None:
         raise DistributedError(
-            f"the {kind} architecture supports neither tensor nor pipeline parallelism in "
-            "mlx-lm, so it cannot be served across machines"
+            f"--layer-split needs a pipeline, and {kind} models have none: {refusal}"
         )
-    if tensor:
+    if tensor and heads_split:
+        why_not_tensor = f"its MLP's {inner_size} rows do not split evenly over {ranks} ranks"
+    elif tensor:
         fits = [n for n in range(2, min(heads, kv_heads) + 1) if heads % n == kv_heads % n == 0]
         why_not_tensor = (
             f"its {heads} attention heads ({kv_heads} key/value heads) do not split evenly over "
@@ -129,10 +209,13 @@ def sharding(model, ranks: int) -> str:
         )
     else:
         why_not_tensor = f"mlx-lm has no tensor parallelism for {kind} models"
-    if pipeline:
-        why_not_pipeline = f"its {layers} layers are too few for a pipeline of {ranks} ranks"
+    if refusal is None:
+        why_not_pipeline = (
+            f"its {layers} layers are too few for a pipeline of {ranks} ranks "
+            f"(at most {layers} ranks would)"
+        )
     else:
-        why_not_pipeline = f"mlx-lm has no pipeline parallelism for {kind} models"
+        why_not_pipeline = f"a pipeline of its layers cannot split {kind} models: {refusal}"
     raise DistributedError(
         f"this model cannot be split over {ranks} ranks: {why_not_tensor}, and {why_not_pipeline}"
     )
