@@ -15,13 +15,13 @@ from mlxserve.engine.cluster.lockstep import DistributedError, sharding
 from mlxserve.engine.cluster.pipeline import pipeline_refusal, split_by_memory
 
 
-def model(model_type: str, heads: int, kv_heads: int, layers: int = 2):
+def model(model_type: str, heads: int, kv_heads: int, layers: int = 2, mlp: int = 48):
     """mlx-lm's own model class for `model_type`, tiny."""
     config = {
         "model_type": model_type,
         "hidden_size": 16 * heads,
         "num_hidden_layers": layers,
-        "intermediate_size": 32,
+        "intermediate_size": mlp,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": 16,
@@ -58,7 +58,7 @@ def test_heads_that_do_not_split_run_as_a_pipeline_of_layers_in_any_uniform_arch
 def test_an_mlp_that_does_not_split_runs_as_a_pipeline():
     """3 heads over 3 ranks split, but an MLP of 32 rows does not (mlx-lm's shard refused it
     at load: "Cannot shard the output of size 32 across 3 devices")."""
-    assert sharding(model("llama", 3, 3, layers=3), 3) == "pipeline"
+    assert sharding(model("llama", 3, 3, layers=3, mlp=32), 3) == "pipeline"
 
 
 def test_a_layer_split_asks_for_a_pipeline_where_heads_would_split():
