@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-tiers test-fast test-portable test-soak test-clients clients lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable test-soak test-ranks test-clients clients lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
@@ -29,7 +29,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak" \
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak and not ranks" \
 		--ignore=$(ENGINE_PROCESS_TESTS)
 
 # The unit and engine tiers: no HTTP, under a minute.
@@ -48,6 +48,11 @@ test-portable: $(VENV)/.installed-dev
 # Failures and recoveries repeated: the engine process killed 20 times during 16 streams.
 test-soak: $(VENV)/.installed-dev
 	$(TEST_ENV) $(BIN)/python -m pytest $(ENGINE_PROCESS_TESTS) -m soak
+
+# Real models (SmolLM2, the default model) over 2 and 3 local ranks, each answer compared with
+# one process's: a few minutes of starting ranks, so a tier of its own, after make test.
+test-ranks: $(VENV)/.installed-dev
+	$(TEST_ENV) $(BIN)/python -m pytest tests/system/test_distributed_models.py -m ranks
 
 # The coding agents (Claude Code, Codex, opencode, Continue's cn, aider, llm), installed from
 # their registries into build/clients/ (scripts/install_clients.sh pins their versions), each

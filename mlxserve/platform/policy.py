@@ -56,6 +56,17 @@ class PlatformPolicy:
         if not sharded:
             use_vectorised_attention(model)
 
+    def widen_before_tensor_split(self, model, ranks: int) -> None:
+        """Before a tensor split: quantized weights widened to float32 (lazily: each rank then
+        computes its slices alone), as `prepare_model` widens a whole model's, where each
+        rank's share fits its budget; a split layer's own quantized kernels are slow here."""
+        if not self.cpu_tricks:
+            return
+        from ..settings import machine_memory_bytes
+        from .weights import DEQUANTIZE_MEMORY_SHARE, dequantize
+
+        dequantize(model, ranks * machine_memory_bytes() // DEQUANTIZE_MEMORY_SHARE, lazy=True)
+
     def attention(self):
         """The attention function forward passes of our own should call (mixed batches)."""
         if self.cpu_tricks:

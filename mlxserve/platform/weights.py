@@ -21,9 +21,10 @@ log = logging.getLogger("mlxserve.platform")
 DEQUANTIZE_MEMORY_SHARE = 8
 
 
-def dequantize(model: nn.Module, budget_bytes: int, evaluate=None) -> bool:
+def dequantize(model: nn.Module, budget_bytes: int, evaluate=None, lazy: bool = False) -> bool:
     """Widen a quantized `model` to float32 if that fits `budget_bytes`; whether it did.
-    `evaluate(model)` computes the widened weights (None: all at once)."""
+    `evaluate(model)` computes the widened weights (None: all at once); `lazy`: not yet (a
+    tensor split slices them first, so that a rank computes only its share)."""
     from mlx_lm.utils import dequantize_model
 
     quantized = [m for _, m in model.named_modules() if hasattr(m, "bits") and "scales" in m]
@@ -42,10 +43,8 @@ def dequantize(model: nn.Module, budget_bytes: int, evaluate=None) -> bool:
         return False
     dequantize_model(model)
     model.set_dtype(mx.float32)
-    if evaluate is None:
-        mx.eval(model.parameters())
-    else:
-        evaluate(model)
+    if not lazy:
+        (evaluate or (lambda m: mx.eval(m.parameters())))(model)
     log.info(
         "CPU backend: quantized weights widened to float32 (%.2f GB) for batching",
         float_bytes / 1e9,

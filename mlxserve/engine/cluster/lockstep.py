@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
+from ...platform import current_policy
 from ...settings import machine_memory_bytes
 from ..models.sources import ModelLoadError
 from ..scheduling.messages import Add
@@ -96,6 +97,7 @@ class Cluster:
         model, config = load_model(folder, lazy=True, strict=False)
         self.sharding = how = sharding(model, self.size, self.layer_split)
         if how == "tensor":
+            current_policy().widen_before_tensor_split(model, self.size)
             model.shard(self.group)
             log.info(
                 "tensor parallel over %d ranks: its attention heads split evenly (each rank "

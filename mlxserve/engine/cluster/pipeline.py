@@ -68,7 +68,9 @@ def _receiving(layer, source: int, group) -> None:
             self, mx.distributed.recv_like(x, source, group=group), *args, **kwargs
         )
 
-    layer.__class__ = type(f"Receiving{base.__name__}", (base,), {"__call__": __call__})
+    layer.__class__ = type(
+        f"Receiving{base.__name__}", (base,), {"__call__": __call__, "__module__": base.__module__}
+    )
 
 
 def _sending(layer, destination: int | None, group) -> None:
@@ -86,7 +88,9 @@ def _sending(layer, destination: int | None, group) -> None:
                 cache.keys = mx.depends(cache.keys, h)
         return mx.distributed.all_gather(h, group=group)[: h.shape[0]]
 
-    layer.__class__ = type(f"Sending{base.__name__}", (base,), {"__call__": __call__})
+    layer.__class__ = type(
+        f"Sending{base.__name__}", (base,), {"__call__": __call__, "__module__": base.__module__}
+    )
 
 
 def _cache_among(args, kwargs):

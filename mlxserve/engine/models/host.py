@@ -165,7 +165,11 @@ def load_model(
         raise ModelLoadError(f"{source} for {path_or_repo}: {error}") from error
     if policy.converts_weights:
         progress.enter("converting weights", "for MLX's CPU backend")
-    policy.prepare_model(model, sharded=sharded, evaluate=lambda m: eval_in_slices(m, between))
+    # A pipeline's layers are whole (a tensor split's are not): the platform converts them
+    split_tensors = sharded and cluster.sharding == "tensor"
+    policy.prepare_model(
+        model, sharded=split_tensors, evaluate=lambda m: eval_in_slices(m, between)
+    )
     eval_in_slices(model, between)  # what the conversion left lazy
     how_it_runs = policy.description
     if kv_quantization is not None:

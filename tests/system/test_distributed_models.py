@@ -1,0 +1,53 @@
+"""Real models over 2 and 3 local ranks: SmolLM2 and the default model (9 heads, 3 KV heads:
+over 2 ranks a pipeline of their layers, mlx-lm having none for Llama; over 3 a tensor split,
+or a pipeline split unevenly with --layer-split) answer as one process does, greedy and
+seeded, n=2, with a JSON schema, echo with logprobs, a prompt prefilled in chunks, streamed and
+whole. A few minutes on 2 cores:
+`make test-ranks`, after `make test` in .ci/run."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxserve.settings import DEFAULT_MODEL, SpeculationSettings
+
+from ..conftest import SMOLLM2, shared_model
+from .test_distributed import answers, assert_answered, ranks_by_hand, ring  # noqa: F401
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("ring")]  # ring: two ranks can start
+
+MODELS = {"smollm2": lambda: shared_model(SMOLLM2), "default": lambda: DEFAULT_MODEL}
+_ALONE: dict[tuple[str, bool], list[list[str]]] = {}
+
+
+def alone(live_servers, name: str, stream: bool) -> list[list[str]]:
+    """The model's answers from one process (drafting off: a seeded sampler's draws would
+    differ with drafts, though its distribution would not), once a session."""
+    if (name, stream) not in _ALONE:
+        off = SpeculationSettings(draft_tokens=0)
+        with live_servers.own(MODELS[name](), speculation=off) as single:
+            for each in (False, True):
+                _ALONE[(name, each)] = answers(single.url, stream=each)
+                assert_answered(_ALONE[(name, each)])
+    return _ALONE[(name, stream)]
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "extra", "how"),
+    [
+        ("smollm2", 2, (), "pipeline parallel over 2 ranks (mlxserve's)"),
+        ("smollm2", 3, (), "tensor parallel over 3 ranks"),  # 9 and 3 heads split over 3
+        ("smollm2", 3, ("--layer-split", "12,10,8"), "rank 0: layers 18-29; rank 1: layers 8-17"),
+        ("default", 2, (), "pipeline parallel over 2 ranks (mlxserve's)"),
+        ("default", 3, (), "tensor parallel over 3 ranks"),
+    ],
+    ids=["smollm2-2", "smollm2-3", "smollm2-3-uneven", "default-2", "default-3"],
+)
+def test_a_real_model_over_ranks_answers_as_one_process(
+    live_servers, tmp_path, name, ranks, extra, how
+):
+    with ranks_by_hand(MODELS[name](), tmp_path, *extra, count=ranks) as (url, _):
+        log = (tmp_path / "rank0.log").read_text()
+        assert how in log, log[-2000:]
+        for stream in (False, True):
+            assert answers(url, stream=stream) == alone(live_servers, name, stream)
