@@ -387,12 +387,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(5 s once a stop signal came)",
     )
     serve.add_argument(
+        "--parallel",
+        choices=("auto", "tensor", "pipeline"),
+        default="auto",
+        help="with --distributed: split each layer over the ranks (tensor: where the attention "
+        "heads and MLP split evenly) or the layers (pipeline); auto: tensor where its "
+        "collectives, timed at start, cost less than the weight reads it saves",
+    )
+    serve.add_argument(
         "--layer-split",
         type=layer_split,
         metavar="N,N,...",
         help="with --distributed: split the model as a pipeline of its layers, this many on each "
-        "rank (rank 0 first), e.g. 8,22 (default: a pipeline only where the attention heads do "
-        "not split evenly over the ranks, its layers in proportion to each rank's memory)",
+        "rank (rank 0 first), e.g. 8,22 (default: in proportion to each rank's memory)",
     )
     serve.add_argument(
         "--engine-in-process",
@@ -440,6 +447,13 @@ def exit_without_finalizing(code: int) -> NoReturn:
 def serve(args: argparse.Namespace) -> int:
     from .engine.models.sources import ModelLoadError, check_adapter_folder, check_model_source
 
+    if args.layer_split and args.parallel == "tensor":
+        print(
+            "mlxserve: error: --layer-split splits the layers (a pipeline): it cannot go with "
+            "--parallel tensor",
+            file=sys.stderr,
+        )
+        return 2
     models = list(dict.fromkeys((args.model or [str(DEFAULT_MODEL)]) + args.embedding_model))
     model = models[0]
     try:
@@ -498,6 +512,7 @@ def serve(args: argparse.Namespace) -> int:
         engine_in_process=args.engine_in_process,
         rank_timeout_s=args.rank_timeout,
         layer_split=args.layer_split,
+        parallel=args.parallel,
         speculation=speculation,
         **memory,
     )

@@ -166,9 +166,9 @@ def serve_forever(settings: Settings, supervisor: EngineSupervisor | None = None
     cluster = None
     in_process = engine_in_front(settings.engine_in_process, settings.distributed)
     if settings.distributed and in_process:
-        from .engine.cluster.lockstep import Cluster, layer_split_of
+        from .engine.cluster.lockstep import Cluster, cluster_options
 
-        cluster = Cluster(layer_split=layer_split_of(settings))
+        cluster = Cluster(**cluster_options(settings))
         if not cluster.leader:
             from .engine import Engine
 

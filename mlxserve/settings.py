@@ -141,6 +141,7 @@ class Settings:
     engine_in_process: bool = False  # the engine in the HTTP server's process (no ipc/)
     rank_timeout_s: float = 60.0  # distributed: a step waiting longer on the other ranks fails
     layer_split: tuple[int, ...] | None = None  # distributed: a pipeline's layers by rank
+    parallel: str = "auto"  # distributed: "tensor", "pipeline", or measured at start
 
     @property
     def speculative(self) -> dict | None:

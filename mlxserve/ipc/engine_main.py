@@ -71,10 +71,10 @@ class EngineProcess:
         self._groups: dict[int, Any] = {}  # group id: its engine
         options = {}
         if settings.distributed:  # rank 0 of the ranks mlx.launch started (cli.py decided)
-            from ..engine.cluster.lockstep import Cluster, layer_split_of
+            from ..engine.cluster.lockstep import Cluster, cluster_options
 
             options = {
-                "cluster": Cluster(layer_split=layer_split_of(settings)),
+                "cluster": Cluster(**cluster_options(settings)),
                 "on_fatal": self.exit_lost,
             }
         self.engine = new_engine(settings, settings.model, **options)

@@ -8,10 +8,11 @@ from its launcher's variables, before MLX starts: its engine runs in a process o
 from __future__ import annotations
 
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
 from mlxserve.engine.cluster.launched import launched_rank
-from mlxserve.engine.cluster.lockstep import DistributedError, sharding
+from mlxserve.engine.cluster.lockstep import DistributedError, LinkCosts, sharding
 from mlxserve.engine.cluster.pipeline import pipeline_refusal, split_by_memory
 
 
@@ -61,9 +62,24 @@ def test_an_mlp_that_does_not_split_runs_as_a_pipeline():
     assert sharding(model("llama", 3, 3, layers=3, mlp=32), 3) == "pipeline"
 
 
+def test_measured_costs_choose_tensor_only_where_its_collectives_cost_less_than_it_saves():
+    """A tensor split runs 2 collectives a layer each token and saves each rank the reading of
+    the other ranks' share of the weights: slow links (or small models) pipeline instead."""
+    tiny = model("llama", 4, 2)
+    weights = sum(v.nbytes for _, v in tree_flatten(tiny.parameters()))
+    slow_link = LinkCosts(collective_s=1e-3, read_bytes_per_s=1e10)  # a TCP ring
+    assert not slow_link.tensor_pays(tiny, 2)
+    assert sharding(tiny, 2, "auto", slow_link) == "pipeline"
+    fast_link = LinkCosts(collective_s=1e-9, read_bytes_per_s=weights)  # 1 s to read them all
+    assert fast_link.tensor_pays(tiny, 2)
+    assert sharding(tiny, 2, "auto", fast_link) == "tensor"
+    assert sharding(tiny, 2, "tensor", slow_link) == "tensor"  # as asked
+    assert "collectives 4.00 ms a token" in slow_link.why(tiny, 2)
+
+
 def test_a_layer_split_asks_for_a_pipeline_where_heads_would_split():
     assert sharding(model("llama", 4, 2), 2) == "tensor"
-    assert sharding(model("llama", 4, 2), 2, [1, 1]) == "pipeline"
+    assert sharding(model("llama", 4, 2), 2, "pipeline") == "pipeline"
 
 
 def test_a_forward_pass_that_picks_layers_by_position_is_refused_saying_so():
@@ -75,8 +91,8 @@ def test_a_forward_pass_that_picks_layers_by_position_is_refused_saying_so():
         r"treats each layer by its position",
     ):
         sharding(model("gemma3_text", 9, 3), 2)
-    with pytest.raises(DistributedError, match="--layer-split needs a pipeline"):
-        sharding(model("gemma3_text", 4, 2), 2, [1, 1])
+    with pytest.raises(DistributedError, match="a pipeline was asked for, and gemma3_text"):
+        sharding(model("gemma3_text", 4, 2), 2, "pipeline")
 
 
 def test_a_pipeline_needs_a_layer_a_rank():

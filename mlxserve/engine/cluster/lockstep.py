@@ -16,15 +16,17 @@ import inspect
 import logging
 import os
 import pickle
+import statistics
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 
 from ...platform import current_policy
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxserve.engine")
 
+COLLECTIVE_PROBES = 16  # small all_sums timed at start (their median)
+READ_PROBE_BYTES = 64 << 20  # an array summed at start, to time memory reads
+
 
 class DistributedError(RuntimeError):
     """The model cannot be sharded, or a rank is gone."""
@@ -48,13 +53,18 @@ class Cluster:
     """This process's place in the group mlx.launch started."""
 
     def __init__(
-        self, group: mx.distributed.Group | None = None, layer_split: list[int] | None = None
+        self,
+        group: mx.distributed.Group | None = None,
+        layer_split: list[int] | None = None,
+        parallel: str = "auto",
     ):
-        """`layer_split`: layers by rank for a pipeline (`--layer-split`), else by memory."""
+        """`layer_split`: layers by rank for a pipeline (`--layer-split`), else by memory;
+        `parallel`: "tensor", "pipeline" or "auto" (`--parallel`: measured at start)."""
         self.group = group if group is not None else mx.distributed.init(strict=True)
         self.rank = self.group.rank()
         self.size = self.group.size()
         self.layer_split = layer_split
+        self.parallel = "pipeline" if layer_split is not None else parallel
         log.info("distributed: rank %d of %d (pid %d)", self.rank, self.size, os.getpid())
         self.sharding: str | None = None  # "tensor" or "pipeline", once the model loaded
         self.stages: list[tuple[int, int]] = []  # a pipeline's layers by rank: (first, end)
@@ -95,15 +105,13 @@ class Cluster:
 
         folder = _local(path)
         model, config = load_model(folder, lazy=True, strict=False)
-        self.sharding = how = sharding(model, self.size, self.layer_split)
+        costs = self.link_costs() if self.parallel == "auto" else None
+        self.sharding = how = sharding(model, self.size, self.parallel, costs)
+        why = costs.why(model, self.size) if costs is not None else f"--parallel {self.parallel}"
         if how == "tensor":
             current_policy().widen_before_tensor_split(model, self.size)
             model.shard(self.group)
-            log.info(
-                "tensor parallel over %d ranks: its attention heads split evenly (each rank "
-                "runs every layer's share; --layer-split asks for a pipeline)",
-                self.size,
-            )
+            log.info("tensor parallel over %d ranks (%s)", self.size, why)
         else:
             split = self._split(len(model.layers))
             if hasattr(model.model, "pipeline"):
@@ -115,9 +123,10 @@ class Cluster:
                 whose = "mlxserve's"
             self.stages = self._gather_stages(first, end)
             log.info(
-                "pipeline parallel over %d ranks (%s): %s",
+                "pipeline parallel over %d ranks (%s; %s): %s",
                 self.size,
                 whose,
+                why,
                 "; ".join(f"rank {r}: layers {a}-{b - 1}" for r, (a, b) in enumerate(self.stages)),
             )
         mx.eval(model.parameters())  # this rank's shard only: the rest is never read
@@ -126,6 +135,24 @@ class Cluster:
             folder, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id")
         )
         return model, tokenizer, config
+
+    def link_costs(self) -> LinkCosts:
+        """A small collective's time and this machine's memory read speed, the slowest
+        rank's (every rank decides alike): what a tensor split costs and saves a token."""
+        with mx.stream(generation_stream):
+            one = mx.ones((1,))
+            times = []
+            for _ in range(COLLECTIVE_PROBES):
+                started = time.perf_counter()
+                mx.eval(mx.distributed.all_sum(one, group=self.group))
+                times.append(time.perf_counter() - started)
+            block = mx.ones((READ_PROBE_BYTES // 4,))
+            mx.eval(block)
+            started = time.perf_counter()
+            mx.eval(block.sum())
+            read = block.nbytes / max(time.perf_counter() - started, 1e-9)
+        measured = self._gather_ints([int(statistics.median(times) * 1e9), int(read)])
+        return LinkCosts(max(m[0] for m in measured) / 1e9, min(m[1] for m in measured))
 
     def _split(self, layers: int) -> list[int]:
         """Layers by rank: `layer_split` as given, else in proportion to each rank's memory."""
@@ -157,8 +184,10 @@ class Cluster:
             return np.array(gathered).tolist()
 
 
-def layer_split_of(settings) -> list[int] | None:
-    return list(settings.layer_split) if settings.layer_split else None
+def cluster_options(settings) -> dict:
+    """Cluster's keyword arguments from the server's settings (`--layer-split`, `--parallel`)."""
+    split = list(settings.layer_split) if settings.layer_split else None
+    return {"layer_split": split, "parallel": settings.parallel}
 
 
 def _mlx_lm_pipeline(inner, group, split: list[int]) -> None:
@@ -176,10 +205,37 @@ def _mlx_lm_pipeline(inner, group, split: list[int]) -> None:
     inner.pipeline(group)
 
 
-def sharding(model, ranks: int, layer_split: list[int] | None = None) -> str:
-    """How `model` splits over `ranks`: "tensor" where its heads split evenly (and no
-    `layer_split` asks for a pipeline), else "pipeline" (mlx-lm's for the architecture, or
-    pipeline.py's). DistributedError, saying why and what would work, where neither can."""
+@dataclass(frozen=True)
+class LinkCosts:
+    """What splitting costs on this group, measured at start (`Cluster.link_costs`)."""
+
+    collective_s: float  # one small all_sum
+    read_bytes_per_s: float  # memory read speed (a decode step reads every weight)
+
+    def tensor_pays(self, model, ranks: int) -> bool:
+        """A tensor split runs two collectives a layer each token, and saves each rank the
+        reading of all but its share of the weights: whether the saving is the larger."""
+        return self._collectives_s(model) < self._saved_s(model, ranks)
+
+    def why(self, model, ranks: int) -> str:
+        return (
+            f"a tensor split's collectives {self._collectives_s(model) * 1000:.2f} ms a token "
+            f"against {self._saved_s(model, ranks) * 1000:.2f} ms of weight reads saved, measured"
+        )
+
+    def _collectives_s(self, model) -> float:
+        return 2 * len(model.layers) * self.collective_s
+
+    def _saved_s(self, model, ranks: int) -> float:
+        weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        return (1 - 1 / ranks) * weights / self.read_bytes_per_s
+
+
+def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None = None) -> str:
+    """How `model` splits over `ranks`: "tensor" where its heads and MLP split evenly (and,
+    with `costs`, its collectives cost less than it saves; `parallel` "pipeline" never), else
+    "pipeline" (mlx-lm's for the architecture, or pipeline.py's). DistributedError, saying why
+    and what would work, where neither can (or not as `parallel` asks)."""
     kind = type(model).__module__.rsplit(".", 1)[-1]
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
@@ -191,14 +247,24 @@ def sharding(model, ranks: int, layer_split: list[int] | None = None) -> str:
     heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
     inner_size = getattr(args, "intermediate_size", None)
     mlp_splits = not isinstance(inner_size, int) or inner_size % ranks == 0
-    if tensor and heads_split and mlp_splits and layer_split is None:
-        return "tensor"
-    if refusal is None and layers >= ranks:
-        return "pipeline"
-    if layer_split is not None and refusal is not None:
+    can_tensor = tensor and heads_split and mlp_splits
+    can_pipeline = refusal is None and layers >= ranks
+    if parallel == "tensor" and not can_tensor:
         raise DistributedError(
-            f"--layer-split needs a pipeline, and {kind} models have none: {refusal}"
+            f"--parallel tensor: {kind} models cannot split so over {ranks} ranks"
         )
+    if parallel == "pipeline" and refusal is not None:
+        raise DistributedError(f"a pipeline was asked for, and {kind} models have none: {refusal}")
+    if can_tensor and parallel != "pipeline":
+        if (
+            parallel == "tensor"
+            or costs is None
+            or costs.tensor_pays(model, ranks)
+            or not can_pipeline
+        ):
+            return "tensor"
+    if can_pipeline:
+        return "pipeline"
     if tensor and heads_split:
         why_not_tensor = f"its MLP's {inner_size} rows do not split evenly over {ranks} ranks"
     elif tensor:

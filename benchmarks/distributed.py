@@ -1,0 +1,133 @@
+"""Decode tokens/s of one model over 1, 2 and 3 local ranks (mlx.distributed's ring backend on
+127.0.0.1), at concurrency 1 and 16, side by side in each run: each ratio is against the one
+process of the same run (issue 62).
+
+The ranks share this machine's cores, so the figure is what splitting costs a step (the
+activations' hand-over, the collectives, ranks waiting on each other), not a speed-up. Rows:
+1 rank; 2 ranks (SmolLM2's 9 heads do not split over 2: a pipeline of its layers); 3 ranks (its
+heads split: a tensor split); 3 ranks as a pipeline (`--layer-split`, even). Drafting is off
+everywhere (the ranks do not draft).
+
+    python benchmarks/distributed.py [--runs 3] [--tokens 48] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from common import (
+    ROW_ERRORS,
+    bench_parser,
+    default_model,
+    free_port,
+    log_file,
+    mlxserve_command,
+    print_median_ratios,
+    print_table,
+    reexec_for_cpu,
+    row_failed,
+    spawn,
+    stop_server,
+    stream,
+    wait_healthy,
+)
+
+CONCURRENT = 16
+OFF = ["--num-draft-tokens", "0"]
+
+
+def parse_args():
+    parser = bench_parser("A model over 1, 2 and 3 local ranks: decode tokens/s")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=48)
+    return parser.parse_args()
+
+
+@contextmanager
+def ranks(model: str, count: int, extra: list[str]):
+    """`count` ranks serving `model` (one plain process for 1), rank 0 on a free port: its URL.
+    Started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE)."""
+    port = free_port()
+    flags = OFF + extra + (["--distributed"] if count > 1 else [])
+    command = mlxserve_command(model, port, flags)
+    hosts = Path(tempfile.mkdtemp(prefix="mlxserve-bench-ranks-")) / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(count)]))
+    processes, logs = [], []
+    try:
+        for rank in range(count):
+            env = os.environ | {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hosts)}
+            logs.append(log_file(f"rank{rank}-of-{count}", port))
+            processes.append(spawn(command, logs[-1], env if count > 1 else None))
+        wait_healthy(processes[0], f"http://127.0.0.1:{port}", logs[0])
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for process in processes:
+            stop_server(process)
+
+
+def decode_rate(url: str, tokens: int, streams: int) -> float:
+    """Tokens/s of `streams` greedy streams at once, from the first token to the last."""
+    prompts = [f"Write a story about the number {i}." for i in range(streams)]
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda p: stream(url, p, tokens), prompts))
+    first = min(r.stamps[0] for r in results)
+    last = max(r.stamps[-1] for r in results)
+    return sum(r.tokens - 1 for r in results) / (last - first)
+
+
+def main() -> int:
+    args = parse_args()
+    reexec_for_cpu()
+    model = args.model or default_model()
+    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+    even = ",".join(str(layers // 3 + (r < layers % 3)) for r in range(3))
+    configs = [
+        ("1 rank", 1, []),
+        ("2 ranks", 2, []),
+        ("3 ranks", 3, []),
+        ("3 ranks, pipeline", 3, ["--layer-split", even]),
+    ]
+    rates: dict[str, list[tuple[float, float]]] = {}
+    for name, count, extra in configs:
+        try:
+            with ranks(model, count, extra) as url:
+                decode_rate(url, 8, 1)  # warm: shapes, the tokenizer
+                rates[name] = []
+                for run in range(args.runs):
+                    one = decode_rate(url, args.tokens, 1)
+                    many = decode_rate(url, args.tokens, CONCURRENT)
+                    rates[name].append((one, many))
+                    print(f"{name}, run {run + 1}: c1 {one:.1f} tok/s, c16 {many:.1f} tok/s")
+                    sys.stdout.flush()
+        except ROW_ERRORS as error:
+            row_failed(name, error)
+    base = rates.get("1 rank")
+    rows, ratios = [], {}
+    for name, runs in rates.items():
+        cells = []
+        for run, (one, many) in enumerate(runs):
+            cell = f"{one:.1f} / {many:.1f}"
+            if base and name != "1 rank" and run < len(base):
+                r1, r16 = one / base[run][0], many / base[run][1]
+                ratios.setdefault(f"{name} c1", []).append(r1)
+                ratios.setdefault(f"{name} c16", []).append(r16)
+                cell += f" ({r1:.2f}x / {r16:.2f}x)"
+            cells.append(cell)
+        rows.append((f"{name}: c1 / c{CONCURRENT} tok/s by run", "; ".join(cells)))
+    print()
+    print(f"{Path(model).name}, {args.tokens} tokens a stream, {time.strftime('%Y-%m-%d')}")
+    print_table(rows)
+    if ratios:
+        print_median_ratios(ratios)
+    return 0 if len(rates) == len(configs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
