@@ -38,7 +38,7 @@ def alone(live_servers, name: str, stream: bool) -> list[list[str]]:
         ("smollm2", 2, (), "pipeline parallel over 2 ranks (mlxserve's;"),
         # 9 and 3 heads split over 3: a tensor split as asked, and as measured (either)
         ("smollm2", 3, ("--parallel", "tensor"), "tensor parallel over 3 ranks (--parallel"),
-        ("smollm2", 3, ("--layer-split", "12,10,8"), "rank 0: layers 18-29; rank 1: layers 8-17"),
+        ("smollm2", 3, ("--layer-split", "12,10,8"), "(mlxserve's; --layer-split): rank 0: layers 18-29; rank 1: layers 8-17"),
         ("default", 2, (), "pipeline parallel over 2 ranks (mlxserve's;"),
         ("default", 3, (), "parallel over 3 ranks"),
     ],

@@ -105,9 +105,15 @@ class Cluster:
 
         folder = _local(path)
         model, config = load_model(folder, lazy=True, strict=False)
-        costs = self.link_costs() if self.parallel == "auto" else None
+        splits = tensor_splits(model, self.size)  # every rank reads the same config
+        costs = self.link_costs() if self.parallel == "auto" and splits else None
         self.sharding = how = sharding(model, self.size, self.parallel, costs)
-        why = costs.why(model, self.size) if costs is not None else f"--parallel {self.parallel}"
+        if costs is not None:
+            why = costs.why(model, self.size)
+        elif self.parallel == "auto":
+            why = "its attention heads or MLP do not split evenly over the ranks"
+        else:
+            why = "--layer-split" if self.layer_split is not None else f"--parallel {self.parallel}"
         if how == "tensor":
             current_policy().widen_before_tensor_split(model, self.size)
             model.shard(self.group)
@@ -231,6 +237,18 @@ class LinkCosts:
         return (1 - 1 / ranks) * weights / self.read_bytes_per_s
 
 
+def tensor_splits(model, ranks: int) -> bool:
+    """Whether mlx-lm can split `model`'s layers by tensors over `ranks`: it has a `shard`,
+    and its attention heads, key/value heads and MLP rows divide evenly."""
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    inner_size = getattr(args, "intermediate_size", None)
+    heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
+    mlp_splits = not isinstance(inner_size, int) or inner_size % ranks == 0
+    return hasattr(model, "shard") and heads_split and mlp_splits
+
+
 def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None = None) -> str:
     """How `model` splits over `ranks`: "tensor" where its heads and MLP split evenly (and,
     with `costs`, its collectives cost less than it saves; `parallel` "pipeline" never), else
@@ -241,13 +259,12 @@ def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None 
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     layers = len(getattr(model, "layers", ()))
-    tensor = hasattr(model, "shard")
     inner = getattr(model, "model", None)
     refusal = None if hasattr(inner, "pipeline") else pipeline.pipeline_refusal(model)
+    tensor = hasattr(model, "shard")
     heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
     inner_size = getattr(args, "intermediate_size", None)
-    mlp_splits = not isinstance(inner_size, int) or inner_size % ranks == 0
-    can_tensor = tensor and heads_split and mlp_splits
+    can_tensor = tensor_splits(model, ranks)
     can_pipeline = refusal is None and layers >= ranks
     if parallel == "tensor" and not can_tensor:
         raise DistributedError(
