@@ -17,6 +17,9 @@ from .test_distributed import answers, assert_answered, ranks_by_hand, ring  # n
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("ring")]  # ring: two ranks can start
 
 MODELS = {"smollm2": lambda: shared_model(SMOLLM2), "default": lambda: DEFAULT_MODEL}
+UNEVEN = (
+    "(mlxserve's; --layer-split): rank 0: layers 18-29; rank 1: layers 8-17; rank 2: layers 0-7"
+)
 _ALONE: dict[tuple[str, bool], list[list[str]]] = {}
 
 
@@ -38,7 +41,7 @@ def alone(live_servers, name: str, stream: bool) -> list[list[str]]:
         ("smollm2", 2, (), "pipeline parallel over 2 ranks (mlxserve's;"),
         # 9 and 3 heads split over 3: a tensor split as asked, and as measured (either)
         ("smollm2", 3, ("--parallel", "tensor"), "tensor parallel over 3 ranks (--parallel"),
-        ("smollm2", 3, ("--layer-split", "12,10,8"), "(mlxserve's; --layer-split): rank 0: layers 18-29; rank 1: layers 8-17"),
+        ("smollm2", 3, ("--layer-split", "12,10,8"), UNEVEN),
         ("default", 2, (), "pipeline parallel over 2 ranks (mlxserve's;"),
         ("default", 3, (), "parallel over 3 ranks"),
     ],
