@@ -4,9 +4,11 @@ process of the same run (issue 62).
 
 The ranks share this machine's cores, so the figure is what splitting costs a step (the
 activations' hand-over, the collectives, ranks waiting on each other), not a speed-up. Rows:
-1 rank; 2 ranks (SmolLM2's 9 heads do not split over 2: a pipeline of its layers); 3 ranks (its
-heads split: a tensor split); 3 ranks as a pipeline (`--layer-split`, even). Drafting is off
-everywhere (the ranks do not draft).
+1 rank; 2 ranks (SmolLM2's 9 heads do not split over 2: a pipeline of its layers); 3 ranks as
+`--parallel auto` chooses (its heads split over 3; the log says which it chose and why); 3
+ranks split by tensors (`--parallel tensor`). The configurations run one after another (they
+cannot share 2 cores), each ratio against the one process's run of the same number. Drafting
+is off everywhere (the ranks do not draft).
 
     python benchmarks/distributed.py [--runs 3] [--tokens 48] [--model PATH]
 """
@@ -52,10 +54,10 @@ def parse_args():
 
 @contextmanager
 def ranks(model: str, count: int, extra: list[str]):
-    """`count` ranks serving `model` (one plain process for 1), rank 0 on a free port: its URL.
-    Started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE)."""
+    """`count` ranks serving `model` (one plain process for 1), rank 0 on a free port: its URL
+    and log. Started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE)."""
     port = free_port()
-    flags = OFF + extra + (["--distributed"] if count > 1 else [])
+    flags = OFF + extra + ["--log-level", "info"] + (["--distributed"] if count > 1 else [])
     command = mlxserve_command(model, port, flags)
     hosts = Path(tempfile.mkdtemp(prefix="mlxserve-bench-ranks-")) / "hosts.json"
     hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(count)]))
@@ -66,10 +68,16 @@ def ranks(model: str, count: int, extra: list[str]):
             logs.append(log_file(f"rank{rank}-of-{count}", port))
             processes.append(spawn(command, logs[-1], env if count > 1 else None))
         wait_healthy(processes[0], f"http://127.0.0.1:{port}", logs[0])
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", logs[0]
     finally:
         for process in processes:
             stop_server(process)
+
+
+def how_split(log: Path) -> str:
+    """Rank 0's line saying how the model was split, and why."""
+    lines = [line for line in log.read_text().splitlines() if "parallel over" in line]
+    return lines[0].split("mlxserve.engine: ")[-1] if lines else "one process"
 
 
 def decode_rate(url: str, tokens: int, streams: int) -> float:
@@ -86,19 +94,18 @@ def main() -> int:
     args = parse_args()
     reexec_for_cpu()
     model = args.model or default_model()
-    layers = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
-    even = ",".join(str(layers // 3 + (r < layers % 3)) for r in range(3))
     configs = [
         ("1 rank", 1, []),
         ("2 ranks", 2, []),
         ("3 ranks", 3, []),
-        ("3 ranks, pipeline", 3, ["--layer-split", even]),
+        ("3 ranks, tensor", 3, ["--parallel", "tensor"]),
     ]
     rates: dict[str, list[tuple[float, float]]] = {}
     for name, count, extra in configs:
         try:
-            with ranks(model, count, extra) as url:
+            with ranks(model, count, extra) as (url, log):
                 decode_rate(url, 8, 1)  # warm: shapes, the tokenizer
+                print(f"{name}: {how_split(log)}")
                 rates[name] = []
                 for run in range(args.runs):
                     one = decode_rate(url, args.tokens, 1)
