@@ -16,7 +16,6 @@ import inspect
 import logging
 import os
 import pickle
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxserve.engine")
 
-COLLECTIVE_PROBES = 16  # small all_sums timed at start (their median)
+COLLECTIVE_PROBES = 16  # small all_sums timed at start (the slowest counts)
 READ_PROBE_BYTES = 64 << 20  # an array summed at start, to time memory reads
 
 
@@ -157,7 +156,9 @@ class Cluster:
             started = time.perf_counter()
             mx.eval(block.sum())
             read = block.nbytes / max(time.perf_counter() - started, 1e-9)
-        measured = self._gather_ints([int(statistics.median(times) * 1e9), int(read)])
+        # The slowest of the probes: a step waits for every collective, so one rank late (a
+        # busy machine, a link's hiccup) is what a split pays, not the typical time
+        measured = self._gather_ints([int(max(times) * 1e9), int(read)])
         return LinkCosts(max(m[0] for m in measured) / 1e9, min(m[1] for m in measured))
 
     def _split(self, layers: int) -> list[int]:
@@ -215,7 +216,7 @@ def _mlx_lm_pipeline(inner, group, split: list[int]) -> None:
 class LinkCosts:
     """What splitting costs on this group, measured at start (`Cluster.link_costs`)."""
 
-    collective_s: float  # one small all_sum
+    collective_s: float  # one small all_sum, the slowest of a few
     read_bytes_per_s: float  # memory read speed (a decode step reads every weight)
 
     def tensor_pays(self, model, ranks: int) -> bool:
