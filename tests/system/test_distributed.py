@@ -263,11 +263,10 @@ def test_two_ranks_answer_as_one_process(cluster, server):
     ("model", "whose", "extra", "ranks"),
     [
         ("qwen2", "mlx-lm's", (), 2),
-        ("llama", "mlxserve's", (), 2),
         ("llama", "mlxserve's", ("--layer-split", "1,4"), 2),  # rank 0 the last layer only
         ("llama", "mlxserve's", (), 3),
     ],
-    ids=["qwen2-mlx-lm", "llama-2-ranks", "llama-split-1-4", "llama-3-ranks"],
+    ids=["qwen2-mlx-lm", "llama-split-1-4", "llama-3-ranks"],
 )
 def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
     ring, three_heads, live_servers, tmp_path, model, whose, extra, ranks

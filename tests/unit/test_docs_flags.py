@@ -16,6 +16,7 @@ OTHER_PROGRAMS = {
     "--props": "llama.cpp's llama-server",
     "--analytics-disable": "aider",
     "--no-check-update": "aider",
+    "--backend": "mlx.launch and mlx.distributed_config",
 }
 
 
