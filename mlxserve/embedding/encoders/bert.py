@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .common import EncoderFacts, activation, padding_mask
+from .common import EncoderFacts, LayeredEncoder, activation, padding_mask
 
 _PREFIXES = ("bert.", "roberta.", "model.")
 
@@ -138,7 +138,7 @@ class Encoder(nn.Module):
         self.layer = [Layer(config) for _ in range(config.num_hidden_layers)]
 
 
-class BertModel(nn.Module):
+class BertModel(LayeredEncoder):
     """Token ids (B, L), right-padded, and their mask (B, L) -> last hidden states (B, L, D)."""
 
     def __init__(self, config: BertConfig):
@@ -158,12 +158,6 @@ class BertModel(nn.Module):
     @property
     def blocks(self) -> list[Layer]:
         return self.encoder.layer
-
-    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
-        x, additive = self.begin(ids, mask, types)
-        for index in range(len(self.blocks)):
-            x = self.run(index, x, additive)
-        return self.end(x)
 
     def run(self, index: int, x: mx.array, additive: mx.array) -> mx.array:
         """Layer `index` over the batch."""

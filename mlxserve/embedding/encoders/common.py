@@ -18,6 +18,18 @@ class EncoderFacts:
     pad_id: int  # the id right-padded rows are filled with
 
 
+class LayeredEncoder(nn.Module):
+    """An encoder whose layers run one at a time (a batch may go through them over several
+    engine turns): a family gives `blocks`, `begin` (ids -> the first layer's input and what
+    the layers read besides), `run` (one layer) and `end`; the whole pass is theirs in order."""
+
+    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
+        x, masks = self.begin(ids, mask, types)
+        for index in range(len(self.blocks)):
+            x = self.run(index, x, masks)
+        return self.end(x)
+
+
 def padding_mask(mask: mx.array, dtype) -> mx.array:
     """(B, L) booleans (a real token) -> (B, 1, 1, L) additive scores every query adds."""
     return mx.where(mask[:, None, None, :], 0.0, MASKED).astype(dtype)

@@ -13,7 +13,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .common import MASKED, EncoderFacts, activation, padding_mask
+from ..pooling import Pooling
+from .common import MASKED, EncoderFacts, LayeredEncoder, activation, padding_mask
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Layer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class ModernBertModel(nn.Module):
+class ModernBertModel(LayeredEncoder):
     """Token ids (B, L), right-padded, and their mask (B, L) -> last hidden states (B, L, D)."""
 
     def __init__(self, config: ModernBertConfig):
@@ -145,12 +146,6 @@ class ModernBertModel(nn.Module):
     @property
     def blocks(self) -> list[Layer]:
         return self.layers
-
-    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
-        x, masks = self.begin(ids, mask, types)
-        for index in range(len(self.layers)):
-            x = self.run(index, x, masks)
-        return self.end(x)
 
     def begin(
         self, ids: mx.array, mask: mx.array, types: mx.array | None = None
@@ -222,13 +217,7 @@ class ModernBertCrossEncoder(nn.Module):
 
     def score(self, hidden: mx.array, lengths: mx.array) -> mx.array:
         """(B, L, D) last hidden states of rows of `lengths` tokens -> (B, 1) scores."""
-        if self.config.classifier_pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            real = mx.arange(hidden.shape[1])[None, :] < lengths[:, None]
-            total = (hidden * real[..., None].astype(hidden.dtype)).sum(axis=1)
-            pooled = total / lengths[:, None].astype(hidden.dtype)
-        return self.classifier(self.head(pooled))
+        return self.classifier(self.head(Pooling(self.config.classifier_pooling)(hidden, lengths)))
 
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -13,7 +13,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .common import EncoderFacts, activation, padding_mask
+from .common import EncoderFacts, LayeredEncoder, activation, padding_mask
 
 GATED = {"swiglu": "silu", "geglu": "gelu", "glu": "sigmoid"}  # the gate's activation
 
@@ -161,7 +161,7 @@ class Encoder(nn.Module):
         self.layers = [Block(config) for _ in range(config.n_layer)]
 
 
-class NomicBertModel(nn.Module):
+class NomicBertModel(LayeredEncoder):
     """Token ids (B, L), right-padded, and their mask (B, L) -> last hidden states (B, L, D)."""
 
     def __init__(self, config: NomicBertConfig):
@@ -183,12 +183,6 @@ class NomicBertModel(nn.Module):
     @property
     def blocks(self) -> list[Block]:
         return self.encoder.layers
-
-    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
-        x, additive = self.begin(ids, mask, types)
-        for index in range(len(self.blocks)):
-            x = self.run(index, x, additive)
-        return self.end(x)
 
     def begin(
         self, ids: mx.array, mask: mx.array, types: mx.array | None = None
