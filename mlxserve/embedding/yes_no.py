@@ -36,19 +36,22 @@ def is_yes_no_reranker(folder: Path, config: dict[str, Any]) -> bool:
     return any("reranker" in name.lower() for name in names)
 
 
-def pair_ids(tokenizer, query: str, document: str, limit: int, instruction: str | None):
-    """The pair's prompt as token ids, its document cut from the end to fit `limit` tokens;
-    None where even the query does not fit. `tokenizer`: a Hugging Face fast tokenizer."""
-    head = tokenizer.encode(HEAD, add_special_tokens=False)
-    tail = tokenizer.encode(TAIL, add_special_tokens=False)
-    text = PAIR.format(
-        instruction=instruction or DEFAULT_INSTRUCTION, query=query, document=document
-    )
-    body = tokenizer.encode(text, add_special_tokens=False)
+def pair_rows(
+    tokenizer, query: str, documents: list[str], limit: int, instruction: str | None
+) -> list[list[int]] | None:
+    """Each (query, document) pair's prompt as token ids, its document cut from the end to fit
+    `limit` tokens; None where even the query does not fit. `tokenizer`: a Hugging Face fast
+    tokenizer. The prompt's fixed parts are encoded once for all the documents."""
+
+    def encoded(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    task = instruction or DEFAULT_INSTRUCTION
+    head, tail = encoded(HEAD), encoded(TAIL)
     room = limit - len(head) - len(tail)
-    without_document = PAIR.format(
-        instruction=instruction or DEFAULT_INSTRUCTION, query=query, document=""
-    )
-    if len(tokenizer.encode(without_document, add_special_tokens=False)) > room:
+    if len(encoded(PAIR.format(instruction=task, query=query, document=""))) > room:
         return None
-    return head + body[:room] + tail
+    return [
+        head + encoded(PAIR.format(instruction=task, query=query, document=d))[:room] + tail
+        for d in documents
+    ]

@@ -358,7 +358,7 @@ def test_a_language_model_reranker_judges_each_pair_in_its_prompt(
     import mlx_lm
     from transformers import AutoTokenizer
 
-    from mlxserve.embedding.yes_no import pair_ids
+    from mlxserve.embedding.yes_no import pair_rows
 
     folder = build_tiny_yes_no_reranker(tiny_model, tmp_path_factory.mktemp("yn") / "tiny-yn")
     live = live_servers.shared(tiny_model, models=(str(folder),))
@@ -369,7 +369,7 @@ def test_a_language_model_reranker_judges_each_pair_in_its_prompt(
     def expected(instruction: str | None) -> list[float]:
         scores = []
         for document in DOCUMENTS:
-            row = pair_ids(tokenizer, QUERY, document, 2048, instruction)
+            [row] = pair_rows(tokenizer, QUERY, [document], 2048, instruction)
             logits = model(mx.array(row)[None])[0, -1]
             scores.append(1 / (1 + np.exp(-float(logits[yes] - logits[no]))))
         return scores

@@ -179,7 +179,7 @@ def test_a_language_model_reranker_scores_yes_against_no_at_its_prompts_end(tiny
     import mlx_lm
     from transformers import AutoTokenizer
 
-    from mlxserve.embedding.yes_no import HEAD, TAIL, pair_ids
+    from mlxserve.embedding.yes_no import HEAD, TAIL, pair_rows
 
     folder = build_tiny_yes_no_reranker(tiny_model, tmp_path / "tiny-yn")
     model, _ = loaded(folder)
@@ -187,7 +187,7 @@ def test_a_language_model_reranker_scores_yes_against_no_at_its_prompts_end(tiny
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
     assert model.answer_ids == (yes, no)
-    rows = [pair_ids(tokenizer, "why is the sky blue?", doc, 512, None) for doc in TEXTS]
+    rows = pair_rows(tokenizer, "why is the sky blue?", TEXTS, 512, None)
     assert rows[0][: len(tokenizer.encode(HEAD, add_special_tokens=False))] == tokenizer.encode(
         HEAD, add_special_tokens=False
     )
@@ -202,6 +202,6 @@ def test_a_language_model_reranker_scores_yes_against_no_at_its_prompts_end(tiny
         assert score == pytest.approx(float(logits[yes] - logits[no]), abs=1e-4)
     assert np.ptp(scores) > 0.01  # the documents score apart
     limit = len(rows[0]) + 8
-    short = pair_ids(tokenizer, "why is the sky blue?", TEXTS[0] * 20, limit, None)
+    [short] = pair_rows(tokenizer, "why is the sky blue?", [TEXTS[0] * 20], limit, None)
     assert len(short) == limit and short[-3:] == rows[0][-3:]  # the document cut, not the tail
-    assert pair_ids(tokenizer, "why " * 200, "a", limit, None) is None
+    assert pair_rows(tokenizer, "why " * 200, ["a"], limit, None) is None

@@ -13,7 +13,7 @@ from pydantic import Field, StrictBool, StrictInt
 from quart import Blueprint
 from quart_schema import document_request
 
-from ...embedding.yes_no import pair_ids
+from ...embedding.yes_no import pair_rows
 from ..dispatch import ready_model
 from ..errors import InvalidRequest
 from ..parsing import read_json_object, validate
@@ -120,11 +120,7 @@ def _pairs(loaded, query: str, documents: list[str]) -> tuple[list[list[int]], l
     hf = loaded.tokenizer._tokenizer
     limit = loaded.context_length
     if len(hf.encode(query)) + 2 > limit:
-        raise InvalidRequest(
-            f"'query' is too long: {loaded.model_id} reads at most {limit} tokens a pair",
-            param="query",
-            code="context_length_exceeded",
-        )
+        raise _query_too_long(loaded)
     rows, seconds = [], []
     for document in documents:
         encoding = hf(query, document, truncation="only_second", max_length=limit)
@@ -140,20 +136,20 @@ def _judged_pairs(
 ) -> list[list[int]]:
     """Each pair written into a language-model reranker's prompt (yes_no.py), the document cut
     to fit."""
-    rows = []
-    for document in documents:
-        ids = pair_ids(
-            loaded.tokenizer._tokenizer, query, document, loaded.context_length, instruction
-        )
-        if ids is None:
-            raise InvalidRequest(
-                f"'query' is too long: {loaded.model_id} reads at most "
-                f"{loaded.context_length} tokens a pair",
-                param="query",
-                code="context_length_exceeded",
-            )
-        rows.append(ids)
+    hf, limit = loaded.tokenizer._tokenizer, loaded.context_length
+    rows = pair_rows(hf, query, documents, limit, instruction)
+    if rows is None:
+        raise _query_too_long(loaded)
     return rows
+
+
+def _query_too_long(loaded) -> InvalidRequest:
+    return InvalidRequest(
+        f"'query' is too long: {loaded.model_id} reads at most {loaded.context_length} tokens "
+        "a pair",
+        param="query",
+        code="context_length_exceeded",
+    )
 
 
 def _sigmoid(x: float) -> float:
