@@ -68,9 +68,7 @@ def _receiving(layer, source: int, group) -> None:
             self, mx.distributed.recv_like(x, source, group=group), *args, **kwargs
         )
 
-    layer.__class__ = type(
-        f"Receiving{base.__name__}", (base,), {"__call__": __call__, "__module__": base.__module__}
-    )
+    _with_call(layer, "Receiving", __call__)
 
 
 def _sending(layer, destination: int | None, group) -> None:
@@ -88,9 +86,15 @@ def _sending(layer, destination: int | None, group) -> None:
                 cache.keys = mx.depends(cache.keys, h)
         return mx.distributed.all_gather(h, group=group)[: h.shape[0]]
 
-    layer.__class__ = type(
-        f"Sending{base.__name__}", (base,), {"__call__": __call__, "__module__": base.__module__}
-    )
+    _with_call(layer, "Sending", __call__)
+
+
+def _with_call(layer, role: str, call) -> None:
+    """`layer` made an instance of a subclass of its own class whose `__call__` is `call` (the
+    module tree, its names and the layer's attributes stay as they are)."""
+    base = type(layer)
+    attributes = {"__call__": call, "__module__": base.__module__}
+    layer.__class__ = type(f"{role}{base.__name__}", (base,), attributes)
 
 
 def _cache_among(args, kwargs):
