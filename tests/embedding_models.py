@@ -33,6 +33,32 @@ TINY_BERT = {
 }
 
 
+def seeded_normal(seed: int):
+    """normal(*shape, scale=0.2): float32 draws, in order, from one generator seeded `seed`."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return normal
+
+
+def loaded(folder: Path):
+    """(the folder's EmbeddingModel, its config.json), as the engine loads it."""
+    from mlxserve.embedding.model import embedding_architecture, embedding_model, load_network
+
+    network, config = load_network(folder, embedding_architecture(folder))
+    return embedding_model(folder, network, config), config
+
+
+def token_rows(folder: Path, texts: list[str]) -> list[list[int]]:
+    """`texts` as the folder's own tokenizer writes them (special tokens included)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return [tokenizer.encode(text) for text in texts]
+
+
 def vocabulary() -> list[str]:
     pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
     return SPECIALS + pieces + [f"##{p}" for p in pieces] + WORDS
@@ -109,11 +135,8 @@ def build_tiny_bert(out: Path, seed: int = 0, pooling: str = "mean", normalize=F
 
 def bert_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
     """Seeded weights under the Hugging Face checkpoint's names (a pooler too, as saved)."""
-    rng = np.random.default_rng(seed)
+    normal = seeded_normal(seed)
     size, inner = config["hidden_size"], config["intermediate_size"]
-
-    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     weights = {
         "embeddings.word_embeddings.weight": normal(config["vocab_size"], size, scale=1.0),
@@ -241,11 +264,8 @@ def build_tiny_modernbert(out: Path, seed: int = 2, reranker: bool = False) -> P
     if reranker:
         config["id2label"] = {"0": "LABEL_0"}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    rng = np.random.default_rng(seed)
+    normal = seeded_normal(seed)
     size, inner = config["hidden_size"], config["intermediate_size"]
-
-    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     weights = {
         "model.embeddings.tok_embeddings.weight": normal(vocab, size, scale=1.0),
@@ -284,11 +304,8 @@ def build_tiny_nomic(out: Path, seed: int = 3) -> Path:
     vocab = len(vocabulary())
     config = TINY_NOMIC | {"vocab_size": vocab}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    rng = np.random.default_rng(seed)
+    normal = seeded_normal(seed)
     size, inner = config["n_embd"], config["n_inner"]
-
-    def normal(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     weights = {
         "embeddings.word_embeddings.weight": normal(vocab, size, scale=1.0),

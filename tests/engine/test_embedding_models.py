@@ -18,15 +18,13 @@ from mlxserve.embedding.model import (
     DECODER,
     ENCODER,
     embedding_architecture,
-    embedding_model,
-    load_network,
 )
 from mlxserve.embedding.pooling import Pooling, PoolingError
 from mlxserve.engine import Engine
 from mlxserve.engine.embedding_jobs import EmbeddingQueue, EmbedJob
 
 from .. import numpy_bert
-from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder
+from ..embedding_models import build_tiny_bert, build_tiny_decoder_embedder, loaded, token_rows
 from ..helpers import skip_for_missing
 from ..mlx_embeddings_reference import model_module
 
@@ -40,18 +38,6 @@ TOLERANCE = 1e-4  # float32 against float64 over two layers
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("embedding") / "tiny-bert")
-
-
-def loaded(folder: Path):
-    network, config = load_network(folder, embedding_architecture(folder))
-    return embedding_model(folder, network, config), config
-
-
-def token_rows(folder: Path, texts=TEXTS) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return [tokenizer.encode(text) for text in texts]
 
 
 def test_the_folder_says_what_it_is(tiny_bert, tiny_model, tmp_path):
@@ -68,7 +54,7 @@ def test_the_folder_says_what_it_is(tiny_bert, tiny_model, tmp_path):
 def test_encoder_vectors_equal_numpy_berts_in_a_padded_batch(tiny_bert, mode):
     model, config = loaded(tiny_bert)
     model.pooling = Pooling(mode)
-    rows = token_rows(tiny_bert)
+    rows = token_rows(tiny_bert, TEXTS)
     assert len({len(r) for r in rows}) > 1  # the batch pads
     vectors = np.asarray(model.embed(rows))
     weights = numpy_bert.load_weights(tiny_bert)
@@ -86,7 +72,7 @@ def test_encoder_vectors_equal_numpy_berts_in_a_padded_batch(tiny_bert, mode):
 def test_normalised_pooling_gives_unit_vectors(tiny_bert):
     model, _ = loaded(tiny_bert)
     model.pooling = Pooling("mean", normalize=True)
-    vectors = np.asarray(model.embed(token_rows(tiny_bert)))
+    vectors = np.asarray(model.embed(token_rows(tiny_bert, TEXTS)))
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
@@ -116,7 +102,7 @@ def test_the_engine_batches_requests_and_each_gets_its_own_vectors(tiny_bert):
         assert engine.wait_ready(60), engine.error
         assert engine.loaded.kind == "embed" and engine.loaded.dimensions == 32
         engine.embedder.batch_tokens = 24  # several batches, rows of two requests in one
-        rows = token_rows(tiny_bert)
+        rows = token_rows(tiny_bert, TEXTS)
         model, config = loaded(tiny_bert)
         weights = numpy_bert.load_weights(tiny_bert)
 
@@ -193,7 +179,7 @@ def test_beside_streams_an_encoders_batch_goes_through_its_layers_a_few_a_turn(t
     the first turns run one layer of one row, then as many as fit; the vectors are the same."""
     model, config = loaded(tiny_bert)
     queue = EmbeddingQueue(model)
-    rows = token_rows(tiny_bert)
+    rows = token_rows(tiny_bert, TEXTS)
     loop = asyncio.new_event_loop()
     try:
         job = EmbedJob(rows, loop, loop.create_future())

@@ -20,8 +20,6 @@ from mlxserve.embedding.model import (
     ENCODER,
     RERANKER,
     embedding_architecture,
-    embedding_model,
-    load_network,
 )
 
 from .. import numpy_bert, numpy_nomic
@@ -30,6 +28,8 @@ from ..embedding_models import (
     build_tiny_modernbert,
     build_tiny_nomic,
     build_tiny_yes_no_reranker,
+    loaded,
+    token_rows,
 )
 from ..mlx_embeddings_reference import model_module
 
@@ -41,18 +41,6 @@ TEXTS = [
     "def f(x): return x + 1",
 ]
 TOLERANCE = 1e-4
-
-
-def loaded(folder: Path):
-    network, config = load_network(folder, embedding_architecture(folder))
-    return embedding_model(folder, network, config), config
-
-
-def token_rows(folder: Path, texts=TEXTS) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return [tokenizer.encode(text) for text in texts]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +89,7 @@ def test_the_folders_say_what_they_are(folders):
 def test_modernbert_states_equal_mlx_embeddings_one_input_at_a_time(folders):
     folder = folders["modernbert"]
     model, _ = loaded(folder)
-    rows = token_rows(folder)
+    rows = token_rows(folder, TEXTS)
     assert max(map(len, rows)) > TINY_MODERNBERT["local_attention"] + 2  # windows matter
     states = np.asarray(model.token_states(rows))
     reference = reference_modernbert(folder)
@@ -129,7 +117,7 @@ def test_modernbert_reranker_scores_equal_mlx_embeddings(folders):
 def test_nomic_vectors_equal_a_numpy_model_of_nomics_reference(folders):
     folder = folders["nomic"]
     model, config = loaded(folder)
-    rows = token_rows(folder)
+    rows = token_rows(folder, TEXTS)
     vectors = np.asarray(model.embed(rows))
     weights = numpy_bert.load_weights(folder)
     for row, vector in zip(rows, vectors):
@@ -143,7 +131,7 @@ def test_a_padded_batch_a_layer_a_turn_gives_what_one_pass_gives(folders, name):
     `finish`, as EmbeddingQueue runs it): ModernBERT's two masks and its final norm, the
     reranker's pooled head, come out as in one pass."""
     model, _ = loaded(folders[name])
-    rows = token_rows(folders[name])
+    rows = token_rows(folders[name], TEXTS)
     whole = np.asarray(model.embed(rows))
     part = model.begin(rows)
     turns = 0
