@@ -104,7 +104,7 @@ class Cluster:
 
         folder = _local(path)
         model, config = load_model(folder, lazy=True, strict=False)
-        splits = tensor_splits(model, self.size)  # every rank reads the same config
+        splits = tensor_refusal(model, self.size) is None  # every rank reads the same config
         costs = self.link_costs() if self.parallel == "auto" and splits else None
         self.sharding = how = sharding(model, self.size, self.parallel, costs)
         if costs is not None:
@@ -239,16 +239,27 @@ class LinkCosts:
         return (1 - 1 / ranks) * weights / self.read_bytes_per_s
 
 
-def tensor_splits(model, ranks: int) -> bool:
-    """Whether mlx-lm can split `model`'s layers by tensors over `ranks`: it has a `shard`,
-    and its attention heads, key/value heads and MLP rows divide evenly."""
+def tensor_refusal(model, ranks: int) -> str | None:
+    """Why mlx-lm cannot split `model`'s layers by tensors over `ranks`, or None where it can:
+    it needs a `shard`, and attention heads, key/value heads and MLP rows that divide evenly
+    (the refusal names the rank counts that would do)."""
+    kind = type(model).__module__.rsplit(".", 1)[-1]
+    if not hasattr(model, "shard"):
+        return f"mlx-lm has no tensor parallelism for {kind} models"
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    if heads and (heads % ranks or kv_heads % ranks):
+        fits = [n for n in range(2, min(heads, kv_heads) + 1) if heads % n == kv_heads % n == 0]
+        would = f"{' or '.join(map(str, fits))} ranks would" if fits else "no number of ranks would"
+        return (
+            f"its {heads} attention heads ({kv_heads} key/value heads) do not split evenly over "
+            f"{ranks} ranks ({would})"
+        )
     inner_size = getattr(args, "intermediate_size", None)
-    heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
-    mlp_splits = not isinstance(inner_size, int) or inner_size % ranks == 0
-    return hasattr(model, "shard") and heads_split and mlp_splits
+    if isinstance(inner_size, int) and inner_size % ranks:
+        return f"its MLP's {inner_size} rows do not split evenly over {ranks} ranks"
+    return None
 
 
 def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None = None) -> str:
@@ -257,24 +268,18 @@ def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None 
     "pipeline" (mlx-lm's for the architecture, or pipeline.py's). DistributedError, saying why
     and what would work, where neither can (or not as `parallel` asks)."""
     kind = type(model).__module__.rsplit(".", 1)[-1]
-    args = getattr(model, "args", None)
-    heads = getattr(args, "num_attention_heads", None)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
     layers = len(getattr(model, "layers", ()))
     inner = getattr(model, "model", None)
     refusal = None if hasattr(inner, "pipeline") else pipeline.pipeline_refusal(model)
-    tensor = hasattr(model, "shard")
-    heads_split = not heads or (heads % ranks == 0 and kv_heads % ranks == 0)
-    inner_size = getattr(args, "intermediate_size", None)
-    can_tensor = tensor_splits(model, ranks)
+    why_not_tensor = tensor_refusal(model, ranks)
     can_pipeline = refusal is None and layers >= ranks
-    if parallel == "tensor" and not can_tensor:
+    if parallel == "tensor" and why_not_tensor is not None:
         raise DistributedError(
             f"--parallel tensor: {kind} models cannot split so over {ranks} ranks"
         )
     if parallel == "pipeline" and refusal is not None:
         raise DistributedError(f"a pipeline was asked for, and {kind} models have none: {refusal}")
-    if can_tensor and parallel != "pipeline":
+    if why_not_tensor is None and parallel != "pipeline":
         if (
             parallel == "tensor"
             or costs is None
@@ -284,18 +289,6 @@ def sharding(model, ranks: int, parallel: str = "auto", costs: LinkCosts | None 
             return "tensor"
     if can_pipeline:
         return "pipeline"
-    if tensor and heads_split:
-        why_not_tensor = f"its MLP's {inner_size} rows do not split evenly over {ranks} ranks"
-    elif tensor:
-        fits = [n for n in range(2, min(heads, kv_heads) + 1) if heads % n == kv_heads % n == 0]
-        why_not_tensor = (
-            f"its {heads} attention heads ({kv_heads} key/value heads) do not split evenly over "
-            f"{ranks} ranks ("
-            + (f"{' or '.join(map(str, fits))} ranks would" if fits else "no number of ranks would")
-            + ")"
-        )
-    else:
-        why_not_tensor = f"mlx-lm has no tensor parallelism for {kind} models"
     if refusal is None:
         why_not_pipeline = (
             f"its {layers} layers are too few for a pipeline of {ranks} ranks "
