@@ -191,7 +191,7 @@ def kill_during_streams(front: FrontServer) -> None:
     front.wait_healthy(120)
     assert front.supervisor.pid != pid
     with httpx.Client(base_url=front.url, timeout=60) as http:
-        assert complete(http, prompt="Once upon", max_tokens=4)["usage"]["completion_tokens"] == 4
+        assert complete(http, prompt="Once upon", max_tokens=4, ignore_eos=True)["usage"]["completion_tokens"] == 4
 
 
 @pytest.mark.parametrize("runs", [1, pytest.param(20, marks=pytest.mark.soak)])
@@ -217,7 +217,7 @@ def test_request_during_a_restart_waits_for_it(front):
             break
     assert health.status_code == 503 and health.json()["status"] == "restarting", health.text
     with httpx.Client(base_url=front.url, timeout=120) as http:
-        assert complete(http, prompt="Once upon", max_tokens=3)["usage"]["completion_tokens"] == 3
+        assert complete(http, prompt="Once upon", max_tokens=3, ignore_eos=True)["usage"]["completion_tokens"] == 3
 
 
 def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
@@ -235,7 +235,7 @@ def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
         live.wait_healthy(120)
         assert live.supervisor.restarts == 1
         with httpx.Client(base_url=live.url, timeout=60) as http:
-            assert complete(http, prompt="Once", max_tokens=2)["usage"]["completion_tokens"] == 2
+            assert complete(http, prompt="Once", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
 
 
 def test_a_crash_loop_backs_off_and_says_why(tiny_model):
