@@ -12,7 +12,7 @@ serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
 
 # pytest-xdist: a worker a CPU. loadgroup: each test goes to whichever worker is free, except
-# the tests on SmolLM2 and test_distributed's, each kept in one worker (tests/conftest.py).
+# the tests on SmolLM2 and WORKER_GROUPS' modules, each group kept in one worker (tests/conftest.py).
 # OpenBLAS one thread in each: the workers are the parallelism, and idle OpenBLAS threads spin
 # on cores the other workers need. (Every comparison a test makes is within one process.)
 XDIST := -n logical --dist loadgroup
@@ -49,10 +49,12 @@ test-portable: $(VENV)/.installed-dev
 test-soak: $(VENV)/.installed-dev
 	$(TEST_ENV) $(BIN)/python -m pytest $(ENGINE_PROCESS_TESTS) -m soak
 
-# Real models (SmolLM2, the default model) over 2 and 3 local ranks, each answer compared with
-# one process's: a few minutes of starting ranks, so a tier of its own, after make test.
+# Several local ranks (the ring backend on 127.0.0.1): tiny models' tensor and pipeline splits
+# and lost ranks, then real models (SmolLM2, the default model) over 2 and 3 ranks, each answer
+# compared with one process's: minutes of starting ranks, so a tier of its own, after make test.
 test-ranks: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest tests/system/test_distributed_models.py -m ranks
+	$(TEST_ENV) $(BIN)/python -m pytest tests/system/test_distributed.py \
+		tests/system/test_distributed_models.py -m ranks
 
 # The coding agents (Claude Code, Codex, opencode, Continue's cn, aider, llm), installed from
 # their registries into build/clients/ (scripts/install_clients.sh pins their versions), each

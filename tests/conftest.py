@@ -28,10 +28,9 @@ SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 SMOLLM2 = "smollm2-135m-instruct-4bit"
 SMOLLM2_ID = "SmolLM2"  # in the ids of the tests on it, for pytest_xdist_make_scheduler
 # Modules whose tests share one worker under `--dist loadgroup`, by group: what they share is
-# dear. The ring probe and cluster (mlx.launch); the default model's server, whose 4-bit weights
-# are widened at load.
+# dear. The engine process's front; the default model's server, whose 4-bit weights are widened
+# at load; the draft model's server.
 WORKER_GROUPS = {
-    "tests/system/test_distributed.py": "distributed",
     "tests/system/test_engine_process.py": "engine process",  # one front, one engine process
     "tests/api/test_demo_model.py": "default model",
     "tests/api/test_editor_replays.py": "default model",

@@ -30,6 +30,9 @@ from mlxserve.tiny_model import build_tiny_model
 from ..helpers import skip_for_missing, wait_healthy
 from ..live_server import free_port
 
+# Starting ranks is a minute of the two cores: a tier of its own (make test-ranks), after make test.
+pytestmark = pytest.mark.ranks
+
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 # Each rank writes a file of its own: both ranks print to one log at once, and their lines
 # interleave ("okok 0"), so counting words in it misreads a ring that works.

@@ -182,6 +182,13 @@ def wait_cancelled(url: str, total: float) -> None:
     assert cancelled_total(url) == total
 
 
+def generated(http: httpx.Client, prompt: str, max_tokens: int) -> int:
+    """Tokens generated for a completion asked for exactly max_tokens (sampling the tiny random
+    model can otherwise draw its EOS first)."""
+    result = complete(http, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    return result["usage"]["completion_tokens"]
+
+
 def kill_during_streams(front: FrontServer) -> None:
     streams = start_streams(front.url)
     pid = front.supervisor.pid
@@ -191,7 +198,7 @@ def kill_during_streams(front: FrontServer) -> None:
     front.wait_healthy(120)
     assert front.supervisor.pid != pid
     with httpx.Client(base_url=front.url, timeout=60) as http:
-        assert complete(http, prompt="Once upon", max_tokens=4, ignore_eos=True)["usage"]["completion_tokens"] == 4
+        assert generated(http, "Once upon", 4) == 4
 
 
 @pytest.mark.parametrize("runs", [1, pytest.param(20, marks=pytest.mark.soak)])
@@ -217,7 +224,7 @@ def test_request_during_a_restart_waits_for_it(front):
             break
     assert health.status_code == 503 and health.json()["status"] == "restarting", health.text
     with httpx.Client(base_url=front.url, timeout=120) as http:
-        assert complete(http, prompt="Once upon", max_tokens=3, ignore_eos=True)["usage"]["completion_tokens"] == 3
+        assert generated(http, "Once upon", 3) == 3
 
 
 def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
@@ -235,7 +242,7 @@ def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
         live.wait_healthy(120)
         assert live.supervisor.restarts == 1
         with httpx.Client(base_url=live.url, timeout=60) as http:
-            assert complete(http, prompt="Once", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
+            assert generated(http, "Once", 2) == 2
 
 
 def test_a_crash_loop_backs_off_and_says_why(tiny_model):
