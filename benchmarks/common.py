@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,6 +311,38 @@ def served(
         stop_server(process)
 
 
+@contextmanager
+def served_ranks(
+    model: str, count: int, extra: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, Path]]:
+    """`count` local ranks serving `model` with `extra` flags (one plain process for 1), rank 0
+    on a free port: its URL and log. Started as mlx.launch starts them (MLX_RANK,
+    MLX_HOSTFILE), each in `env` (default: this process's environment)."""
+    port = free_port()
+    flags = [*extra, "--log-level", "info"] + (["--distributed"] if count > 1 else [])
+    command = mlxserve_command(model, port, flags)
+    hosts = Path(tempfile.mkdtemp(prefix="mlxserve-bench-ranks-")) / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(count)]))
+    base = dict(os.environ if env is None else env)
+    processes, logs = [], []
+    try:
+        for rank in range(count):
+            launched = base | {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hosts)}
+            logs.append(log_file(f"rank{rank}-of-{count}", port))
+            processes.append(spawn(command, logs[-1], launched if count > 1 else base))
+        wait_healthy(processes[0], f"http://127.0.0.1:{port}", logs[0])
+        yield f"http://127.0.0.1:{port}", logs[0]
+    finally:
+        for process in processes:
+            stop_server(process)
+
+
+def how_split(log: Path) -> str:
+    """Rank 0's line saying how the model was split over its ranks, and why."""
+    lines = [line for line in log.read_text().splitlines() if "parallel over" in line]
+    return lines[0].split("mlxserve.engine: ")[-1] if lines else "one process"
+
+
 def row_failed(name: str, error: BaseException) -> None:
     """The line a row prints instead of its numbers; the bench goes on with the next row."""
     if isinstance(error, ServerDidNotStart):
@@ -434,6 +467,17 @@ GAP_STREAM_MAX_TOKENS = 7000  # under SmolLM2's 8192-token context with the shor
 # whose speed drifts, and moved the ratio as much as the worst gap did.
 GAP_TOKENS_BEFORE = 64
 GAP_STREAM_PROMPT = "Count slowly: one, two, three,"
+
+
+def decode_rate(url: str, tokens: int, streams: int) -> float:
+    """Decode tokens/s of `streams` greedy streams at once (each its own short prompt), from
+    the first token to the last."""
+    prompts = [f"Write a story about the number {i}." for i in range(streams)]
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda p: stream(url, p, tokens), prompts))
+    first = min(r.stamps[0] for r in results)
+    last = max(r.stamps[-1] for r in results)
+    return sum(r.tokens - 1 for r in results) / (last - first)
 
 
 def load_tokenizer(model: str):

@@ -15,30 +15,21 @@ is off everywhere (the ranks do not draft).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 from common import (
     ROW_ERRORS,
     bench_parser,
+    decode_rate,
     default_model,
-    free_port,
-    log_file,
-    mlxserve_command,
+    how_split,
     print_median_ratios,
     print_table,
     reexec_for_cpu,
     row_failed,
-    spawn,
-    stop_server,
-    stream,
-    wait_healthy,
+    served_ranks,
 )
 
 CONCURRENT = 16
@@ -50,44 +41,6 @@ def parse_args():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
     return parser.parse_args()
-
-
-@contextmanager
-def ranks(model: str, count: int, extra: list[str]):
-    """`count` ranks serving `model` (one plain process for 1), rank 0 on a free port: its URL
-    and log. Started as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE)."""
-    port = free_port()
-    flags = OFF + extra + ["--log-level", "info"] + (["--distributed"] if count > 1 else [])
-    command = mlxserve_command(model, port, flags)
-    hosts = Path(tempfile.mkdtemp(prefix="mlxserve-bench-ranks-")) / "hosts.json"
-    hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(count)]))
-    processes, logs = [], []
-    try:
-        for rank in range(count):
-            env = os.environ | {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hosts)}
-            logs.append(log_file(f"rank{rank}-of-{count}", port))
-            processes.append(spawn(command, logs[-1], env if count > 1 else None))
-        wait_healthy(processes[0], f"http://127.0.0.1:{port}", logs[0])
-        yield f"http://127.0.0.1:{port}", logs[0]
-    finally:
-        for process in processes:
-            stop_server(process)
-
-
-def how_split(log: Path) -> str:
-    """Rank 0's line saying how the model was split, and why."""
-    lines = [line for line in log.read_text().splitlines() if "parallel over" in line]
-    return lines[0].split("mlxserve.engine: ")[-1] if lines else "one process"
-
-
-def decode_rate(url: str, tokens: int, streams: int) -> float:
-    """Tokens/s of `streams` greedy streams at once, from the first token to the last."""
-    prompts = [f"Write a story about the number {i}." for i in range(streams)]
-    with ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda p: stream(url, p, tokens), prompts))
-    first = min(r.stamps[0] for r in results)
-    last = max(r.stamps[-1] for r in results)
-    return sum(r.tokens - 1 for r in results) / (last - first)
 
 
 def main() -> int:
@@ -103,7 +56,7 @@ def main() -> int:
     rates: dict[str, list[tuple[float, float]]] = {}
     for name, count, extra in configs:
         try:
-            with ranks(model, count, extra) as (url, log):
+            with served_ranks(model, count, OFF + extra) as (url, log):
                 decode_rate(url, 8, 1)  # warm: shapes, the tokenizer
                 print(f"{name}: {how_split(log)}")
                 rates[name] = []
