@@ -95,6 +95,10 @@ $(VENV)/.installed-dev: pyproject.toml Makefile | $(VENV)/bin/python
 	# mlx-embeddings' model files: the reference the encoders' tests compare with. Without its
 	# dependencies (mlx-vlm, datasets, opencv): the tests read its model files, never its package.
 	$(BIN)/python -m pip install --quiet --no-deps "mlx-embeddings==0.1.0"
+	# mlx-vlm, as the vision extra installs it but without the dependencies its server, audio,
+	# video and datasets paths import (opencv, datasets, mlx-audio, fastapi: ~300 MB); the
+	# image path the tests run imports none of them.
+	$(BIN)/python -m pip install --quiet --no-deps "mlx-vlm==0.7.10"
 	touch $(VENV)/.installed $@
 
 clean:

@@ -1,0 +1,141 @@
+"""A vision-language model's image side beside mlx-lm's language model: a prompt with images
+prefilled into KV the continuous batch then decodes from.
+
+mlx-vlm loads the folder (its processor, vision tower and projector, and a language model of its
+own); its language model is pointed at mlx-lm's arrays, so the weights are held once. A prompt
+is prefilled by mlx-vlm's model, which knows how its family places image tokens (M-RoPE's rows
+and columns), into mlx-lm's caches; what the batch needs besides is the shift between the
+prompt's last token's index and its position (`rope_shift`), which the row keeps while it
+decodes (`mlx_lm_compat/rope_shift.py`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+log = logging.getLogger("mlxserve.engine")
+
+
+def is_vision_folder(folder: Path | None) -> bool:
+    """Whether the folder holds a vision-language model (its config has a vision part)."""
+    if folder is None:
+        return False
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def vision_installed() -> bool:
+    """Whether mlx-vlm (`pip install 'mlxserve[vision]'`) is importable."""
+    return importlib.util.find_spec("mlx_vlm") is not None
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A prompt with images, prefilled: its tokens (each image's placeholder expanded as the
+    processor does), the KV of all of them but the last (mlx-lm's caches, one a layer), and the
+    last token's position less its index."""
+
+    tokens: list[int]
+    cache: list
+    rope_shift: int
+
+
+class VisionTower:
+    """mlx-vlm's side of a vision-language model, its language weights shared with mlx-lm's."""
+
+    def __init__(self, vlm: nn.Module, processor) -> None:
+        self.vlm = vlm
+        self.processor = processor
+
+    @classmethod
+    def load(cls, folder: Path, language_model: nn.Module) -> VisionTower:
+        """mlx-vlm's model and processor for `folder`; its language model reads
+        `language_model`'s arrays where their names and shapes match (else it keeps its own:
+        the weights are then held twice, which the log says)."""
+        from mlx_vlm.utils import load as load_vlm
+
+        vlm, processor = load_vlm(str(folder), lazy=True)
+        shared = _share_language_weights(vlm.language_model, language_model)
+        if not shared:
+            log.warning(
+                "%s: mlx-vlm's language model does not match mlx-lm's; its weights are held twice",
+                Path(folder).name,
+            )
+        mx.eval(vlm.parameters())
+        vlm.eval()
+        return cls(vlm, processor)
+
+    @property
+    def image_token_id(self) -> int | None:
+        config = self.vlm.config
+        for name in ("image_token_id", "image_token_index"):
+            value = getattr(config, name, None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    def prefill(self, prompt: str, images: list[bytes], make_cache) -> Prefilled:
+        """`prompt` (the chat template's text, one placeholder an image) with `images`
+        (encoded: PNG, JPEG, ...) prefilled into `make_cache()`'s layers."""
+        from mlx_vlm.utils import prepare_inputs
+        from PIL import Image
+
+        pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+        inputs = prepare_inputs(
+            self.processor,
+            images=pictures,
+            prompts=prompt,
+            image_token_index=self.image_token_id,
+            add_special_tokens=False,
+        )
+        ids = inputs["input_ids"]
+        extra = {
+            k: v
+            for k, v in inputs.items()
+            if k not in ("input_ids", "pixel_values", "attention_mask")
+        }
+        features = self.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), **extra)
+        count = ids.shape[1]
+        cache = make_cache()
+        kwargs = {}
+        positions = getattr(features, "position_ids", None)
+        if positions is not None:
+            kwargs["position_ids"] = positions[..., : count - 1]
+        self.vlm.language_model(
+            ids[:, : count - 1],
+            inputs_embeds=features.inputs_embeds[:, : count - 1],
+            cache=cache,
+            **kwargs,
+        )
+        mx.eval([c.state for c in cache])
+        deltas = getattr(features, "rope_deltas", None)
+        shift = int(mx.array(deltas).reshape(-1)[0].item()) if deltas is not None else 0
+        return Prefilled(ids[0].tolist(), cache, shift)
+
+
+def _share_language_weights(vlm_language: nn.Module, language_model: nn.Module) -> bool:
+    """Point mlx-vlm's language model at mlx-lm's arrays, where every one of its arrays has a
+    counterpart of the same name (under mlx-lm's `language_model.`, or none) and shape."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    theirs = dict(tree_flatten(language_model.parameters()))
+    mine = tree_flatten(vlm_language.parameters())
+    shared = []
+    for name, array in mine:
+        other = theirs.get(f"language_model.{name}", theirs.get(name))
+        if other is None or other.shape != array.shape:
+            return False
+        shared.append((name, other))
+    vlm_language.update(tree_unflatten(shared))
+    return True
