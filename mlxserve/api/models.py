@@ -143,6 +143,7 @@ def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict
                 settings = current_app.config["SETTINGS"]
                 card["speculative"] = settings.speculative_for(card["default"])
                 card.update(chat_capabilities(loaded.tokenizer, settings.chat))
+                card["vision"] = loaded.takes_images
     if entry is not None:
         card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card

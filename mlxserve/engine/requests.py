@@ -47,6 +47,11 @@ class GenerationRequest:
     report_progress: bool = False  # events while the prompt is read (PromptProgress)
     healed: str = ""  # text token healing took off the prompt's end: generated first, not sent
     num_draft_tokens: int | None = None  # most drafts verified a pass (None: server's; 0: off)
+    # A prompt with images (a vision model's): the images, encoded, and the prompt's text, one
+    # placeholder an image, which the model's processor expands (prompt_ids are its tokens as
+    # they are). Its KV is not kept in the prefix cache: its tokens do not tell its images apart.
+    images: tuple[bytes, ...] = ()
+    prompt_text: str = ""
 
 
 def kv_tokens(requests) -> int:

@@ -80,6 +80,7 @@ class FactsWire:
     prompts: dict[str, str]
     default_prompt: str | None
     judges_pairs: bool
+    takes_images: bool
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

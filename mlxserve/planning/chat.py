@@ -15,6 +15,7 @@ from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, temp
 from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
 from ..sampling.grammars import Constraint
 from ..settings import ChatSettings
+from .model_facts import ModelFacts
 from .request import Chat, NamedTool, Request
 
 
@@ -25,10 +26,12 @@ class ChatPrompt:
     text: str  # the rendered prompt
 
 
-def prepare(request: Request, tokenizer: Any, settings: ChatSettings) -> ChatPrompt:
+def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> ChatPrompt:
     """Render the messages with the model's template (or --chat-template's) and plan how its
-    answer is read."""
+    answer is read; the conversation's images read (a model that takes none: a 400)."""
     chat = request.chat
+    tokenizer = model.tokenizer
+    images = _read_images(chat, model)
     tools = _offered_tools(chat)
     calling = bool(tools) and chat.tool_choice != "none"
     forced = calling and chat.tool_choice not in (None, "auto")
@@ -72,8 +75,35 @@ def prepare(request: Request, tokenizer: Any, settings: ChatSettings) -> ChatPro
         stop=stop,
         output=options,
         constraint=constraint,
+        images=images,
+        images_prompt=text if images else "",
     )
     return ChatPrompt(prepared, output, text)
+
+
+def _read_images(chat: Chat, model: ModelFacts) -> tuple[bytes, ...]:
+    """The conversation's images, read and checked (vision/images.py), for a model that takes
+    them; else a 400 naming the first."""
+    parts = chat.images()
+    if not parts:
+        return ()
+    if not model.takes_images:
+        raise InvalidRequest(
+            f"The model {model.model_id} does not take images: it is a text model. Send text, "
+            "or ask a vision model (a Qwen2-VL, Gemma 3, ... folder, served with the vision "
+            "extra: pip install 'mlxserve[vision]').",
+            param=f"{parts[0]['param']}",
+            code="unsupported_content_type",
+        )
+    from ..vision.images import check_count, from_base64, from_data_url
+
+    check_count(len(parts))
+    return tuple(
+        from_base64(p["base64"], p["param"])
+        if "base64" in p
+        else from_data_url(p["url"], p["param"])
+        for p in parts
+    )
 
 
 def _offered_tools(chat: Chat) -> list[dict[str, Any]] | None:

@@ -12,7 +12,10 @@ from typing import Any
 from ..api.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "video_url")
+MEDIA_PARTS = ("input_audio", "audio", "file", "video_url")
+# An image as every door hands it over: its data URL ("url") or base64 text ("base64"), and the
+# request field it came from (for a 400 that names it). Read in planning, where the model is known.
+IMAGE = "image"
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,32 @@ class Message:
         """The content as one string (a list's text parts joined; checked to be text)."""
         if isinstance(self.content, list):
             # an assistant's refusal part (OpenAI's) reads as the text it is
-            return "".join(part.get("text", part.get("refusal", "")) for part in self.content)
+            return "".join(
+                part.get("text", part.get("refusal", ""))
+                for part in self.content
+                if part.get("type") != IMAGE
+            )
         return self.content or ""
 
+    def images(self) -> list[dict[str, Any]]:
+        """The message's image parts, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [part for part in self.content if part.get("type") == IMAGE]
+
     def for_template(self) -> dict[str, Any]:
-        """What chat templates read: content a string, call arguments an object."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        """What chat templates read: content a string (a list of text and {"type": "image"}
+        parts where it holds images, as vision models' templates read them), call arguments an
+        object."""
+        content: Any = self.text()
+        if self.images():
+            content = [
+                {"type": IMAGE}
+                if part.get("type") == IMAGE
+                else {"type": "text", "text": part.get("text", part.get("refusal", ""))}
+                for part in self.content
+            ]
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:
@@ -77,7 +100,7 @@ def check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
                 f"Unknown role {message.role!r} in {where}; roles are {', '.join(ROLES)}.",
                 param=f"{where}.role",
             )
-        _check_content(message, where)
+        message = _check_content(message, where)
         if message.role == "tool":
             _check_tool_result(message, where, calls)
         elif message.role == "assistant" and message.tool_calls:
@@ -89,25 +112,43 @@ def check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
     return tuple(checked)
 
 
-def _check_content(message: Message, where: str) -> None:
+def image_part(source: Any, param: str, base64: bool = False) -> dict[str, Any]:
+    """An image part as planning reads it: `source` a data URL, or base64 text (`base64`)."""
+    return {"type": IMAGE, "base64" if base64 else "url": source, "param": param}
+
+
+def _check_content(message: Message, where: str) -> Message:
     content = message.content
     if content is None:
         if message.role != "assistant":
             raise InvalidRequest(f"{where}.content is required.", param=f"{where}.content")
-        return
+        return message
     if isinstance(content, str):
-        return
+        return message
+    parts = []
     for j, part in enumerate(content):
         kind = part.get("type")
+        param = f"{where}.content[{j}]"
+        if kind == "image_url":  # OpenAI's: {"image_url": {"url": ...}} or {"image_url": "..."}
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise InvalidRequest(
+                    f"{param}.image_url.url must be a string.", param=f"{param}.image_url.url"
+                )
+            parts.append(image_part(url, f"{param}.image_url.url"))
+            continue
+        parts.append(part)
+        if kind == IMAGE and ("url" in part or "base64" in part):
+            continue  # a door's own image, made into a part already
         if kind == "text" and isinstance(part.get("text"), str):
             continue
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             continue
-        param = f"{where}.content[{j}]"
         if kind in MEDIA_PARTS:
             raise InvalidRequest(
-                f"Content part type '{kind}' is not supported: this server runs text models "
-                "only. Send text parts.",
+                f"Content part type '{kind}' is not supported: audio, files and video are not "
+                "read. Send text (and image) parts.",
                 param=f"{param}.type",
                 code="unsupported_content_type",
             )
@@ -117,6 +158,7 @@ def _check_content(message: Message, where: str) -> None:
             f"Unknown content part type {kind!r} in {param}; send {{'type': 'text', 'text': ...}}.",
             param=f"{param}.type",
         )
+    return replace(message, content=parts)
 
 
 def _checked_calls(message: Message, where: str) -> tuple[Call, ...]:

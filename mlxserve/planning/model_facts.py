@@ -33,6 +33,7 @@ class ModelFacts:
     prompts: dict[str, str] = field(default_factory=dict)  # an embedding model's instructions
     default_prompt: str | None = None  # the instruction put before every text, by name
     judges_pairs: bool = False  # a reranker that is a language model judging a prompt (yes_no.py)
+    takes_images: bool = False  # a vision-language model served with its image side (vision/)
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)

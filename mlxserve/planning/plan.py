@@ -134,6 +134,14 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
             strict=settings.strict_context,
             keep_first=_kept_head(loaded, prompt.ids, body.fit.keep_first),
         )
+        if body.images and budget.truncated:
+            raise InvalidRequest(
+                "The conversation with its images does not fit the context window, and a "
+                "prompt with images is not cut short. Send fewer messages or a smaller "
+                "max_tokens.",
+                param="messages",
+                code="context_length_exceeded",
+            )
         prompt_stop = _stop_for(loaded, stop, budget.ids, budget.max_tokens, filling)
         plan.prompts.append(Prompt(budget.ids, prompt.text))
         plan.truncated.append(cut or budget.truncated)
@@ -150,8 +158,10 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
                     post_sampling_probs=output.post_sampling_probs,
                     prompt_logprobs=output.echo and output.logprobs is not None,
                     skip_special_tokens=output.skip_special_tokens,
-                    cache_prompt=body.cache_prompt,
+                    cache_prompt=body.cache_prompt and not body.images,
                     num_draft_tokens=body.num_draft_tokens,
+                    images=body.images,
+                    prompt_text=body.images_prompt,
                     report_timings=output.timings and output.stream,
                     report_progress=output.progress and output.stream,
                     healed=healed,

@@ -77,6 +77,10 @@ class Chat:
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.for_template() for m in self.messages]
 
+    def images(self) -> list[dict[str, Any]]:
+        """Every image part of the conversation, in order (messages.image_part)."""
+        return [part for m in self.messages for part in m.images()]
+
 
 @dataclass(frozen=True)
 class Request:
@@ -101,3 +105,6 @@ class Request:
     cache_prompt: bool = True
     num_draft_tokens: int | None = None  # most drafts a pass (None: the server's; 0: none)
     user: str | None = None
+    images: tuple[bytes, ...] = ()  # a chat's images, read, in order
+    images_prompt: str = ""  # with images: the rendered prompt's text, which the model's
+    # processor reads (it expands each image's placeholder)

@@ -76,6 +76,15 @@ class VisionTower:
         vlm.eval()
         return cls(vlm, processor)
 
+    def weight_bytes(self) -> int:
+        """Bytes of its own arrays (the vision tower's and projector's: the language model's
+        are mlx-lm's)."""
+        from mlx.utils import tree_flatten
+
+        language = {id(a) for _, a in tree_flatten(self.vlm.language_model.parameters())}
+        arrays = {id(a): a for _, a in tree_flatten(self.vlm.parameters()) if id(a) not in language}
+        return sum(a.nbytes for a in arrays.values())
+
     @property
     def image_token_id(self) -> int | None:
         config = self.vlm.config

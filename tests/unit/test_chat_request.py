@@ -74,8 +74,8 @@ def test_messages_become_what_templates_read():
         ({"messages": [{"role": "user"}]}, "messages[0].content", "is required"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-            "messages[0].content[0].type",
-            "'image_url' is not supported",
+            "messages[0].content[0].image_url.url",
+            "must be a string",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},

@@ -27,7 +27,7 @@ async def rendered(model: type[CountTokensRequest]):
     body = validate(model, await read_json_object(), settings.limits)
     request = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(body.model)
-    prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
+    prompt = await asyncio.to_thread(prepare, request, loaded, settings.chat)
     return body, engine, loaded, prompt
 
 

@@ -30,7 +30,7 @@ async def chat():
     request = chat_request(body)
     engine, loaded = await ready(body, clock)
     check_thinking(body, loaded)
-    prompt = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
+    prompt = await asyncio.to_thread(prepare, request, loaded, settings.chat)
     plan = await plan_on(engine, loaded, prompt.request)
     shape = {"chat": True, "output": prompt.output, "clock": clock}
     return await answer(engine, plan, body, shape)

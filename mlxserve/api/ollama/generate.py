@@ -38,7 +38,7 @@ async def generate():
     engine, loaded = await ready(body, clock)
     if templated:
         check_thinking(body, loaded)
-        chat = await asyncio.to_thread(prepare, request, loaded.tokenizer, settings.chat)
+        chat = await asyncio.to_thread(prepare, request, loaded, settings.chat)
         request, output = chat.request, chat.output
         if body.context:  # an earlier answer's tokens, then this turn
             request = replace(request, prompt=[*body.context, *request.prompt])

@@ -229,7 +229,8 @@ def fim_section(fim: FimTemplate) -> str:
 
 def capabilities(entry: ModelEntry) -> list[str]:
     """completion always; insert with FIM tokens; tools (the server renders tool calls for any
-    template); thinking when the template thinks. An embedding model: embedding alone (a
+    template); thinking when the template thinks; vision when it is loaded with its image side.
+    An embedding model: embedding alone (a
     reranker has none of Ollama's)."""
     if entry.kind != "generate":
         return ["embedding"] if entry.kind == "embed" else []
@@ -244,6 +245,8 @@ def capabilities(entry: ModelEntry) -> list[str]:
         thinking = "<think>" in template_of(entry)
     if thinking:
         found.append("thinking")
+    if loaded is not None and loaded.takes_images:
+        found.append("vision")
     return found
 
 

@@ -208,7 +208,9 @@ class GenerateRequest(GenerationFields):
     context: list[StrictInt] | None = Field(
         None, max_length=MAX_TEXT_CHARS, description="a previous answer's `context` to continue"
     )
-    images: list[Any] | None = Field(None, description="not supported: text models only")
+    images: list[Any] | None = Field(
+        None, description="base64 images, for a vision model (with the chat template: not raw)"
+    )
 
 
 class OllamaFunctionCall(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...engine import StopSpec
 from ...planning.defaults import OLLAMA_NUM_KEEP, kept_tokens, logprobs_k, until_full
-from ...planning.messages import Call, Message, check_messages
+from ...planning.messages import Call, Message, check_messages, image_part
 from ...planning.request import Chat, ContextFit, Output, Request
 from ...sampling.grammars import Constraint
 from ..constraints import schema_constraint
@@ -17,18 +17,14 @@ from .protocol import ChatRequest, GenerateRequest, GenerationFields, OllamaMess
 
 
 def refuse_unsupported(body: GenerateRequest | ChatRequest) -> None:
-    """Images and Go template overrides: a clear 400 rather than an answer that ignored them."""
-    images = getattr(body, "images", None)
-    if images:
+    """Go template overrides, and images in a raw or infill prompt (which no template places):
+    a clear 400 rather than an answer that ignored them."""
+    if getattr(body, "images", None) and (
+        getattr(body, "raw", False) or getattr(body, "suffix", None)
+    ):
         raise InvalidRequest(
-            "images are not supported: this server runs text models only.", param="images"
+            "images go with a templated prompt: send them without raw or suffix.", param="images"
         )
-    for i, message in enumerate(getattr(body, "messages", [])):
-        if message.images:
-            raise InvalidRequest(
-                "images are not supported: this server runs text models only.",
-                param=f"messages[{i}].images",
-            )
     if getattr(body, "template", None):
         raise InvalidRequest(
             "template overrides are not supported: the model's own chat template (or the "
@@ -36,6 +32,17 @@ def refuse_unsupported(body: GenerateRequest | ChatRequest) -> None:
             "templated yourself.",
             param="template",
         )
+
+
+def _with_images(content: Any, images: list[Any] | None, where: str) -> Any:
+    """Ollama's message with `images` (base64) as content parts: the images first, then the
+    text, as Ollama puts them before the message's text."""
+    if not images:
+        return content
+    parts = [image_part(data, f"{where}[{k}]", base64=True) for k, data in enumerate(images)]
+    if content:
+        parts.append({"type": "text", "text": content})
+    return parts
 
 
 def format_constraint(fmt: str | dict[str, Any] | None) -> Constraint | None:
@@ -57,7 +64,7 @@ def completion_request(body: GenerateRequest) -> Request:
 def generate_as_chat(body: GenerateRequest) -> Request:
     """/api/generate otherwise: `system` and `prompt` rendered by the model's chat template."""
     messages = [Message("system", body.system)] if body.system else []
-    messages.append(Message("user", body.prompt))
+    messages.append(Message("user", _with_images(body.prompt, body.images, "images")))
     return _chat(body, messages, ())
 
 
@@ -124,7 +131,7 @@ def chat_messages(messages: list[OllamaMessage]) -> list[Message]:
         out.append(
             Message(
                 message.role,
-                message.content,
+                _with_images(message.content, message.images, f"messages[{i}].images"),
                 name=message.tool_name if message.role == "tool" and message.tool_name else None,
                 tool_calls=calls,
                 tool_call_id=tool_call_id,

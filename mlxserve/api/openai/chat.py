@@ -48,7 +48,7 @@ async def read_chat() -> tuple[Any, Any, ChatPrompt]:
     """The engine and model that serve the request, and its messages rendered."""
     request = (await read_completion_request(ChatCompletionRequest)).to_request()
     engine, loaded = await ready_model(request.model)
-    chat = await asyncio.to_thread(prepare, request, loaded.tokenizer, chat_settings())
+    chat = await asyncio.to_thread(prepare, request, loaded, chat_settings())
     return engine, loaded, chat
 
 

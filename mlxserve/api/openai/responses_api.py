@@ -51,7 +51,7 @@ async def create_response():
     body = validate(ResponsesRequest, await read_json_object(), settings.limits)
     chat, origins = chat_request(body, settings.chat.strict_tools)
     engine, loaded = await ready_model(chat.model)
-    prompt = await asyncio.to_thread(prepare, chat, loaded.tokenizer, settings.chat)
+    prompt = await asyncio.to_thread(prepare, chat, loaded, settings.chat)
     plan = await plan_on(engine, loaded, prompt.request)
     response = {
         "id": new_id("resp"),

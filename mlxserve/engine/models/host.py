@@ -49,6 +49,7 @@ class LoadedModel(ModelFacts):
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
     draft_model: nn.Module | None = None  # --draft-model's, loaded beside it (draft.py)
     draft_kv_share: float = 0.0  # the draft's KV per token over the model's own
+    vision: Any = None  # a vision model's image side (vision/tower.py's VisionTower)
 
     def fingerprint(self) -> str | None:
         """What its KV depends on (`prefix/fingerprint.py`: reads blocks of every weight
@@ -178,6 +179,7 @@ def load_model(
         except ValueError as error:
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
+    vision = _vision_tower(folder, model, progress) if not sharded else None
     prefill_chunk, decode_step_s = LoadedModel.prefill_chunk, None
     if calibrate:
         progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
@@ -197,8 +199,33 @@ def load_model(
         fim=fim,
         weights_folder=None if sharded else folder,
         how_it_runs=how_it_runs,
-        weight_bytes=weight_bytes(model),
+        weight_bytes=weight_bytes(model) + (vision.weight_bytes() if vision else 0),
+        vision=vision,
+        takes_images=vision is not None,
     )
+
+
+def _vision_tower(folder: Path | None, model: nn.Module, progress: LoadProgress):
+    """A vision-language model's image side, where mlx-vlm is installed (else it is served as
+    the text model mlx-lm loaded, and the log says how to give it images)."""
+    from ...vision.tower import VisionTower, is_vision_folder, vision_installed
+
+    if not is_vision_folder(folder):
+        return None
+    if not vision_installed():
+        log.info(
+            "%s is a vision model, served here as text only: pip install 'mlxserve[vision]' "
+            "to give it images",
+            folder.name,
+        )
+        return None
+    progress.enter("reading the vision tower", str(folder))
+    try:
+        return VisionTower.load(folder, model)
+    except Exception as error:  # mlx-vlm raises many kinds; the user needs one clear line
+        raise ModelLoadError(
+            f"could not load the image side of {folder} with mlx-vlm: {first_line(error)}"
+        ) from error
 
 
 def eval_in_slices(model: nn.Module, between: Callable[[], None] | None = None) -> None:

@@ -52,6 +52,9 @@ def insert_sequence(
         cached_tokens = prompt[:-1]
         if not again:
             post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
+    elif request.images:
+        cache, prompt = _prefilled_with_images(loaded, request)
+        cached_tokens = prompt[:-1]
     elif request.cache_prompt and prefixes.enabled:
         cache, reused = prefixes.fetch(prompt)
         cached_tokens = prompt[:reused]
@@ -78,6 +81,22 @@ def insert_sequence(
     )
     if generator.planner is not None and drafts_alone(seq, setup):
         generator.planner.admit(seq.uid, request.num_draft_tokens)
+
+
+def _prefilled_with_images(loaded: LoadedModel, request: GenerationRequest):
+    """The KV of a prompt with images but its last token, prefilled by the model's image side
+    (each layer's cache carrying the row's position shift, mlx_lm_compat/rope_shift.py), and
+    the prompt's tokens, each image's placeholder expanded."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if loaded.vision is None:
+        raise ValueError(f"the model {loaded.model_id} does not take images")
+    prefilled = loaded.vision.prefill(
+        request.prompt_text, list(request.images), lambda: make_prompt_cache(loaded.model)
+    )
+    for layer in prefilled.cache:
+        layer.rope_shift = prefilled.rope_shift
+    return prefilled.cache, prefilled.tokens
 
 
 def drafts_alone(seq: SequenceState, setup) -> bool:

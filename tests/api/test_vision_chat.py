@@ -1,0 +1,217 @@
+"""Images in, through the doors, on a tiny Qwen2-VL (tests/vision_models.py): OpenAI's chat
+`image_url` (the official client) and Ollama's `images` are answered, the first token's
+logprobs are mlx-vlm's own model's for the same prompt and image, an image beside a text
+stream shares the batch; a text model, a URL, bytes that are not an image and too many images
+are each a 400 naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+
+import httpx
+import mlx.core as mx
+import pytest
+
+from mlxserve.vision.images import MAX_IMAGES
+from mlxserve.vision.tower import vision_installed
+
+from ..helpers import skip_for_missing
+from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
+
+QUESTION = "What is in the picture?"
+
+
+@pytest.fixture(scope="module")
+def vision(live_servers, tmp_path_factory):
+    if not vision_installed():
+        skip_for_missing("mlx-vlm is not installed (make install-dev installs it)")
+    folder = build_tiny_qwen2_vl(tmp_path_factory.mktemp("models") / "tiny-qwen2-vl")
+    with live_servers.own(folder) as server:
+        yield server, folder
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def image_message(png: bytes) -> dict:
+    return {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": data_url(png)}},
+            {"type": "text", "text": QUESTION},
+        ],
+    }
+
+
+def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5) -> dict[int, float]:
+    """mlx-vlm's own model over the prompt the server renders: its first token's top k."""
+    from mlx_vlm.utils import load, prepare_inputs
+    from PIL import Image
+
+    model, processor = load(str(folder))
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
+    ]
+    text = processor.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    inputs = prepare_inputs(
+        processor,
+        images=[Image.open(io.BytesIO(png)).convert("RGB")],
+        prompts=text,
+        image_token_index=model.config.image_token_id,
+        add_special_tokens=False,
+    )
+    extra = {
+        k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")
+    }
+    logits = model(inputs["input_ids"], inputs["pixel_values"], **extra).logits[0, -1]
+    logprobs = logits - mx.logsumexp(logits)
+    top = mx.argsort(-logprobs)[:k].tolist()
+    return {t: logprobs[t].item() for t in top}
+
+
+def test_openai_chat_with_an_image_answers_as_mlx_vlm(vision):
+    import openai
+
+    server, folder = vision
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    png = checkerboard_png()
+    reply = client.chat.completions.create(
+        model="tiny-qwen2-vl",
+        messages=[image_message(png)],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+    )
+    assert reply.choices[0].message.content is not None
+    first = reply.choices[0].logprobs.content[0]
+    tokenizer = server.engine.loaded.tokenizer
+    served = {t.token: t.logprob for t in first.top_logprobs}
+    expected = [
+        (tokenizer.decode([t]), lp) for t, lp in mlx_vlm_first_logprobs(folder, png).items()
+    ]
+    texts = [text for text, _ in expected]
+    unique = [(text, lp) for text, lp in expected if texts.count(text) == 1]
+    assert len(unique) >= 3  # (byte-level pieces of one character read alike: those are left out)
+    for text, logprob in unique:
+        assert served[text] == pytest.approx(logprob, abs=1e-3)
+    # another image, other logprobs: the image reached the model
+    other = client.chat.completions.create(
+        model="tiny-qwen2-vl",
+        messages=[image_message(checkerboard_png(colors=((0, 0, 255), (255, 255, 0))))],
+        max_tokens=1,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+    )
+    other_first = {t.token: t.logprob for t in other.choices[0].logprobs.content[0].top_logprobs}
+    assert any(abs(other_first.get(text, 0.0) - served[text]) > 1e-3 for text, _ in unique)
+
+
+def test_an_image_beside_a_text_stream_and_ollama_images(vision):
+    server, _ = vision
+    texts: list[str] = []
+
+    def stream_text():
+        body = {
+            "model": "tiny-qwen2-vl",
+            "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": 24,
+            "stream": True,
+        }
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            texts.append(str(r.status_code) + r.read().decode()[-40:])
+
+    streaming = threading.Thread(target=stream_text)
+    streaming.start()
+    png = checkerboard_png()
+    ollama = httpx.post(
+        server.url + "/api/chat",
+        json={
+            "model": "tiny-qwen2-vl",
+            "messages": [
+                {"role": "user", "content": QUESTION, "images": [base64.b64encode(png).decode()]}
+            ],
+            "stream": False,
+            "options": {"num_predict": 3},
+        },
+        timeout=60,
+    )
+    streaming.join(60)
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["done"] is True and ollama.json()["eval_count"] == 3
+    assert texts and texts[0].startswith("200") and "[DONE]" in texts[0]
+    shown = httpx.post(server.url + "/api/show", json={"model": "tiny-qwen2-vl"}, timeout=30)
+    assert "vision" in shown.json()["capabilities"]
+    cards = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+    assert [c["vision"] for c in cards if c["id"] == "tiny-qwen2-vl"] == [True]
+
+
+@pytest.mark.parametrize(
+    ("url", "code", "says"),
+    [
+        ("https://example.com/cat.png", "invalid_image_url", "does not fetch images from URLs"),
+        ("file:///etc/passwd", "invalid_image_url", "does not fetch images from URLs"),
+        (
+            "data:image/png;base64," + base64.b64encode(b"not a png").decode(),
+            "invalid_image",
+            "not an image",
+        ),
+        ("data:image/png;base64,***", None, "not valid base64"),
+    ],
+)
+def test_images_that_cannot_be_read_are_a_400_naming_the_field(vision, url, code, says):
+    server, _ = vision
+    body = {
+        "model": "tiny-qwen2-vl",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+        ],
+    }
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "messages[0].content[0].image_url.url" and says in error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_too_many_images_are_a_400(vision):
+    server, _ = vision
+    part = {"type": "image_url", "image_url": {"url": data_url(checkerboard_png((28, 28)))}}
+    body = {
+        "model": "tiny-qwen2-vl",
+        "messages": [{"role": "user", "content": [part] * (MAX_IMAGES + 1)}],
+    }
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "too_many_images"
+
+
+def test_a_text_model_refuses_images_in_each_doors_shape(live_server, tiny_model):
+    server = live_server(tiny_model)
+    png = checkerboard_png()
+    body = {"messages": [image_message(png)], "max_tokens": 2}
+    openai_reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert openai_reply.status_code == 400
+    error = openai_reply.json()["error"]
+    assert (
+        error["code"] == "unsupported_content_type" and "does not take images" in error["message"]
+    )
+    assert error["param"] == "messages[0].content[0].image_url.url"
+    ollama = httpx.post(
+        server.url + "/api/chat",
+        json={
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": "hi", "images": [base64.b64encode(png).decode()]}
+            ],
+            "stream": False,
+        },
+        timeout=30,
+    )
+    assert ollama.status_code == 400 and "does not take images" in ollama.json()["error"]
