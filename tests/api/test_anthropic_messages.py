@@ -347,8 +347,9 @@ def test_images_documents_and_tool_references_in_a_tool_result_stand_as_lines(cl
     ]
     ours = claude.messages.count_tokens(model="c", messages=messages, tools=[TOOL]).input_tokens
     said = (
-        "Read 2 files:\n[image left out: this server runs text models only]\n"
-        "[document left out: this server runs text models only]\n[tool mcp__files__grep loaded]"
+        "Read 2 files:\n[image left out: a tool's result is given to the model as text]\n"
+        "[document left out: a tool's result is given to the model as text]\n"
+        "[tool mcp__files__grep loaded]"
     )
     openai_call = {
         "id": "toolu_1",

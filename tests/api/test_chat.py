@@ -417,7 +417,7 @@ def test_continue_final_message_continues_it(http, tokenizer):
                     }
                 ]
             },
-            "messages[0].content[1].type",
+            "messages[0].content[1].image_url.url",  # a text model: it does not take images
         ),
         (
             {"messages": [*USER, {"role": "tool", "tool_call_id": "x", "content": "1"}]},

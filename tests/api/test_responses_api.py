@@ -375,7 +375,7 @@ def test_previous_response_id_is_refused(client):
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input[0].content[0].type",
+            "input[0].content[0].image_url",  # a text model: it does not take images
         ),
         (
             {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},

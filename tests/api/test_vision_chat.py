@@ -215,3 +215,70 @@ def test_a_text_model_refuses_images_in_each_doors_shape(live_server, tiny_model
         timeout=30,
     )
     assert ollama.status_code == 400 and "does not take images" in ollama.json()["error"]
+
+
+def test_anthropic_responses_and_ollama_generate_take_images(vision):
+    """Each door's own image form, answered (Anthropic's base64 image block with the official
+    client, Responses' input_image, Ollama's /api/generate images); the same image gives the
+    same greedy answer through each."""
+    import anthropic
+
+    server, _ = vision
+    png = checkerboard_png()
+    encoded = base64.b64encode(png).decode()
+    client = anthropic.Anthropic(base_url=server.url, api_key="none")
+    message = client.messages.create(
+        model="tiny-qwen2-vl",
+        max_tokens=3,
+        extra_body={"temperature": 0},  # (this client's create takes no temperature argument)
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": encoded},
+                    },
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ],
+    )
+    assert message.usage.output_tokens == 3
+    responses = httpx.post(
+        server.url + "/v1/responses",
+        json={
+            "model": "tiny-qwen2-vl",
+            "max_output_tokens": 3,
+            "temperature": 0,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": data_url(png)},
+                        {"type": "input_text", "text": QUESTION},
+                    ],
+                }
+            ],
+        },
+        timeout=60,
+    )
+    assert responses.status_code == 200, responses.text
+    generated = httpx.post(
+        server.url + "/api/generate",
+        json={
+            "model": "tiny-qwen2-vl",
+            "prompt": QUESTION,
+            "images": [encoded],
+            "stream": False,
+            "options": {"num_predict": 3, "temperature": 0},
+        },
+        timeout=60,
+    )
+    assert generated.status_code == 200, generated.text
+    answers = {
+        message.content[0].text if message.content else "",
+        responses.json()["output"][-1]["content"][0]["text"],
+        generated.json()["response"],
+    }
+    assert len(answers) == 1, answers

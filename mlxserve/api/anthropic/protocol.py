@@ -52,7 +52,8 @@ class RedactedThinkingBlock(BaseModel):
 
 
 class MediaBlock(BaseModel):
-    """Images and documents: refused by name (text models only)."""
+    """Images (a user's, for a vision model; in a tool's result, a line saying it was left
+    out) and documents (refused by name, or left out of a tool's result)."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["image", "document", "search_result", "container_upload"]

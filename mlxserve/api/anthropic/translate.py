@@ -9,7 +9,7 @@ from typing import Any
 
 from ...engine import StopSpec
 from ...planning.defaults import SAMPLING, top_k
-from ...planning.messages import Call, Message, check_messages
+from ...planning.messages import Call, Message, check_messages, image_part
 from ...planning.request import Chat, NamedTool, Request
 from ..constraints import schema_constraint
 from ..errors import InvalidRequest
@@ -110,12 +110,16 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
         if isinstance(message.content, str):
             out.append(Message(message.role, message.content))
             continue
-        texts, calls, reasoning, results = [], [], [], []
+        texts, calls, reasoning, results, images = [], [], [], [], []
         for j, block in enumerate(message.content):
+            if isinstance(block, MediaBlock) and block.type == "image" and message.role == "user":
+                images.append(len(texts))  # where it stands among the text blocks
+                texts.append(_image(block, f"{where}[{j}]"))
+                continue
             if isinstance(block, MediaBlock):
                 raise InvalidRequest(
-                    f"Content block type '{block.type}' is not supported: this server runs text "
-                    "models only. Send text blocks.",
+                    f"Content block type '{block.type}' is not supported: send text blocks "
+                    "(and images in a user's message).",
                     param=f"{where}[{j}].type",
                     code="unsupported_content_type",
                 )
@@ -129,15 +133,35 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
                 results.append(_result(block, f"{where}[{j}]"))
         out.extend(results)  # answers to the calls of the turn before, then what the user says
         if texts or calls or not results:
+            content = (
+                "".join(texts)
+                if not images
+                else [t if isinstance(t, dict) else {"type": "text", "text": t} for t in texts]
+            )
             out.append(
                 Message(
                     message.role,
-                    "".join(texts),
+                    content,
                     tool_calls=tuple(calls),
                     reasoning_content="".join(reasoning) if reasoning else None,
                 )
             )
     return out
+
+
+def _image(block: MediaBlock, where: str) -> dict[str, Any]:
+    """An image block as an image part: its base64 source (a url source is refused in
+    planning: nothing is fetched)."""
+    source = getattr(block, "source", None)
+    if not isinstance(source, dict):
+        raise InvalidRequest(f"{where}.source is required.", param=f"{where}.source")
+    if source.get("type") == "base64":
+        return image_part(source.get("data"), f"{where}.source.data", base64=True)
+    if source.get("type") == "url":
+        return image_part(source.get("url"), f"{where}.source.url")
+    raise InvalidRequest(
+        f"{where}.source.type must be base64 or url.", param=f"{where}.source.type"
+    )
 
 
 def _call(block: ToolUseBlock) -> Call:
@@ -148,8 +172,8 @@ def _call(block: ToolUseBlock) -> Call:
 # PDF) or a reference to a deferred tool (its ToolSearch tool): each stands as a line saying so.
 # A 400 there would come back with every later turn, which resends the result.
 LEFT_OUT = {
-    "image": "[image left out: this server runs text models only]",
-    "document": "[document left out: this server runs text models only]",
+    "image": "[image left out: a tool's result is given to the model as text]",
+    "document": "[document left out: a tool's result is given to the model as text]",
     "search_result": "[search result left out]",
 }
 
@@ -171,8 +195,8 @@ def _result(block: ToolResultBlock, where: str) -> Message:
                 left_out = True
             else:
                 raise InvalidRequest(
-                    f"{where}.content[{k}] must be a text block: this server runs text models "
-                    "only.",
+                    f"{where}.content[{k}] must be a text block: a tool's result is given to the "
+                    "model as text.",
                     param=f"{where}.content[{k}]",
                 )
         # text blocks run together as they always did; a line left out stands on its own

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from ...engine import StopSpec
 from ...planning.defaults import SAMPLING, no_parameters
-from ...planning.messages import MEDIA_PARTS, Call, Message, check_messages
+from ...planning.messages import MEDIA_PARTS, Call, Message, check_messages, image_part
 from ...planning.request import Chat, ContextFit, NamedTool, Request
 from ...sampling.grammars import Constraint
 from ..constraints import schema_constraint
@@ -23,6 +23,9 @@ from ..protocol import MAX_TOKENS_FIELD
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
+# Parts the model is not given as they are: audio, files, and images where no image part goes
+# (an assistant's turn, a tool's result)
+MEDIA = (*MEDIA_PARTS, "input_image", "image", "input_file")
 STATELESS = (
     "this server stores no responses or conversations: send the whole conversation in `input` "
     "(earlier outputs included) with store: false."
@@ -184,7 +187,8 @@ def _messages(body: ResponsesRequest) -> list[Message]:
         if kind in PROVIDER_ITEMS:
             continue
         if kind == "message":
-            message = {"role": _role(item, where), "content": _text(item.get("content"), where)}
+            role = _role(item, where)
+            message = {"role": role, "content": _content(item.get("content"), where, role)}
             if message["role"] == "assistant" and _open_calls(out):
                 # text an assistant wrote beside its calls, echoed between a call and its output
                 # (Codex does): it belongs to the calls' turn, which their results follow
@@ -255,7 +259,32 @@ def _role(item: dict[str, Any], where: str) -> str:
     return role
 
 
-def _text(content: Any, where: str, tool_result: bool = False) -> str:
+def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
+    """A message's content: one string, or, where a user's message holds images
+    (`input_image` with a data URL), its text and image parts in order."""
+    images = isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "input_image" for p in content
+    )
+    if not images or role != "user":
+        return _text(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        if part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise InvalidRequest(
+                    f"{param}.image_url must be the image as a data URL (file_id is not "
+                    "supported).",
+                    param=f"{param}.image_url",
+                )
+            parts.append(image_part(url, f"{param}.image_url"))
+        else:
+            parts.append({"type": "text", "text": _text([part], where, offset=j)})
+    return parts
+
+
+def _text(content: Any, where: str, tool_result: bool = False, offset: int = 0) -> str:
     """A message's content as one string: its text parts joined. In a tool's result, an image
     or file (Codex's view_image) stands as a line saying it was left out: a 400 there would
     come back with every later turn, which resends it."""
@@ -267,19 +296,19 @@ def _text(content: Any, where: str, tool_result: bool = False) -> str:
             param=f"{where}.content",
         )
     texts = []
-    for j, part in enumerate(content):
+    for j, part in enumerate(content, start=offset):
         param = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
-        elif kind in (*MEDIA_PARTS, "input_file") and tool_result:
-            texts.append(f"[{kind} left out: this server runs text models only]")
-        elif kind in (*MEDIA_PARTS, "input_file"):
+        elif kind in MEDIA and tool_result:
+            texts.append(f"[{kind} left out: a tool's result is given to the model as text]")
+        elif kind in MEDIA:
             raise InvalidRequest(
-                f"Content part type '{kind}' is not supported: this server runs text models "
-                "only. Send input_text parts.",
+                f"Content part type '{kind}' is not supported here: send input_text parts "
+                "(images go in a user's message, as input_image).",
                 param=f"{param}.type",
                 code="unsupported_content_type",
             )
