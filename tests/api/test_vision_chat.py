@@ -282,3 +282,27 @@ def test_anthropic_responses_and_ollama_generate_take_images(vision):
         generated.json()["response"],
     }
     assert len(answers) == 1, answers
+
+
+def test_images_cross_to_the_engine_process(vision):
+    """As `mlxserve serve` runs it: the front reads the image, the engine process (its own
+    process, reached over ZeroMQ) prefills it; the answer is the in-process server's."""
+    from ..live_server import FrontServer
+
+    server, folder = vision
+    body = {
+        "model": "tiny-qwen2-vl",
+        "messages": [image_message(checkerboard_png())],
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    alone = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    with FrontServer(folder) as front:
+        answer = httpx.post(front.url + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    got, expected = answer.json()["choices"][0], alone["choices"][0]
+    assert got["message"]["content"] == expected["message"]["content"]
+    for mine, theirs in zip(got["logprobs"]["content"], expected["logprobs"]["content"]):
+        assert mine["logprob"] == pytest.approx(theirs["logprob"], abs=1e-4)
