@@ -43,6 +43,7 @@ class ModelChoice:
     base_model: str | None = None  # a LoRA adapter's base
     error: str | None = None
     kind: str = "generate"  # or "embed", "rerank" (/v1/models): never the default
+    vision: bool = False  # it takes images (/v1/models)
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
             pinned=bool(card.get("pinned")),
             memory_bytes=int(card.get("memory_bytes") or 0),
             kind=card.get("kind") or "generate",
+            vision=bool(card.get("vision")),
         )
     memory = int(facts.get("memory_bytes") or 0)
     state = facts.get("state")
@@ -321,6 +323,7 @@ def _choice(name: str, card: dict, facts: dict | None, default: str | None) -> M
         base_model=facts.get("base_model"),
         error=facts.get("load_error") or facts.get("error"),
         kind=card.get("kind") or "generate",
+        vision=bool(card.get("vision")),
     )
 
 

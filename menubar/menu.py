@@ -74,9 +74,10 @@ KIND_ROLES = {"embed": "embeddings", "rerank": "reranker"}  # what a model is, w
 
 def model_title(model: ModelChoice) -> str:
     """Its state's mark (none when not in memory), its name, its roles: "● name (default)",
-    "name (embeddings, pinned)"."""
+    "name (embeddings, pinned)", "● name (images, default)"."""
     mark = MODEL_SYMBOLS.get(model.state or "")
     roles = [KIND_ROLES[model.kind]] if model.kind in KIND_ROLES else []
+    roles += ["images"] if model.vision else []
     roles += [role for role, on in (("default", model.default), ("pinned", model.pinned)) if on]
     text = f"{mark} {model.name}" if mark else model.name
     return f"{text} ({', '.join(roles)})" if roles else text

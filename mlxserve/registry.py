@@ -38,6 +38,7 @@ class ModelEntry:
     context_length: int | None
     fim: str | None  # the FIM template's name, None without FIM tokens
     kind: str = "generate"  # or "embed", "rerank" (mlxserve/embedding/kinds.py)
+    vision: bool = False  # a vision-language model whose images this install can read
 
     def card(self) -> dict[str, Any]:
         return {
@@ -49,6 +50,7 @@ class ModelEntry:
             "context_length": self.context_length,
             "fim": self.fim,
             "kind": self.kind,
+            "vision": self.vision,
         }
 
 
@@ -88,6 +90,14 @@ def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
         context_length=context_length_of(config, folder),
         fim=_fim_of(folder, config) if kind == "generate" else None,
         kind=kind,
+        vision=kind == "generate" and _takes_images(config),
+    )
+
+
+def _takes_images(config: Mapping[str, Any]) -> bool:
+    """A vision part in its config, and mlx-vlm installed to read it (vision/tower.py)."""
+    return isinstance(config.get("vision_config"), dict) and (
+        importlib.util.find_spec("mlx_vlm") is not None
     )
 
 

@@ -140,11 +140,18 @@ def test_an_embedding_model_and_a_reranker_say_what_they_are_and_never_become_de
             ModelChoice("coder", True, 900 * MB, "ready", default=True, memory_bytes=512 * MB),
             ModelChoice("minilm", True, 90 * MB, "ready", memory_bytes=90 * MB, kind="embed"),
             ModelChoice("bge-reranker", False, 300 * MB, kind="rerank"),
+            ModelChoice("qwen2-vl", False, 2000 * MB, vision=True),
         ),
     )
     items = menu.build(snapshot, launch_at_login=False)
     titles = [m.title for m in menu.find(items, "Models").children]
-    assert titles == ["● coder (default)", "● minilm (embeddings)", "bge-reranker (reranker)"]
+    assert titles == [
+        "● coder (default)",
+        "● minilm (embeddings)",
+        "bge-reranker (reranker)",
+        "qwen2-vl (images)",  # a vision model: a chat model too, so it may become the default
+    ]
+    assert "Load" in submenu(items, "qwen2-vl")
     minilm = submenu(items, "minilm")
     assert "Make default" not in minilm and not minilm["Load"].enabled  # loaded already
     assert minilm["Unload"].enabled
