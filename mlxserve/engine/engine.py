@@ -700,7 +700,7 @@ class Engine(AdmittedWork):
             self.policy.release_freed_memory(trim=True)
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
-                self.prefixes.keep(r.all_tokens, r.prompt_cache)
+                self.prefixes.keep(seq.keyed(r.all_tokens), r.prompt_cache)
         if not self._leader:
             return  # rank 0 decides what ended; its next tick says so
         finished, ended = [], set()
@@ -749,11 +749,11 @@ class Engine(AdmittedWork):
         """
         uids = [s.uid for s in sequences if s.uid is not None]
         if uids:
-            keep = {s.uid for s in sequences if s.request.cache_prompt}
+            keep = {s.uid: s for s in sequences if s.request.cache_prompt}
             caches = self.generator.remove(uids, return_prompt_caches=self.prefixes.enabled)
             for uid, (cache, tokens) in caches.items():
                 if uid in keep:
-                    self.prefixes.keep(tokens, cache)
+                    self.prefixes.keep(keep[uid].keyed(tokens), cache)
         self.stats.finished_sequences += sum(self.live.forget(seq) for seq in sequences)
 
     def _keep_running_prompt(self, uid: int) -> None:
@@ -767,7 +767,10 @@ class Engine(AdmittedWork):
         if tokens is None:  # removed meanwhile
             return
         self.prefixes.copy_running_prompt(
-            self.generator.decode_batch, uid, tokens, now=self._followers.waiting_for(uid)
+            self.generator.decode_batch,
+            uid,
+            seq.keyed(tokens),
+            now=self._followers.waiting_for(uid),
         )
 
     def _cancel(self, group_id: int) -> None:

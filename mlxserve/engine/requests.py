@@ -49,7 +49,7 @@ class GenerationRequest:
     num_draft_tokens: int | None = None  # most drafts verified a pass (None: server's; 0: off)
     # A prompt with images (a vision model's): the images, encoded, and the prompt's text, one
     # placeholder an image, which the model's processor expands (prompt_ids are its tokens as
-    # they are). Its KV is not kept in the prefix cache: its tokens do not tell its images apart.
+    # they are). The prefix cache keeps its KV under the images' digests (vision/tower.py).
     images: tuple[bytes, ...] = ()
     prompt_text: str = ""
 

@@ -158,7 +158,7 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
                     post_sampling_probs=output.post_sampling_probs,
                     prompt_logprobs=output.echo and output.logprobs is not None,
                     skip_special_tokens=output.skip_special_tokens,
-                    cache_prompt=body.cache_prompt and not body.images,
+                    cache_prompt=body.cache_prompt,
                     num_draft_tokens=body.num_draft_tokens,
                     images=body.images,
                     prompt_text=body.images_prompt,

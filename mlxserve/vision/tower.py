@@ -11,6 +11,7 @@ decodes (`mlx_lm_compat/rope_shift.py`).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import json
@@ -41,14 +42,31 @@ def vision_installed() -> bool:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A prompt with images as the model's processor reads it: its tokens (each image's
+    placeholder expanded), the processor's arrays, and its prefix cache key: the tokens with
+    each image's run of tokens replaced by ids drawn from the image's digest (negative: no
+    token has them), so that the cache tells images apart."""
+
+    tokens: list[int]
+    inputs: dict
+    key: list[int]
+    images_end: int  # the index after the last image token (0: none found)
+
+
+@dataclass(frozen=True)
 class Prefilled:
-    """A prompt with images, prefilled: its tokens (each image's placeholder expanded as the
-    processor does), the KV of all of them but the last (mlx-lm's caches, one a layer), and the
-    last token's position less its index."""
+    """A prompt with images, prefilled: its tokens, the KV of all of them but the last (mlx-lm's
+    caches, one a layer), and the last token's position less its index."""
 
     tokens: list[int]
     cache: list
     rope_shift: int
+
+
+# Shifts remembered, by the key up to a prompt's last image: a prompt found in the prefix cache
+# is not prefilled again, and its row needs the shift its first prefill measured
+KNOWN_SHIFTS = 4096
 
 
 class VisionTower:
@@ -57,6 +75,7 @@ class VisionTower:
     def __init__(self, vlm: nn.Module, processor) -> None:
         self.vlm = vlm
         self.processor = processor
+        self._shifts: dict[int, int] = {}  # KNOWN_SHIFTS of them, the oldest dropped first
 
     @classmethod
     def load(cls, folder: Path, language_model: nn.Module) -> VisionTower:
@@ -94,9 +113,9 @@ class VisionTower:
                 return value
         return None
 
-    def prefill(self, prompt: str, images: list[bytes], make_cache) -> Prefilled:
+    def prepare(self, prompt: str, images: list[bytes]) -> Prepared:
         """`prompt` (the chat template's text, one placeholder an image) with `images`
-        (encoded: PNG, JPEG, ...) prefilled into `make_cache()`'s layers."""
+        (encoded: PNG, JPEG, ...) through the model's processor."""
         from mlx_vlm.utils import prepare_inputs
         from PIL import Image
 
@@ -108,6 +127,14 @@ class VisionTower:
             image_token_index=self.image_token_id,
             add_special_tokens=False,
         )
+        tokens = inputs["input_ids"][0].tolist()
+        key, end = _keyed(tokens, self.image_token_id, images)
+        return Prepared(tokens, inputs, key, end)
+
+    def prefill(self, prepared: Prepared, make_cache) -> Prefilled:
+        """All of the prompt's tokens but the last into `make_cache()`'s layers: the images'
+        embeddings from the vision tower, positions as the model's family places them."""
+        inputs = prepared.inputs
         ids = inputs["input_ids"]
         extra = {
             k: v
@@ -130,7 +157,45 @@ class VisionTower:
         mx.eval([c.state for c in cache])
         deltas = getattr(features, "rope_deltas", None)
         shift = int(mx.array(deltas).reshape(-1)[0].item()) if deltas is not None else 0
-        return Prefilled(ids[0].tolist(), cache, shift)
+        self._shifts[_images_key(prepared)] = shift
+        while len(self._shifts) > KNOWN_SHIFTS:
+            self._shifts.pop(next(iter(self._shifts)))
+        return Prefilled(prepared.tokens, cache, shift)
+
+    def known_shift(self, prepared: Prepared) -> int | None:
+        """The shift a prompt with the same images (and text before them) was prefilled with,
+        if one was."""
+        return self._shifts.get(_images_key(prepared))
+
+
+def _images_key(prepared: Prepared) -> int:
+    return hash(tuple(prepared.key[: prepared.images_end]))
+
+
+def _keyed(
+    tokens: list[int], image_token: int | None, images: list[bytes]
+) -> tuple[list[int], int]:
+    """`tokens` with the k-th run of image tokens replaced by ids from the k-th image's digest
+    (one digest of them all where runs and images do not pair up), and the index after the last
+    image token."""
+    runs, start = [], None
+    for i, token in enumerate([*tokens, None]):
+        if token == image_token and start is None:
+            start = i
+        elif token != image_token and start is not None:
+            runs.append((start, i))
+            start = None
+    if not runs:
+        return list(tokens), 0
+    digests = [hashlib.sha256(data).digest() for data in images]
+    if len(runs) != len(digests):
+        digests = [hashlib.sha256(b"".join(digests)).digest()] * len(runs)
+    key = list(tokens)
+    for (a, b), digest in zip(runs, digests):
+        seed = int.from_bytes(digest[:8], "little")
+        for offset, i in enumerate(range(a, b)):
+            key[i] = -1 - (seed + offset) % (2**31 - 2)
+    return key, runs[-1][1]
 
 
 def _share_language_weights(vlm_language: nn.Module, language_model: nn.Module) -> bool:

@@ -306,3 +306,49 @@ def test_images_cross_to_the_engine_process(vision):
     assert got["message"]["content"] == expected["message"]["content"]
     for mine, theirs in zip(got["logprobs"]["content"], expected["logprobs"]["content"]):
         assert mine["logprob"] == pytest.approx(theirs["logprob"], abs=1e-4)
+
+
+def test_the_prefix_cache_keeps_a_prompt_by_its_images(vision):
+    """The same image and question again: its KV from the prefix cache (the vision tower not
+    run), the same answer. Another image with the same question: nothing reused (the prompt is
+    read again from its start). A next turn after the image: the image's KV is reused."""
+    server, _ = vision
+    png, other = (
+        checkerboard_png((56, 56)),
+        checkerboard_png((56, 56), colors=((9, 9, 9), (250, 250, 250))),
+    )
+
+    def ask(messages):
+        body = {
+            "model": "tiny-qwen2-vl",
+            "messages": messages,
+            "max_tokens": 2,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 3,
+        }
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        result = reply.json()
+        cached = result["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        return result, cached
+
+    question = [{"type": "text", "text": "Which colours, and how many squares?"}]
+    first, cached_first = ask([{"role": "user", "content": [image_url(png), *question]}])
+    again, cached_again = ask([{"role": "user", "content": [image_url(png), *question]}])
+    assert cached_first == 0 and cached_again > 16  # the image's tokens and the text around them
+    assert again["choices"][0]["logprobs"] == first["choices"][0]["logprobs"]
+    changed, cached_changed = ask([{"role": "user", "content": [image_url(other), *question]}])
+    assert cached_changed == 0
+    assert changed["choices"][0]["logprobs"] != first["choices"][0]["logprobs"]
+    turns = [
+        {"role": "user", "content": [image_url(png), *question]},
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And the corners?"},
+    ]
+    _, cached_next = ask(turns)
+    assert cached_next >= cached_again
+
+
+def image_url(png: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": data_url(png)}}

@@ -68,7 +68,7 @@ def batch_logits(tower, language, text: str, image: bytes, shift: bool = True) -
     """The tower's prefill, its caches merged as the batch merges a sequence's (with its
     shift), the last prompt token and FORCED decoded by mlx-lm's model."""
     rope_shift.install()
-    prefilled = tower.prefill(text, [image], lambda: make_prompt_cache(language))
+    prefilled = tower.prefill(tower.prepare(text, [image]), lambda: make_prompt_cache(language))
     for layer in prefilled.cache:
         layer.rope_shift = prefilled.rope_shift if shift else 0
     batch = [BatchKVCache.merge([layer]) for layer in prefilled.cache]
@@ -99,7 +99,7 @@ def test_decoding_in_the_batch_equals_mlx_vlm(qwen2_vl):
     _, language, tower = qwen2_vl
     text, image = prompt(tower), checkerboard_png()
     expected = mlx_vlm_logits(tower, language, text, image)
-    prefilled = tower.prefill(text, [image], lambda: make_prompt_cache(language))
+    prefilled = tower.prefill(tower.prepare(text, [image]), lambda: make_prompt_cache(language))
     assert prefilled.rope_shift < 0  # an image's tokens take fewer positions than tokens
     assert tower.image_token_id in prefilled.tokens
     assert largest_difference(batch_logits(tower, language, text, image), expected) < 1e-4

@@ -53,8 +53,9 @@ def insert_sequence(
         if not again:
             post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
     elif request.images:
-        cache, prompt = _prefilled_with_images(loaded, request)
-        cached_tokens = prompt[:-1]
+        cache, prompt, reused, hit, seq.prefix_key = _with_images(loaded, request, prefixes)
+        cached_tokens = prompt[:reused]
+        seq.cached_tokens = hit
     elif request.cache_prompt and prefixes.enabled:
         cache, reused = prefixes.fetch(prompt)
         cached_tokens = prompt[:reused]
@@ -83,20 +84,32 @@ def insert_sequence(
         generator.planner.admit(seq.uid, request.num_draft_tokens)
 
 
-def _prefilled_with_images(loaded: LoadedModel, request: GenerationRequest):
-    """The KV of a prompt with images but its last token, prefilled by the model's image side
-    (each layer's cache carrying the row's position shift, mlx_lm_compat/rope_shift.py), and
-    the prompt's tokens, each image's placeholder expanded."""
+def _with_images(loaded: LoadedModel, request: GenerationRequest, prefixes: PrefixKeeper):
+    """A prompt with images: (the KV of its first tokens, its tokens with each image's
+    placeholder expanded, how many the KV holds, how many of them came from the prefix cache,
+    its prefix cache key or None). The KV comes from the
+    prefix cache where it holds every image of the prompt (the rest is text, which the batch
+    reads), else from the model's image side, which prefills all but the last token. Each
+    layer's cache carries the row's position shift (mlx_lm_compat/rope_shift.py)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    if loaded.vision is None:
+    vision = loaded.vision
+    if vision is None:
         raise ValueError(f"the model {loaded.model_id} does not take images")
-    prefilled = loaded.vision.prefill(
-        request.prompt_text, list(request.images), lambda: make_prompt_cache(loaded.model)
-    )
-    for layer in prefilled.cache:
-        layer.rope_shift = prefilled.rope_shift
-    return prefilled.cache, prefilled.tokens
+    prepared = vision.prepare(request.prompt_text, list(request.images))
+    keyed = request.cache_prompt and prefixes.enabled
+    cache, reused, hit, shift = None, 0, 0, vision.known_shift(prepared)
+    if keyed and shift is not None:
+        cache, reused = prefixes.fetch(prepared.key)
+        if cache is not None and reused < prepared.images_end:
+            cache, reused = None, 0  # it ends inside the images: they are read again
+        hit = reused
+    if cache is None:
+        prefilled = vision.prefill(prepared, lambda: make_prompt_cache(loaded.model))
+        cache, reused, shift = prefilled.cache, len(prepared.tokens) - 1, prefilled.rope_shift
+    for layer in cache:
+        layer.rope_shift = shift
+    return cache, prepared.tokens, reused, hit, prepared.key if keyed else None
 
 
 def drafts_alone(seq: SequenceState, setup) -> bool:

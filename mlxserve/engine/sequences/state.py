@@ -54,6 +54,15 @@ class SequenceState:
     first_token_at: float | None = None
     unsent: int = 0  # characters of the healed text still to drop from the generated text
     guard: RowGuard | None = None  # its sampler's and processors' failures (failures/row_guard.py)
+    # A prompt with images: its tokens as the prefix cache knows them (vision/tower.Prepared.key)
+    prefix_key: list[int] | None = None
+
+    def keyed(self, tokens: list[int]) -> list[int]:
+        """The row's tokens as the prefix cache keeps them: a prompt with images under its key
+        (the images' digests in place of their tokens), then what was generated."""
+        if self.prefix_key is None:
+            return tokens
+        return [*self.prefix_key, *tokens[len(self.prefix_key) :]]
 
     @classmethod
     def start(
