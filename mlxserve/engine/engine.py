@@ -47,6 +47,7 @@ from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, S
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .scheduling.thread import EngineThread
 from .sequences.followers import Follower, Followers
+from .sequences.image_prefill import ImagePrefills
 from .sequences.live import LiveSequences
 from .sequences.starting import start_sequence
 from .sequences.state import SequenceState, read_logprob_rows
@@ -166,6 +167,7 @@ class Engine(AdmittedWork):
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
         AdmittedWork.__init__(self)
         self._reading: dict[int, Group] = {}  # groups waiting for a read from disk, by id
+        self._images = ImagePrefills()  # groups waiting for their images' prefill
         self._adopting: collections.deque[Prefetched] = collections.deque()  # reads to take in
 
     # what clients see of the model: the slot's
@@ -378,7 +380,7 @@ class Engine(AdmittedWork):
     @property
     def _busy(self) -> bool:
         embedding = self.embedder is not None and len(self.embedder) > 0
-        return self.has_live_sequences or bool(self._followers) or embedding
+        return self.has_live_sequences or bool(self._followers) or embedding or bool(self._images)
 
     # ---- the engine thread's turns (scheduling/thread.py) -------------------------------------
 
@@ -450,6 +452,7 @@ class Engine(AdmittedWork):
             slot.unload()
             return True
         self._adopt()
+        self._image_step()
         if self.embedder is not None:
             self._embed_step()
             return True
@@ -465,6 +468,15 @@ class Engine(AdmittedWork):
             self._lose_cluster(error)
             return False
         return True
+
+    def _image_step(self) -> None:
+        """A pass of the oldest prompt with images waiting for its prefill, of as many tokens
+        as the pacer gives a prompt chunk; the groups it completes are admitted."""
+        if not self._images or self.generator is None:
+            return
+        for group in self._images.step(self.generator.prefill_step_size, self.prefixes):
+            group.images_prefilled = True
+            self._admit(group)
 
     def _embed_step(self) -> None:
         """A batch of the embedding jobs; while other models stream, no longer than their
@@ -510,6 +522,8 @@ class Engine(AdmittedWork):
     def _model_unloaded(self) -> None:
         if self.embedder is not None:
             self.embedder.fail_all(f"{self.model_name} was unloaded")
+        for group in self._images.take_all():
+            group.fail(f"{self.model_name} was unloaded")
         self.generator = self.embedder = None
         self.prefixes.reset()
 
@@ -777,6 +791,7 @@ class Engine(AdmittedWork):
         reading = self._reading.pop(group_id, None)
         if reading is not None:
             self.stats.cancelled_sequences += len(reading.requests)
+        self.stats.cancelled_sequences += self._images.drop_group(group_id)
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
         self.stats.cancelled_sequences += self._failed.forget_group(group_id)
         members = self.live.group(group_id)
@@ -791,6 +806,8 @@ class Engine(AdmittedWork):
             seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
         for f in self._followers.take_all():
             f.group.post(GenerationEvent(index=f.index, error=message, unavailable=unavailable))
+        for group in self._images.take_all():
+            group.fail(message, unavailable)
         self.live.clear()
         if self.slot.loaded is not None:
             self.generator = self._new_generator()
@@ -807,6 +824,15 @@ class Engine(AdmittedWork):
                 return
         if not group.disk_read and self._read_from_disk(group):
             return  # admitted once its prefixes are in memory; the batch steps on meanwhile
+        if not group.images_read:
+            group.images_read = True
+            try:
+                if self._images.start(group, self.slot.loaded, self.prefixes):
+                    return  # admitted once its images are prefilled, a pass a turn
+            except Exception as error:
+                log.exception("could not read a request's images")
+                group.fail(f"could not read the images: {type(error).__name__}: {error}")
+                return
         sequences = []
         leaders: dict[tuple[int, ...], SequenceState] = {}
         try:
@@ -827,6 +853,8 @@ class Engine(AdmittedWork):
             group.fail(f"could not start generation: {error}")
             return
         for seq in sequences:
+            if group.images_prefilled:  # its KV was made for it, not found in the cache
+                seq.cached_tokens = 0
             self.live.add(group.group_id, seq)
         self.stats.active_sequences = len(self.live)
 

@@ -132,40 +132,83 @@ class VisionTower:
         return Prepared(tokens, inputs, key, end)
 
     def prefill(self, prepared: Prepared, make_cache) -> Prefilled:
-        """All of the prompt's tokens but the last into `make_cache()`'s layers: the images'
-        embeddings from the vision tower, positions as the model's family places them."""
-        inputs = prepared.inputs
-        ids = inputs["input_ids"]
-        extra = {
-            k: v
-            for k, v in inputs.items()
-            if k not in ("input_ids", "pixel_values", "attention_mask")
-        }
-        features = self.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), **extra)
-        count = ids.shape[1]
-        cache = make_cache()
-        kwargs = {}
-        positions = getattr(features, "position_ids", None)
-        if positions is not None:
-            kwargs["position_ids"] = positions[..., : count - 1]
-        self.vlm.language_model(
-            ids[:, : count - 1],
-            inputs_embeds=features.inputs_embeds[:, : count - 1],
-            cache=cache,
-            **kwargs,
-        )
-        mx.eval([c.state for c in cache])
-        deltas = getattr(features, "rope_deltas", None)
-        shift = int(mx.array(deltas).reshape(-1)[0].item()) if deltas is not None else 0
+        """All of the prompt's tokens but the last into `make_cache()`'s layers, in one go."""
+        job = self.prefill_in_passes(prepared, make_cache)
+        while not job.advance(len(prepared.tokens)):
+            pass
+        return job.result
+
+    def prefill_in_passes(self, prepared: Prepared, make_cache) -> PrefillJob:
+        """The same prefill as a job run a pass at a time (`PrefillJob.advance`), so that the
+        batch's streams step between its passes."""
+        return PrefillJob(self, prepared, make_cache())
+
+    def _remember(self, prepared: Prepared, shift: int) -> None:
         self._shifts[_images_key(prepared)] = shift
         while len(self._shifts) > KNOWN_SHIFTS:
             self._shifts.pop(next(iter(self._shifts)))
-        return Prefilled(prepared.tokens, cache, shift)
 
     def known_shift(self, prepared: Prepared) -> int | None:
         """The shift a prompt with the same images (and text before them) was prefilled with,
         if one was."""
         return self._shifts.get(_images_key(prepared))
+
+
+class PrefillJob:
+    """A prompt with images prefilled a pass at a time: first the images' embeddings (the
+    vision tower and projector, in one pass), then the language model over the prompt's
+    embeddings in passes of the tokens each `advance` allows, positions as the family places
+    them. `result` once done."""
+
+    def __init__(self, tower: VisionTower, prepared: Prepared, cache: list) -> None:
+        self.tower = tower
+        self.prepared = prepared
+        self.cache = cache
+        self.done_tokens = 0  # of the prompt's tokens but the last, in the cache
+        self.features = None
+        self.result: Prefilled | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.prepared.tokens) - 1
+
+    def advance(self, tokens: int) -> bool:
+        """One pass: the images' embeddings, or up to `tokens` of the prompt. Whether done."""
+        inputs = self.prepared.inputs
+        ids = inputs["input_ids"]
+        if self.features is None:
+            extra = {
+                k: v
+                for k, v in inputs.items()
+                if k not in ("input_ids", "pixel_values", "attention_mask")
+            }
+            self.features = self.tower.vlm.get_input_embeddings(
+                ids, inputs.get("pixel_values"), **extra
+            )
+            mx.eval(self.features.inputs_embeds)
+            return self._finish() if self.total <= 0 else False
+        start, end = self.done_tokens, min(self.total, self.done_tokens + max(1, tokens))
+        kwargs = {}
+        positions = getattr(self.features, "position_ids", None)
+        if positions is not None:
+            kwargs["position_ids"] = positions[..., start:end]
+        self.tower.vlm.language_model(
+            ids[:, start:end],
+            inputs_embeds=self.features.inputs_embeds[:, start:end],
+            cache=self.cache,
+            **kwargs,
+        )
+        mx.eval([c.state for c in self.cache])
+        self.done_tokens = end
+        return self._finish() if end >= self.total else False
+
+    def _finish(self) -> bool:
+        deltas = getattr(self.features, "rope_deltas", None)
+        shift = int(mx.array(deltas).reshape(-1)[0].item()) if deltas is not None else 0
+        self.tower._remember(self.prepared, shift)
+        self.result = Prefilled(self.prepared.tokens, self.cache, shift)
+        self.features = None
+        return True
 
 
 def _images_key(prepared: Prepared) -> int:

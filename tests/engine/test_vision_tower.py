@@ -107,3 +107,63 @@ def test_decoding_in_the_batch_equals_mlx_vlm(qwen2_vl):
     assert largest_difference(batch_logits(tower, language, text, image, False), expected) > 1e-2
     other = checkerboard_png(colors=((0, 0, 255), (255, 255, 0)))
     assert largest_difference(batch_logits(tower, language, text, other), expected) > 1e-3
+
+
+def test_a_prefill_in_passes_equals_one_in_one_go(qwen2_vl):
+    """Passes of 7 tokens (the image's run cut across them, its positions sliced alike) leave
+    the KV one pass leaves: the next token's logits agree."""
+    _, language, tower = qwen2_vl
+    prepared = tower.prepare(prompt(tower), [checkerboard_png()])
+    whole = tower.prefill(prepared, lambda: make_prompt_cache(language))
+    job = tower.prefill_in_passes(prepared, lambda: make_prompt_cache(language))
+    passes = 0
+    while not job.advance(7):
+        passes += 1
+    assert passes > 3 and job.result.rope_shift == whole.rope_shift
+
+    def next_logits(prefilled):
+        for layer in prefilled.cache:
+            layer.rope_shift = prefilled.rope_shift
+        batch = [BatchKVCache.merge([layer]) for layer in prefilled.cache]
+        return language(mx.array([[prefilled.tokens[-1]]]), cache=batch)[:, -1, :]
+
+    rope_shift.install()
+    assert largest_difference([next_logits(job.result)], [next_logits(whole)]) < 1e-4
+
+
+def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2_vl):
+    """The engine's queue of prompts with images (sequences/image_prefill.py): a pass a turn
+    (the images' embeddings, then the prompt in passes of the pacer's chunk), the group handed
+    back for admission only after the last, its KV then in the prefix cache under its key."""
+    from mlxserve.engine.models.host import load_model
+    from mlxserve.engine.prefix.keeper import PrefixKeeper
+    from mlxserve.engine.requests import GenerationRequest
+    from mlxserve.engine.scheduling.messages import Group
+    from mlxserve.engine.sequences.image_prefill import ImagePrefills
+    from mlxserve.engine.stats import EngineStats
+    from mlxserve.sampling.params import SamplingParams
+
+    folder, _, _ = qwen2_vl
+    loaded = load_model(str(folder), calibrate=False)
+    text = prompt(loaded.vision)
+    request = GenerationRequest(
+        prompt_ids=(1,),
+        max_tokens=2,
+        sampling=SamplingParams(),
+        seed=0,
+        images=(checkerboard_png(),),
+        prompt_text=text,
+    )
+    group = Group(7, [request, request])  # two choices of one prompt: one job
+    prefixes = PrefixKeeper(64 << 20, EngineStats())
+    queue = ImagePrefills()
+    assert queue.start(group, loaded, prefixes) and len(queue) == 1
+    turns = 0
+    while not (admitted := queue.step(8, prefixes)):
+        turns += 1
+    assert admitted == [group] and turns >= 3 and len(queue) == 0
+    prepared = loaded.vision.prepare(text, list(request.images))
+    cache, reused = prefixes.fetch(prepared.key)
+    assert reused == len(prepared.tokens) - 1
+    assert loaded.vision.known_shift(prepared) is not None
+    assert not queue.start(Group(8, [request]), loaded, prefixes)  # prefilled before

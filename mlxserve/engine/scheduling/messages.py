@@ -55,6 +55,8 @@ class Group:
     sink: Sink | None = None
     disk_read: bool = False  # its prompts' prefixes on disk were looked for (engine thread)
     reading: int = 0  # of those, being read now (engine thread)
+    images_read: bool = False  # its prompts' images were prefilled, or found prefilled before
+    images_prefilled: bool = False  # ...prefilled for it: its sequences report none cached
 
     def post(self, event: GenerationEvent) -> None:
         """Hand `event` to the submitter's loop; dropped if nobody can listen any more (ranks

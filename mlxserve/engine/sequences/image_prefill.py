@@ -1,0 +1,103 @@
+"""Prompts with images prefilled a pass at a time before their group is admitted, so that the
+streams in the batch step between the passes (a large image's prompt, read in one go, held them
+for all of it).
+
+A group whose requests carry images the prefix cache does not hold waits here, as a group whose
+prefixes are read from disk waits (engine.py `_read_from_disk`). Each engine turn runs one pass of
+the oldest job: the images' embeddings, then the language model over as many of the prompt's
+tokens as the pacer gives a prompt chunk. A finished prompt's KV goes into the prefix cache under
+its images' key, and the group is admitted: its sequences start from that KV as from any prefix.
+Where the prefix cache is off (or cannot hold the prompt), a sequence prefills its images in one
+go when it starts (sequences/starting.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..prefix.keeper import PrefixKeeper
+from ..scheduling.messages import Group
+
+log = logging.getLogger("mlxserve.engine")
+
+
+@dataclass
+class _Job:
+    group: Group
+    run: object  # vision/tower.PrefillJob
+    key: list[int]
+
+
+class ImagePrefills:
+    """The groups waiting for their images' prefill, oldest first."""
+
+    def __init__(self) -> None:
+        self._jobs: deque[_Job] = deque()
+        self._waiting: dict[int, int] = {}  # group id -> its jobs not done
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def start(self, group: Group, loaded, prefixes: PrefixKeeper) -> bool:
+        """Queue a job for each of the group's prompts with images not yet in the prefix cache
+        (one for choices sharing a prompt). Whether the group waits for any."""
+        vision = loaded.vision
+        if vision is None or not prefixes.enabled:
+            return False
+        seen: set[tuple[int, ...]] = set()
+        for request in group.requests:
+            if not request.images or not request.cache_prompt or request.prompt_logprobs:
+                continue
+            prepared = vision.prepare(request.prompt_text, list(request.images))
+            if tuple(prepared.key) in seen or vision.known_shift(prepared) is not None:
+                continue  # prefilled before: the prefix cache may hold it
+            seen.add(tuple(prepared.key))
+            job = vision.prefill_in_passes(prepared, lambda: make_prompt_cache(loaded.model))
+            self._jobs.append(_Job(group, job, prepared.key))
+            self._waiting[group.group_id] = self._waiting.get(group.group_id, 0) + 1
+        return group.group_id in self._waiting
+
+    def step(self, tokens: int, prefixes: PrefixKeeper) -> list[Group]:
+        """One pass of the oldest job, of up to `tokens` prompt tokens; the groups whose jobs
+        are all done (to admit now). A job that raises fails its group."""
+        if not self._jobs:
+            return []
+        job = self._jobs[0]
+        try:
+            done = job.run.advance(tokens)
+        except Exception as error:
+            log.exception("prefilling a prompt with images failed")
+            self.drop_group(job.group.group_id)
+            job.group.fail(f"reading the images failed: {type(error).__name__}: {error}")
+            return []
+        if not done:
+            return []
+        self._jobs.popleft()
+        prefilled = job.run.result
+        prefixes.keep(job.key[: len(prefilled.tokens) - 1], prefilled.cache)
+        group_id = job.group.group_id
+        self._waiting[group_id] -= 1
+        if self._waiting[group_id]:
+            return []
+        del self._waiting[group_id]
+        return [job.group]
+
+    def drop_group(self, group_id: int) -> int:
+        """Forget a cancelled (or failed) group's jobs; its requests' count."""
+        jobs = [j for j in self._jobs if j.group.group_id == group_id]
+        if not jobs:
+            return 0
+        self._jobs = deque(j for j in self._jobs if j.group.group_id != group_id)
+        self._waiting.pop(group_id, None)
+        return len(jobs[0].group.requests)
+
+    def take_all(self) -> list[Group]:
+        """Every waiting group (to fail: the engine restarts or stops)."""
+        groups = list({id(j.group): j.group for j in self._jobs}.values())
+        self._jobs.clear()
+        self._waiting.clear()
+        return groups
