@@ -515,12 +515,19 @@ class Beside:
     median_after: float  # its median gap after the prompt's answer (nan: not measured)
 
 
-def beside(base_url: str, prompt: str, streams: int = 1, tokens_after: int = 0) -> Beside:
-    """Send `prompt` (`max_tokens` 1) once the first of `streams` greedy streams has run
-    GAP_TOKENS_BEFORE tokens; the streams stop when it is answered, the first `tokens_after`
-    tokens later (its own decode step afterwards, at the depth it reached). Build `prompt`
-    before: tokenizing it (~30 ms of this client's CPU) inside the window, as it was, landed in
-    a server step on a 2-core machine and was measured as a gap."""
+def beside(
+    base_url: str,
+    prompt: str,
+    streams: int = 1,
+    tokens_after: int = 0,
+    send: Callable[[], None] | None = None,
+) -> Beside:
+    """Send `prompt` (`max_tokens` 1; or call `send()`, another request) once the first of
+    `streams` greedy streams has run GAP_TOKENS_BEFORE tokens; the streams stop when it is
+    answered, the first `tokens_after` tokens later (its own decode step afterwards, at the
+    depth it reached). Build `prompt` before: tokenizing it (~30 ms of this client's CPU)
+    inside the window, as it was, landed in a server step on a 2-core machine and was measured
+    as a gap."""
     started, finished = threading.Event(), threading.Event()
     window: list[float] = []
     after_finish = [0]
@@ -538,7 +545,10 @@ def beside(base_url: str, prompt: str, streams: int = 1, tokens_after: int = 0) 
     def prompt_beside() -> None:
         started.wait()
         window.append(time.perf_counter())
-        stream(base_url, prompt, 1)
+        if send is not None:
+            send()
+        else:
+            stream(base_url, prompt, 1)
         window.append(time.perf_counter())
         finished.set()
 

@@ -67,6 +67,7 @@ class Prefilled:
 # Shifts remembered, by the key up to a prompt's last image: a prompt found in the prefix cache
 # is not prefilled again, and its row needs the shift its first prefill measured
 KNOWN_SHIFTS = 4096
+PREPARED_KEPT = 8  # prompts with images as the processor gave them, the latest
 
 
 class VisionTower:
@@ -76,6 +77,10 @@ class VisionTower:
         self.vlm = vlm
         self.processor = processor
         self._shifts: dict[int, int] = {}  # KNOWN_SHIFTS of them, the oldest dropped first
+        self._prepared: dict[tuple, Prepared] = {}  # PREPARED_KEPT of them
+        # While a prefill's graph is built: each of the vision tower's blocks' outputs, in order
+        self.recording: list[mx.array] | None = None
+        _record_blocks(self)
 
     @classmethod
     def load(cls, folder: Path, language_model: nn.Module) -> VisionTower:
@@ -115,7 +120,19 @@ class VisionTower:
 
     def prepare(self, prompt: str, images: list[bytes]) -> Prepared:
         """`prompt` (the chat template's text, one placeholder an image) with `images`
-        (encoded: PNG, JPEG, ...) through the model's processor."""
+        (encoded: PNG, JPEG, ...) through the model's processor; the last few are remembered
+        (a request's prompt is prepared when it waits for its prefill, and again when it
+        starts)."""
+        asked = (prompt, tuple(hashlib.sha256(data).digest() for data in images))
+        if asked in self._prepared:
+            return self._prepared[asked]
+        prepared = self._prepare(prompt, images)
+        self._prepared[asked] = prepared
+        while len(self._prepared) > PREPARED_KEPT:
+            self._prepared.pop(next(iter(self._prepared)))
+        return prepared
+
+    def _prepare(self, prompt: str, images: list[bytes]) -> Prepared:
         from mlx_vlm.utils import prepare_inputs
         from PIL import Image
 
@@ -155,10 +172,11 @@ class VisionTower:
 
 
 class PrefillJob:
-    """A prompt with images prefilled a pass at a time: first the images' embeddings (the
-    vision tower and projector, in one pass), then the language model over the prompt's
-    embeddings in passes of the tokens each `advance` allows, positions as the family places
-    them. `result` once done."""
+    """A prompt with images prefilled a pass at a time: first the images' embeddings, a block
+    of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
+    block's output in turn), then the language model over the prompt's embeddings in passes of
+    the tokens each `advance` allows, positions as the family places them. `result` once
+    done."""
 
     def __init__(self, tower: VisionTower, prepared: Prepared, cache: list) -> None:
         self.tower = tower
@@ -166,6 +184,8 @@ class PrefillJob:
         self.cache = cache
         self.done_tokens = 0  # of the prompt's tokens but the last, in the cache
         self.features = None
+        self.blocks: list[mx.array] = []  # the vision tower's block outputs not yet evaluated
+        self.embedded = False
         self.result: Prefilled | None = None
 
     @property
@@ -182,10 +202,20 @@ class PrefillJob:
                 for k, v in inputs.items()
                 if k not in ("input_ids", "pixel_values", "attention_mask")
             }
-            self.features = self.tower.vlm.get_input_embeddings(
-                ids, inputs.get("pixel_values"), **extra
-            )
+            self.tower.recording = []
+            try:
+                self.features = self.tower.vlm.get_input_embeddings(
+                    ids, inputs.get("pixel_values"), **extra
+                )
+            finally:
+                self.blocks, self.tower.recording = self.tower.recording, None
+            return False  # the graph built (the processor's numbers read): a pass of its own
+        if self.blocks:
+            mx.eval(self.blocks.pop(0))
+            return False
+        if not self.embedded:
             mx.eval(self.features.inputs_embeds)
+            self.embedded = True
             return self._finish() if self.total <= 0 else False
         start, end = self.done_tokens, min(self.total, self.done_tokens + max(1, tokens))
         kwargs = {}
@@ -209,6 +239,44 @@ class PrefillJob:
         self.result = Prefilled(self.prepared.tokens, self.cache, shift)
         self.features = None
         return True
+
+
+def _record_blocks(tower: VisionTower) -> None:
+    """The vision tower's patch embedding and each of its blocks (its longest list of modules)
+    record their outputs on `tower.recording` while that is a list: what a prefill evaluates
+    a block at a time."""
+    vision = getattr(tower.vlm, "vision_tower", None) or getattr(tower.vlm, "vision_model", None)
+    if not isinstance(vision, nn.Module):
+        return
+    lists = [
+        value
+        for _, module in vision.named_modules()
+        for value in module.values()
+        if isinstance(value, list)
+        and value
+        and all(isinstance(v, nn.Module) and type(v) is type(value[0]) for v in value)
+    ]  # lists of one kind of module: the blocks (not an MLP's Linear, GELU, Linear)
+    if not lists:
+        return
+    # the patch embedding first (a pass of its own), then each block
+    embedding = [
+        m
+        for m in (getattr(vision, n, None) for n in ("patch_embed", "embeddings"))
+        if isinstance(m, nn.Module)
+    ]
+    for block in [*embedding[:1], *max(lists, key=len)]:
+        base = type(block)
+
+        def __call__(self, *args, _base=base, **kwargs):
+            out = _base.__call__(self, *args, **kwargs)
+            if tower.recording is not None:
+                first = out[0] if isinstance(out, tuple) else out
+                if isinstance(first, mx.array):
+                    tower.recording.append(first)
+            return out
+
+        attributes = {"__call__": __call__, "__module__": base.__module__}
+        block.__class__ = type(f"Recorded{base.__name__}", (base,), attributes)
 
 
 def _images_key(prepared: Prepared) -> int:
