@@ -470,11 +470,15 @@ class Engine(AdmittedWork):
         return True
 
     def _image_step(self) -> None:
-        """A pass of the oldest prompt with images waiting for its prefill, of as many tokens
-        as the pacer gives a prompt chunk; the groups it completes are admitted."""
+        """A pass of the oldest prompt with images waiting for its prefill: while streams run,
+        no longer than a prompt chunk may take beside their decode step (`chunk_cost`); the
+        groups it completes are admitted."""
         if not self._images or self.generator is None:
             return
-        for group in self._images.step(self.generator.prefill_step_size, self.prefixes):
+        step_s = self.streaming_step_s() + self.others_streaming_s
+        budget_s = self.chunk_cost * step_s if step_s > 0 else None
+        first = self.slot.loaded.prefill_chunk
+        for group in self._images.step(budget_s, first, self.prefixes):
             group.images_prefilled = True
             self._admit(group)
 

@@ -4,9 +4,11 @@ for all of it).
 
 A group whose requests carry images the prefix cache does not hold waits here, as a group whose
 prefixes are read from disk waits (engine.py `_read_from_disk`). Each engine turn runs one pass of
-the oldest job: the images' embeddings, then the language model over as many of the prompt's
-tokens as the pacer gives a prompt chunk. A finished prompt's KV goes into the prefix cache under
-its images' key, and the group is admitted: its sequences start from that KV as from any prefix.
+the oldest job: the vision tower a block at a time, then the language model over as many of the
+prompt's tokens as fit the time a prompt chunk may take beside the streams, at what a token cost
+in the passes before (mlx-vlm's language model runs them, at a cost of its own). A finished
+prompt's KV goes into the prefix cache under its images' key, and the group is admitted: its
+sequences start from that KV as from any prefix.
 Where the prefix cache is off (or cannot hold the prompt), a sequence prefills its images in one
 go when it starts (sequences/starting.py).
 """
@@ -14,6 +16,7 @@ go when it starts (sequences/starting.py).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -21,8 +24,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..prefix.keeper import PrefixKeeper
 from ..scheduling.messages import Group
+from ..scheduling.pacing import MAX_CHUNK
 
 log = logging.getLogger("mlxserve.engine")
+TIMED_PASSES = 8  # a token's cost is the median over the language model's last passes
 
 
 @dataclass
@@ -38,6 +43,7 @@ class ImagePrefills:
     def __init__(self) -> None:
         self._jobs: deque[_Job] = deque()
         self._waiting: dict[int, int] = {}  # group id -> its jobs not done
+        self._token_costs: deque[float] = deque(maxlen=TIMED_PASSES)  # seconds a token
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -61,12 +67,18 @@ class ImagePrefills:
             self._waiting[group.group_id] = self._waiting.get(group.group_id, 0) + 1
         return group.group_id in self._waiting
 
-    def step(self, tokens: int, prefixes: PrefixKeeper) -> list[Group]:
-        """One pass of the oldest job, of up to `tokens` prompt tokens; the groups whose jobs
-        are all done (to admit now). A job that raises fails its group."""
+    def step(self, budget_s: float | None, first: int, prefixes: PrefixKeeper) -> list[Group]:
+        """One pass of the oldest job: as many prompt tokens as fit `budget_s` at the cost a
+        token took in the passes before (`first` before any was timed; None: no bound); the
+        groups whose jobs are all done (to admit now). A job that raises fails its group."""
         if not self._jobs:
             return []
         job = self._jobs[0]
+        tokens = MAX_CHUNK
+        if budget_s is not None:
+            costs = sorted(self._token_costs)
+            tokens = max(1, int(budget_s / costs[len(costs) // 2])) if costs else first
+        before, started = job.run.done_tokens, time.perf_counter()
         try:
             done = job.run.advance(tokens)
         except Exception as error:
@@ -74,6 +86,9 @@ class ImagePrefills:
             self.drop_group(job.group.group_id)
             job.group.fail(f"reading the images failed: {type(error).__name__}: {error}")
             return []
+        if job.run.done_tokens > before:  # a pass of the language model: what a token costs
+            per_token = (time.perf_counter() - started) / (job.run.done_tokens - before)
+            self._token_costs.append(per_token)
         if not done:
             return []
         self._jobs.popleft()
