@@ -163,7 +163,7 @@ def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2
     queue = ImagePrefills()
     assert queue.start(group, loaded, prefixes) and len(queue) == 1
     turns = 0
-    while not (admitted := queue.step(1e-9, 8, prefixes)):  # a token a pass, after the first
+    while not (admitted := queue.step(1e-9, 8, prefixes)):  # 4 tokens a pass after the first
         turns += 1
     assert admitted == [group] and turns >= 3 and len(queue) == 0
     prepared = loaded.vision.prepare(text, list(request.images))

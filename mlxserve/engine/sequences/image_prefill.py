@@ -69,7 +69,8 @@ class ImagePrefills:
 
     def step(self, budget_s: float | None, first: int, prefixes: PrefixKeeper) -> list[Group]:
         """One pass of the oldest job: as many prompt tokens as fit `budget_s` at the cost a
-        token took in the passes before (`first` before any was timed; None: no bound); the
+        token took in the passes before (`first`, the calibrated chunk, before any was timed,
+        and at least half of it; None: no bound); the
         groups whose jobs are all done (to admit now). A job that raises fails its group."""
         if not self._jobs:
             return []
@@ -77,7 +78,11 @@ class ImagePrefills:
         tokens = MAX_CHUNK
         if budget_s is not None:
             costs = sorted(self._token_costs)
-            tokens = max(1, int(budget_s / costs[len(costs) // 2])) if costs else first
+            fits = int(budget_s / costs[len(costs) // 2]) if costs else first
+            # not under half the calibrated chunk: a pass has a cost of its own whatever its
+            # tokens, which a cost a token taken from short passes overstates, and shorter
+            # passes would then shrink it again
+            tokens = max(fits, first // 2, 1)
         before, started = job.run.done_tokens, time.perf_counter()
         try:
             done = job.run.advance(tokens)
