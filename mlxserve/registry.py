@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .fim import FimError, model_fim
+from .vision.folder import has_vision_part, vision_installed
 
 # Config keys architectures use for their context window, most specific first.
 CONTEXT_KEYS = (
@@ -90,14 +91,7 @@ def describe(folder: Path, name: str, source: str) -> ModelEntry | None:
         context_length=context_length_of(config, folder),
         fim=_fim_of(folder, config) if kind == "generate" else None,
         kind=kind,
-        vision=kind == "generate" and _takes_images(config),
-    )
-
-
-def _takes_images(config: Mapping[str, Any]) -> bool:
-    """A vision part in its config, and mlx-vlm installed to read it (vision/tower.py)."""
-    return isinstance(config.get("vision_config"), dict) and (
-        importlib.util.find_spec("mlx_vlm") is not None
+        vision=kind == "generate" and has_vision_part(config) and vision_installed(),
     )
 
 

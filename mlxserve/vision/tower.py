@@ -12,9 +12,7 @@ decodes (`mlx_lm_compat/rope_shift.py`).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +20,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..module_calls import with_call
+
 log = logging.getLogger("mlxserve.engine")
-
-
-def is_vision_folder(folder: Path | None) -> bool:
-    """Whether the folder holds a vision-language model (its config has a vision part)."""
-    if folder is None:
-        return False
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
-
-
-def vision_installed() -> bool:
-    """Whether mlx-vlm (`pip install 'mlxserve[vision]'`) is importable."""
-    return importlib.util.find_spec("mlx_vlm") is not None
 
 
 @dataclass(frozen=True)
@@ -99,15 +83,6 @@ class VisionTower:
         mx.eval(vlm.parameters())
         vlm.eval()
         return cls(vlm, processor)
-
-    def weight_bytes(self) -> int:
-        """Bytes of its own arrays (the vision tower's and projector's: the language model's
-        are mlx-lm's)."""
-        from mlx.utils import tree_flatten
-
-        language = {id(a) for _, a in tree_flatten(self.vlm.language_model.parameters())}
-        arrays = {id(a): a for _, a in tree_flatten(self.vlm.parameters()) if id(a) not in language}
-        return sum(a.nbytes for a in arrays.values())
 
     @property
     def image_token_id(self) -> int | None:
@@ -264,19 +239,17 @@ def _record_blocks(tower: VisionTower) -> None:
         for m in (getattr(vision, n, None) for n in ("patch_embed", "embeddings"))
         if isinstance(m, nn.Module)
     ]
+
+    def __call__(self, *args, **kwargs):
+        out = super(type(self), self).__call__(*args, **kwargs)  # the block's own class's
+        if tower.recording is not None:
+            first = out[0] if isinstance(out, tuple) else out
+            if isinstance(first, mx.array):
+                tower.recording.append(first)
+        return out
+
     for block in [*embedding[:1], *max(lists, key=len)]:
-        base = type(block)
-
-        def __call__(self, *args, _base=base, **kwargs):
-            out = _base.__call__(self, *args, **kwargs)
-            if tower.recording is not None:
-                first = out[0] if isinstance(out, tuple) else out
-                if isinstance(first, mx.array):
-                    tower.recording.append(first)
-            return out
-
-        attributes = {"__call__": __call__, "__module__": base.__module__}
-        block.__class__ = type(f"Recorded{base.__name__}", (base,), attributes)
+        with_call(block, "Recorded", __call__)
 
 
 def _images_key(prepared: Prepared) -> int:

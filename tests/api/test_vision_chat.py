@@ -14,8 +14,8 @@ import httpx
 import mlx.core as mx
 import pytest
 
+from mlxserve.vision.folder import vision_installed
 from mlxserve.vision.images import MAX_IMAGES
-from mlxserve.vision.tower import vision_installed
 
 from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png

@@ -12,7 +12,8 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load_model
 
 from mlxserve.engine.mlx_lm_compat import rope_shift
-from mlxserve.vision.tower import VisionTower, is_vision_folder, vision_installed
+from mlxserve.vision.folder import is_vision_folder, vision_installed
+from mlxserve.vision.tower import VisionTower
 
 from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png

@@ -18,6 +18,8 @@ import re
 
 import mlx.core as mx
 
+from ...module_calls import with_call
+
 # Indexes into the per-layer caches a forward pass may use: the first layer's, and Llama's first
 # full-attention and sliding-window layers' (recomputed for the rank's own layers)
 _CACHE_INDEXES = ("0", "self.fa_idx", "self.swa_idx")
@@ -68,7 +70,7 @@ def _receiving(layer, source: int, group) -> None:
             self, mx.distributed.recv_like(x, source, group=group), *args, **kwargs
         )
 
-    _with_call(layer, "Receiving", __call__)
+    with_call(layer, "Receiving", __call__)
 
 
 def _sending(layer, destination: int | None, group) -> None:
@@ -86,15 +88,7 @@ def _sending(layer, destination: int | None, group) -> None:
                 cache.keys = mx.depends(cache.keys, h)
         return mx.distributed.all_gather(h, group=group)[: h.shape[0]]
 
-    _with_call(layer, "Sending", __call__)
-
-
-def _with_call(layer, role: str, call) -> None:
-    """`layer` made an instance of a subclass of its own class whose `__call__` is `call` (the
-    module tree, its names and the layer's attributes stay as they are)."""
-    base = type(layer)
-    attributes = {"__call__": call, "__module__": base.__module__}
-    layer.__class__ = type(f"{role}{base.__name__}", (base,), attributes)
+    with_call(layer, "Sending", __call__)
 
 
 def _cache_among(args, kwargs):

@@ -199,7 +199,8 @@ def load_model(
         fim=fim,
         weights_folder=None if sharded else folder,
         how_it_runs=how_it_runs,
-        weight_bytes=weight_bytes(model) + (vision.weight_bytes() if vision else 0),
+        # the image side's own arrays (its language model reads mlx-lm's)
+        weight_bytes=weight_bytes(model) + (weight_bytes(vision.vlm, model) if vision else 0),
         vision=vision,
         takes_images=vision is not None,
     )
@@ -208,7 +209,8 @@ def load_model(
 def _vision_tower(folder: Path | None, model: nn.Module, progress: LoadProgress):
     """A vision-language model's image side, where mlx-vlm is installed (else it is served as
     the text model mlx-lm loaded, and the log says how to give it images)."""
-    from ...vision.tower import VisionTower, is_vision_folder, vision_installed
+    from ...vision.folder import is_vision_folder, vision_installed
+    from ...vision.tower import VisionTower
 
     if not is_vision_folder(folder):
         return None
