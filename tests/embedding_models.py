@@ -330,6 +330,75 @@ def build_tiny_nomic(out: Path, seed: int = 3) -> Path:
     return out
 
 
+TINY_GTE = {
+    "model_type": "new",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 48,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 32,  # each row's query scale log(length) / log(32) differs
+    "type_vocab_size": 0,
+    "layer_norm_type": "layer_norm",
+    "layer_norm_eps": 1e-12,
+    "position_embedding_type": "rope",
+    "rope_theta": 500000.0,
+    "rope_scaling": {"type": "ntk", "factor": 2.0},
+    "logn_attention_scale": True,
+    "logn_attention_clip1": False,
+    "pack_qkv": True,
+    "pad_token_id": 0,
+}
+
+
+def build_tiny_gte(out: Path, seed: int = 4, *, reranker: bool = False) -> Path:
+    """A GTE v1.5 folder ("new", as gte-base-en-v1.5 ships: CLS pooling and Normalize), or its
+    reranker (`NewForSequenceClassification`, as gte-multilingual-reranker-base: `new.`-prefixed
+    weights, a pooler and a one-label classifier)."""
+    from safetensors.numpy import save_file
+
+    if (out / "model.safetensors").exists():
+        return out
+    _tokenizer_from_tiny_bert(out)
+    vocab = len(vocabulary())
+    architecture = "NewForSequenceClassification" if reranker else "NewModel"
+    config = TINY_GTE | {"vocab_size": vocab, "architectures": [architecture]}
+    if reranker:
+        config["id2label"] = {"0": "LABEL_0"}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    normal = seeded_normal(seed)
+    size, inner = config["hidden_size"], config["intermediate_size"]
+    prefix = "new." if reranker else ""
+
+    weights = {
+        "embeddings.word_embeddings.weight": normal(vocab, size, scale=1.0),
+        "embeddings.LayerNorm.weight": 1 + normal(size, scale=0.1),
+        "embeddings.LayerNorm.bias": normal(size, scale=0.1),
+    }
+    for n in range(config["num_hidden_layers"]):
+        layer = f"encoder.layer.{n}."
+        weights[layer + "attention.qkv_proj.weight"] = normal(3 * size, size)
+        weights[layer + "attention.qkv_proj.bias"] = normal(3 * size)
+        weights[layer + "attention.o_proj.weight"] = normal(size, size)
+        weights[layer + "attention.o_proj.bias"] = normal(size)
+        weights[layer + "mlp.up_gate_proj.weight"] = normal(2 * inner, size)
+        weights[layer + "mlp.down_proj.weight"] = normal(size, inner)
+        weights[layer + "mlp.down_proj.bias"] = normal(size)
+        for norm in ("attn_ln", "mlp_ln"):
+            weights[layer + f"{norm}.weight"] = 1 + normal(size, scale=0.1)
+            weights[layer + f"{norm}.bias"] = normal(size, scale=0.1)
+    weights = {prefix + name: value for name, value in weights.items()}
+    if reranker:
+        weights["new.pooler.dense.weight"] = normal(size, size)
+        weights["new.pooler.dense.bias"] = normal(size)
+        weights["classifier.weight"] = normal(1, size, scale=1.0)
+        weights["classifier.bias"] = np.array([0.1], np.float32)
+    else:
+        write_sentence_transformers(out, "cls", size, normalize=True)
+    save_file(weights, str(out / "model.safetensors"))
+    return out
+
+
 def build_tiny_yes_no_reranker(tiny_model: Path, out: Path) -> Path:
     """The tiny Llama as a language-model reranker (Qwen3-Reranker's kind): vLLM's marker in its
     config (a Llama is not a Qwen3 named a reranker), and "yes" in its vocabulary in place of a

@@ -10,9 +10,9 @@ from ..registry import read_json
 from .yes_no import is_yes_no_reranker
 
 # The encoder families this server runs (encoders/__init__.py has their models)
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "modernbert", "nomic_bert")
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "modernbert", "nomic_bert", "new")
 # Encoder families this server does not run yet: refused by name, not read as a decoder
-OTHER_ENCODERS = ("jina_bert", "new", "distilbert", "mpnet", "t5", "deberta-v2", "electra")
+OTHER_ENCODERS = ("jina_bert", "distilbert", "mpnet", "t5", "deberta-v2", "electra")
 ENCODER, DECODER, RERANKER = "encoder", "decoder", "reranker"
 YES_NO = "yes-no reranker"  # a language model judging a pair (yes_no.py)
 OTHER = "other encoder"  # an encoder of a family in OTHER_ENCODERS

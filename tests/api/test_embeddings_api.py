@@ -20,6 +20,7 @@ from ..embedding_models import (
     build_tiny_bert,
     build_tiny_cross_encoder,
     build_tiny_decoder_embedder,
+    build_tiny_gte,
     build_tiny_modernbert,
     build_tiny_nomic,
     build_tiny_yes_no_reranker,
@@ -311,22 +312,24 @@ def test_a_decoder_embedding_model_answers_its_last_tokens_state(
         np.testing.assert_allclose(datum["embedding"], unit(alone), atol=1e-5)
 
 
-def test_nomic_and_modernbert_models_serve_ollama_embed_and_rerank(
-    live_servers, tiny_model, tmp_path_factory
-):
+def test_the_other_encoder_families_serve_their_doors(live_servers, tiny_model, tmp_path_factory):
     """The other encoder families through the doors their users come by: a NomicBERT (Ollama's
-    nomic-embed-text) on Ollama's /api/embed, a ModernBERT reranker (gte-reranker-modernbert)
-    on /v1/rerank; vectors as NumPy's NomicBERT, scores as the model's own in-process."""
+    nomic-embed-text) on Ollama's /api/embed, a GTE v1.5 on the openai client's embeddings, a
+    ModernBERT reranker (gte-reranker-modernbert) and a GTE one (gte-multilingual-reranker)
+    on /v1/rerank; vectors as the NumPy references', scores as the models' own in-process."""
     from transformers import AutoTokenizer
 
     from mlxserve.embedding.model import embedding_architecture, embedding_model, load_network
 
-    from .. import numpy_bert, numpy_nomic
+    from .. import numpy_bert, numpy_gte, numpy_nomic
 
     root = tmp_path_factory.mktemp("families")
     nomic = build_tiny_nomic(root / "tiny-nomic")
     modernbert = build_tiny_modernbert(root / "tiny-modernbert-rr", reranker=True)
-    live = live_servers.shared(tiny_model, models=(str(nomic), str(modernbert)))
+    gte = build_tiny_gte(root / "tiny-gte")
+    gte_reranker = build_tiny_gte(root / "tiny-gte-rr", reranker=True)
+    served = (nomic, modernbert, gte, gte_reranker)
+    live = live_servers.shared(tiny_model, models=tuple(map(str, served)))
 
     answer = ollama.Client(host=live.url).embed(model="tiny-nomic", input=TEXTS)
     tokenizer = AutoTokenizer.from_pretrained(str(nomic))
@@ -336,17 +339,26 @@ def test_nomic_and_modernbert_models_serve_ollama_embed_and_rerank(
         pooled = numpy_nomic.hidden_states(weights, config, tokenizer.encode(text)).mean(0)
         np.testing.assert_allclose(vector, unit(pooled), atol=TOLERANCE)
 
-    body = {"model": "tiny-modernbert-rr", "query": QUERY, "documents": DOCUMENTS}
-    ranked = httpx.post(f"{live.url}/v1/rerank", json=body)
-    assert ranked.status_code == 200, ranked.text
-    network, config = load_network(modernbert, embedding_architecture(modernbert))
-    model = embedding_model(modernbert, network, config)
-    tokenizer = AutoTokenizer.from_pretrained(str(modernbert))
-    rows = [tokenizer(QUERY, document)["input_ids"] for document in DOCUMENTS]
-    logits = np.asarray(model.embed(rows))[:, 0]
-    for result in ranked.json()["results"]:
-        expected = 1 / (1 + np.exp(-logits[result["index"]]))
-        assert result["relevance_score"] == pytest.approx(expected, abs=1e-4)
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.embeddings.create(model="tiny-gte", input=TEXTS)
+    weights = numpy_bert.load_weights(gte)
+    config = json.loads((gte / "config.json").read_text())
+    for text, datum in zip(TEXTS, answer.data):
+        first = numpy_gte.hidden_states(weights, config, tokenizer.encode(text))[0]
+        np.testing.assert_allclose(datum.embedding, unit(first), atol=TOLERANCE)
+
+    for reranker in (modernbert, gte_reranker):
+        body = {"model": reranker.name, "query": QUERY, "documents": DOCUMENTS}
+        ranked = httpx.post(f"{live.url}/v1/rerank", json=body)
+        assert ranked.status_code == 200, ranked.text
+        network, config = load_network(reranker, embedding_architecture(reranker))
+        model = embedding_model(reranker, network, config)
+        tokenizer = AutoTokenizer.from_pretrained(str(reranker))
+        rows = [tokenizer(QUERY, document)["input_ids"] for document in DOCUMENTS]
+        logits = np.asarray(model.embed(rows))[:, 0]
+        for result in ranked.json()["results"]:
+            expected = 1 / (1 + np.exp(-logits[result["index"]]))
+            assert result["relevance_score"] == pytest.approx(expected, abs=1e-4)
 
 
 def test_a_language_model_reranker_judges_each_pair_in_its_prompt(

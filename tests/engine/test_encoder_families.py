@@ -1,6 +1,7 @@
 """Embedding and reranking families beside BERT, each against a reference in a padded batch of
 unequal inputs: ModernBERT's hidden states and reranker scores equal mlx-embeddings' own
 ModernBERT's (read one input at a time), NomicBERT's vectors a NumPy model of Nomic's reference,
+GTE v1.5's vectors and its reranker's scores a NumPy model of Alibaba-NLP's reference,
 and each one's batch gone through its layers a few a turn (beside streams) gives the same
 vectors; a language-model reranker (Qwen3-Reranker's kind) scores as mlx-lm's model alone."""
 
@@ -22,9 +23,10 @@ from mlxserve.embedding.model import (
     embedding_architecture,
 )
 
-from .. import numpy_bert, numpy_nomic
+from .. import numpy_bert, numpy_gte, numpy_nomic
 from ..embedding_models import (
     TINY_MODERNBERT,
+    build_tiny_gte,
     build_tiny_modernbert,
     build_tiny_nomic,
     build_tiny_yes_no_reranker,
@@ -50,6 +52,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         "modernbert": build_tiny_modernbert(root / "modernbert"),
         "modernbert-reranker": build_tiny_modernbert(root / "modernbert-rr", reranker=True),
         "nomic": build_tiny_nomic(root / "nomic"),
+        "gte": build_tiny_gte(root / "gte"),
+        "gte-reranker": build_tiny_gte(root / "gte-rr", reranker=True),
     }
 
 
@@ -84,6 +88,10 @@ def test_the_folders_say_what_they_are(folders):
     model, _ = loaded(folders["nomic"])
     assert (model.dimensions, model.max_tokens, model.layers) == (32, 64, 2)
     assert model.pooling.normalize and model.prompts["query"] == "search_query: "
+    assert embedding_architecture(folders["gte"]) == ENCODER
+    assert embedding_architecture(folders["gte-reranker"]) == RERANKER
+    model, _ = loaded(folders["gte"])
+    assert (model.dimensions, model.max_tokens, model.layers) == (32, 32, 2)
 
 
 def test_modernbert_states_equal_mlx_embeddings_one_input_at_a_time(folders):
@@ -125,7 +133,34 @@ def test_nomic_vectors_equal_a_numpy_model_of_nomics_reference(folders):
         np.testing.assert_allclose(vector, pooled / np.linalg.norm(pooled), atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["modernbert", "modernbert-reranker", "nomic"])
+def test_gte_vectors_equal_a_numpy_model_of_alibabas_reference(folders):
+    """NTK-scaled rotary positions and each row's own log-length query scale, in a padded
+    batch: the first token's state, normalised, as the reference's."""
+    folder = folders["gte"]
+    model, config = loaded(folder)
+    rows = token_rows(folder, TEXTS)
+    assert len({len(row) for row in rows}) == len(rows)  # each row its own query scale
+    vectors = np.asarray(model.embed(rows))
+    weights = numpy_bert.load_weights(folder)
+    for row, vector in zip(rows, vectors):
+        first = numpy_gte.hidden_states(weights, config, row)[0]
+        np.testing.assert_allclose(vector, first / np.linalg.norm(first), atol=TOLERANCE)
+
+
+def test_gte_reranker_scores_equal_a_numpy_model_of_alibabas_reference(folders):
+    folder = folders["gte-reranker"]
+    model, config = loaded(folder)
+    rows = token_rows(folder, [f"{a} [SEP] {b}" for a, b in zip(TEXTS, TEXTS[::-1])])
+    scores = np.asarray(model.embed(rows))[:, 0]
+    weights = numpy_bert.load_weights(folder)
+    expected = [numpy_gte.pair_score(weights, config, row) for row in rows]
+    np.testing.assert_allclose(scores, expected, atol=TOLERANCE)
+    assert np.ptp(scores) > 0.1  # the pairs score apart
+
+
+@pytest.mark.parametrize(
+    "name", ["modernbert", "modernbert-reranker", "nomic", "gte", "gte-reranker"]
+)
 def test_a_padded_batch_a_layer_a_turn_gives_what_one_pass_gives(folders, name):
     """Beside streams a batch goes through its layers over several turns (`begin`, `advance`,
     `finish`, as EmbeddingQueue runs it): ModernBERT's two masks and its final norm, the

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from .bert import BertModel, CrossEncoder
 from .common import EncoderFacts
+from .gte import GteCrossEncoder, GteModel
 from .modernbert import ModernBertCrossEncoder, ModernBertModel
 from .nomic_bert import NomicBertModel
 
@@ -22,6 +23,7 @@ FAMILIES: dict[str, tuple[type, type | None]] = {
     "camembert": (BertModel, CrossEncoder),
     "modernbert": (ModernBertModel, ModernBertCrossEncoder),
     "nomic_bert": (NomicBertModel, None),
+    "new": (GteModel, GteCrossEncoder),  # GTE v1.5 and gte-multilingual
 }
 
 
