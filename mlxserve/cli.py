@@ -312,6 +312,18 @@ def build_parser() -> argparse.ArgumentParser:
         "are mlx-lm's) (default: the one mlx-lm picks from the chat template, else hermes)",
     )
     serve.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch images that requests give as http(s) URLs (10 s, 20 MB each); without it "
+        "such an image is a 400 asking for a data URL",
+    )
+    serve.add_argument(
+        "--media-dir",
+        metavar="DIR",
+        help="read images that requests give as file:// URLs, only inside DIR; without it "
+        "file URLs are a 400",
+    )
+    serve.add_argument(
         "--strict-tools",
         action="store_true",
         help="a tool the provider would run (OpenAI's web_search, file_search, code_interpreter; "
@@ -571,7 +583,18 @@ def chat_settings(args: argparse.Namespace) -> ChatSettings:
         tool_parser=args.tool_parser,
         reasoning_format=args.reasoning_format,
         strict_tools=args.strict_tools,
+        image_urls=args.allow_image_urls,
+        media_dir=_media_dir(args.media_dir),
     )
+
+
+def _media_dir(value: str | None) -> str | None:
+    if value is None:
+        return None
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"--media-dir {value}: not a folder")
+    return str(folder.resolve())
 
 
 def speculation_settings(args: argparse.Namespace) -> SpeculationSettings:

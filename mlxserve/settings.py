@@ -87,6 +87,8 @@ class ChatSettings:
     tool_parser: str | None = None  # an mlx-lm tool parser's name, or "hermes"; None: inferred
     reasoning_format: str = "auto"  # "none": thinking text stays in content
     strict_tools: bool = False  # tools the provider runs (web search, ...): 400, not left out
+    image_urls: bool = False  # fetch http(s) image URLs (--allow-image-urls); else a 400
+    media_dir: str | None = None  # file:// images are read only inside this folder
 
 
 @dataclass(frozen=True)

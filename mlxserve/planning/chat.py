@@ -31,7 +31,7 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     answer is read; the conversation's images read (a model that takes none: a 400)."""
     chat = request.chat
     tokenizer = model.tokenizer
-    images = _read_images(chat, model)
+    images = _read_images(chat, model, settings)
     tools = _offered_tools(chat)
     calling = bool(tools) and chat.tool_choice != "none"
     forced = calling and chat.tool_choice not in (None, "auto")
@@ -81,7 +81,7 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     return ChatPrompt(prepared, output, text)
 
 
-def _read_images(chat: Chat, model: ModelFacts) -> tuple[bytes, ...]:
+def _read_images(chat: Chat, model: ModelFacts, settings: ChatSettings) -> tuple[bytes, ...]:
     """The conversation's images, read and checked (vision/images.py), for a model that takes
     them; else a 400 naming the first."""
     parts = chat.images()
@@ -95,13 +95,14 @@ def _read_images(chat: Chat, model: ModelFacts) -> tuple[bytes, ...]:
             param=f"{parts[0]['param']}",
             code="unsupported_content_type",
         )
-    from ..vision.images import check_count, from_base64, from_data_url
+    from ..vision.images import check_count, from_base64
+    from ..vision.media import image_from_url
 
     check_count(len(parts))
     return tuple(
         from_base64(p["base64"], p["param"])
         if "base64" in p
-        else from_data_url(p["url"], p["param"])
+        else image_from_url(p["url"], p["param"], settings)
         for p in parts
     )
 

@@ -1,7 +1,7 @@
 """Images as the doors receive them (data URLs, base64), read into checked bytes: each a 400
 naming its field when it is not an image, too large or one too many. The front reads them; the
-engine process gets the bytes (`GenerationRequest.images`). No URL or file is fetched: a client
-sends the image itself."""
+engine process gets the bytes (`GenerationRequest.images`). URLs of other kinds are media.py's,
+read only where the user allowed them."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ def from_data_url(url: str, where: str) -> bytes:
     """The image in a `data:image/...;base64,` URL."""
     match = _DATA_URL.match(url.strip()) if isinstance(url, str) else None
     if match is None:
-        if isinstance(url, str) and url.strip().lower().startswith(
-            ("http://", "https://", "file:")
-        ):
-            raise InvalidRequest(
-                f"{where}: this server does not fetch images from URLs; send the image itself "
-                "as a data URL (data:image/png;base64,...).",
-                param=where,
-                code="invalid_image_url",
-            )
         raise InvalidRequest(
             f"{where} must be a data URL of a base64 image (data:image/png;base64,...).",
             param=where,
@@ -46,7 +37,7 @@ def from_base64(text: str, where: str) -> bytes:
     if not isinstance(text, str):
         raise InvalidRequest(f"{where} must be a base64 string.", param=where)
     if len(text) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise _too_large(where)
+        raise too_large(where)
     try:
         data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError) as error:
@@ -59,7 +50,7 @@ def checked(data: bytes, where: str) -> bytes:
     from PIL import Image, UnidentifiedImageError
 
     if len(data) > MAX_IMAGE_BYTES:
-        raise _too_large(where)
+        raise too_large(where)
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
@@ -98,7 +89,7 @@ def check_count(count: int, where: str = "messages") -> None:
         )
 
 
-def _too_large(where: str) -> InvalidRequest:
+def too_large(where: str) -> InvalidRequest:
     return InvalidRequest(
         f"{where}: the image is over {MAX_IMAGE_BYTES >> 20} MB.",
         param=where,

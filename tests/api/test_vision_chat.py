@@ -1,8 +1,9 @@
 """Images in, through the doors, on a tiny Qwen2-VL (tests/vision_models.py): OpenAI's chat
 `image_url` (the official client) and Ollama's `images` are answered, the first token's
 logprobs are mlx-vlm's own model's for the same prompt and image, an image beside a text
-stream shares the batch; a text model, a URL, bytes that are not an image and too many images
-are each a 400 naming the field."""
+stream shares the batch; a text model, a URL the server was not allowed to read
+(test_image_urls.py has those it was), bytes that are not an image and too many images are each
+a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -155,8 +156,9 @@ def test_an_image_beside_a_text_stream_and_ollama_images(vision):
 @pytest.mark.parametrize(
     ("url", "code", "says"),
     [
-        ("https://example.com/cat.png", "invalid_image_url", "does not fetch images from URLs"),
-        ("file:///etc/passwd", "invalid_image_url", "does not fetch images from URLs"),
+        ("https://example.com/cat.png", "invalid_image_url", "with --allow-image-urls"),
+        ("file:///etc/passwd", "invalid_image_url", "given with --media-dir"),
+        ("ftp://example.com/cat.png", "invalid_image_url", "must be a data URL"),
         (
             "data:image/png;base64," + base64.b64encode(b"not a png").decode(),
             "invalid_image",
