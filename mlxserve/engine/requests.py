@@ -52,11 +52,13 @@ class GenerationRequest:
     # they are). The prefix cache keeps its KV under the images' digests (vision/tower.py).
     images: tuple[bytes, ...] = ()
     prompt_text: str = ""
+    image_tokens: int = 0  # the tokens the images become (prompt_ids hold a placeholder each)
 
 
 def kv_tokens(requests) -> int:
-    """KV positions a group may fill: each sequence's prompt plus its max_tokens."""
-    return sum(len(r.prompt_ids) + r.max_tokens for r in requests)
+    """KV positions a group may fill: each sequence's prompt (its images' tokens too) plus its
+    max_tokens."""
+    return sum(len(r.prompt_ids) + r.image_tokens + r.max_tokens for r in requests)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from ..engine.requests import GenerationEvent, GenerationRequest
 from ..engine.stats import EngineStats
 from ..fim import Fim
 from ..planning.model_facts import ModelFacts
+from ..vision.folder import ImageTokens
 
 # The engine process's exit code when, distributed, it cannot go on (a rank is lost, or the
 # model does not load over the ranks): the front then stops with an error too.
@@ -81,6 +82,7 @@ class FactsWire:
     default_prompt: str | None
     judges_pairs: bool
     takes_images: bool
+    image_tokens: ImageTokens | None
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

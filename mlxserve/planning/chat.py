@@ -76,6 +76,7 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
         output=options,
         constraint=constraint,
         images=images,
+        image_tokens=_image_tokens(images, model),
         images_prompt=text if images else "",
     )
     return ChatPrompt(prepared, output, text)
@@ -105,6 +106,15 @@ def _read_images(chat: Chat, model: ModelFacts, settings: ChatSettings) -> tuple
         else image_from_url(p["url"], p["param"], settings)
         for p in parts
     )
+
+
+def _image_tokens(images: tuple[bytes, ...], model: ModelFacts) -> int:
+    """The tokens the images become in the model's prompt, counted from their sizes."""
+    if not images or model.image_tokens is None:
+        return 0
+    from ..vision.images import pixel_size
+
+    return sum(model.image_tokens.count(*pixel_size(data)) for data in images)
 
 
 def _offered_tools(chat: Chat) -> list[dict[str, Any]] | None:

@@ -11,6 +11,7 @@ from typing import Any
 from ..fim import Fim
 from ..sampling.grammars import GrammarCompiler
 from ..sampling.token_healing import TokenTexts
+from ..vision.folder import ImageTokens
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ModelFacts:
     default_prompt: str | None = None  # the instruction put before every text, by name
     judges_pairs: bool = False  # a reranker that is a language model judging a prompt (yes_no.py)
     takes_images: bool = False  # a vision-language model served with its image side (vision/)
+    image_tokens: ImageTokens | None = None  # how many tokens its images become
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)

@@ -126,7 +126,7 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
         budget = fit_context(
             prompt.ids,
             body.max_tokens,
-            loaded.context_length,
+            loaded.context_length - body.image_tokens,
             body.fit.truncate,
             body.fit.keep_last,
             settings.limits.max_prompt_tokens,
@@ -162,6 +162,7 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
                     num_draft_tokens=body.num_draft_tokens,
                     images=body.images,
                     prompt_text=body.images_prompt,
+                    image_tokens=body.image_tokens,
                     report_timings=output.timings and output.stream,
                     report_progress=output.progress and output.stream,
                     healed=healed,

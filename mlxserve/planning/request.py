@@ -106,5 +106,6 @@ class Request:
     num_draft_tokens: int | None = None  # most drafts a pass (None: the server's; 0: none)
     user: str | None = None
     images: tuple[bytes, ...] = ()  # a chat's images, read, in order
+    image_tokens: int = 0  # the tokens its images become in the model's prompt (counted)
     images_prompt: str = ""  # with images: the rendered prompt's text, which the model's
     # processor reads (it expands each image's placeholder)

@@ -80,6 +80,14 @@ def checked(data: bytes, where: str) -> bytes:
     return data
 
 
+def pixel_size(data: bytes) -> tuple[int, int]:
+    """A checked image's (width, height), read from its header."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.size
+
+
 def check_count(count: int, where: str = "messages") -> None:
     if count > MAX_IMAGES:
         raise InvalidRequest(

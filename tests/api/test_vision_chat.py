@@ -354,3 +354,38 @@ def test_the_prefix_cache_keeps_a_prompt_by_its_images(vision):
 
 def image_url(png: bytes) -> dict:
     return {"type": "image_url", "image_url": {"url": data_url(png)}}
+
+
+def test_admission_counts_the_tokens_an_image_becomes(live_servers, tmp_path_factory):
+    """The KV budget's refusal counts an image's tokens (as its processor expands it), not
+    the one placeholder the chat template writes: a larger image, more tokens counted."""
+    import re
+
+    from mlxserve.vision.folder import ImageTokens
+
+    if not vision_installed():
+        skip_for_missing("mlx-vlm is not installed (make install-dev installs it)")
+    folder = build_tiny_qwen2_vl(tmp_path_factory.mktemp("models") / "tiny-qwen2-vl")
+    counted = ImageTokens.of_folder(folder)
+
+    def counted_tokens(server, content) -> int:
+        body = {
+            "model": "tiny-qwen2-vl",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 1,
+        }
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "kv_budget_exceeded", error
+        return int(re.search(r"\(([\d,]+) tokens of prompt", error["message"])[1].replace(",", ""))
+
+    text = {"type": "text", "text": QUESTION}
+    with live_servers.own(folder, kv_budget_bytes=1) as server:
+        alone = counted_tokens(server, [text])
+        for size in ((28, 28), (300, 100)):
+            image = {"type": "image_url", "image_url": {"url": data_url(checkerboard_png(size))}}
+            placeholders = 3  # <|vision_start|><|image_pad|><|vision_end|>
+            expected = alone + placeholders + counted.count(*size)
+            assert counted_tokens(server, [image, text]) == expected
+    assert counted.count(300, 100) > counted.count(28, 28)

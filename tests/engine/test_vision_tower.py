@@ -172,3 +172,18 @@ def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2
     assert reused == len(prepared.tokens) - 1
     assert loaded.vision.known_shift(prepared) is not None
     assert not queue.start(Group(8, [request]), loaded, prefixes)  # prefilled before
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(64, 48), (28, 28), (20, 20), (300, 100), (100, 900), (57, 83)],  # under and over the range
+)
+def test_the_front_counts_the_tokens_the_processor_makes_of_an_image(qwen2_vl, size):
+    """ImageTokens (read off the folder's configs, no MLX: the front counts with it) says how
+    many tokens mlx-vlm's processor expands an image of each size into."""
+    from mlxserve.vision.folder import ImageTokens
+
+    folder, _, tower = qwen2_vl
+    counted = ImageTokens.of_folder(folder)
+    prepared = tower.prepare(prompt(tower), [checkerboard_png(size)])
+    assert counted.count(*size) == prepared.tokens.count(tower.image_token_id)

@@ -16,6 +16,7 @@ from ...fim import CONFIG_KEY, FimError, model_fim
 from ...planning.model_facts import ModelFacts
 from ...platform import PlatformPolicy, current_policy
 from ...registry import context_length_of
+from ...vision.folder import ImageTokens
 from ..mlx_lm_compat.quantized_kv import install as install_quantized_kv
 from ..prefix.fingerprint import model_fingerprint
 from .naming import model_id_for, size_text
@@ -203,6 +204,7 @@ def load_model(
         weight_bytes=weight_bytes(model) + (weight_bytes(vision.vlm, model) if vision else 0),
         vision=vision,
         takes_images=vision is not None,
+        image_tokens=ImageTokens.of_folder(folder) if vision else None,
     )
 
 
