@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import GenerationEvent, Timings, TokenLogprob
+from ..engine.requests import INVALID_IMAGE
 from ..planning.plan import Plan
 from . import access_log
-from .errors import ServerError, ServiceUnavailable
+from .errors import InvalidRequest, ServerError, ServiceUnavailable
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = "data: [DONE]\n\n"
@@ -74,6 +75,8 @@ async def collect(events: AsyncIterator[GenerationEvent], plan: Plan) -> list[Se
 def raise_on_error(event: GenerationEvent) -> None:
     if event.error and event.unavailable:
         raise ServiceUnavailable(event.error, code=event.code or "server_unavailable")
+    if event.error and event.code == INVALID_IMAGE:
+        raise InvalidRequest(event.error, param="messages", code=INVALID_IMAGE)
     if event.error:
         raise ServerError(event.error, code="generation_failed")
 

@@ -41,7 +41,7 @@ from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import GenerationEvent, GenerationRequest, RunningSlot, token_rounds
+from .requests import INVALID_IMAGE, GenerationEvent, GenerationRequest, RunningSlot, token_rounds
 from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
@@ -835,7 +835,10 @@ class Engine(AdmittedWork):
                     return  # admitted once its images are prefilled, a pass a turn
             except Exception as error:
                 log.exception("could not read a request's images")
-                group.fail(f"could not read the images: {type(error).__name__}: {error}")
+                group.fail(
+                    f"the model's processor could not read the images: {error}",
+                    code=INVALID_IMAGE,
+                )
                 return
         sequences = []
         leaders: dict[tuple[int, ...], SequenceState] = {}

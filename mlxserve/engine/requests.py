@@ -55,6 +55,9 @@ class GenerationRequest:
     image_tokens: int = 0  # the tokens the images become (prompt_ids hold a placeholder each)
 
 
+INVALID_IMAGE = "invalid_image"  # an error event's code: the model's processor refused an image
+
+
 def kv_tokens(requests) -> int:
     """KV positions a group may fill: each sequence's prompt (its images' tokens too) plus its
     max_tokens."""

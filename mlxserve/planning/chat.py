@@ -31,7 +31,7 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     answer is read; the conversation's images read (a model that takes none: a 400)."""
     chat = request.chat
     tokenizer = model.tokenizer
-    images = _read_images(chat, model, settings)
+    images, image_tokens = _read_images(chat, model, settings)
     tools = _offered_tools(chat)
     calling = bool(tools) and chat.tool_choice != "none"
     forced = calling and chat.tool_choice not in (None, "auto")
@@ -76,18 +76,20 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
         output=options,
         constraint=constraint,
         images=images,
-        image_tokens=_image_tokens(images, model),
+        image_tokens=image_tokens,
         images_prompt=text if images else "",
     )
     return ChatPrompt(prepared, output, text)
 
 
-def _read_images(chat: Chat, model: ModelFacts, settings: ChatSettings) -> tuple[bytes, ...]:
+def _read_images(
+    chat: Chat, model: ModelFacts, settings: ChatSettings
+) -> tuple[tuple[bytes, ...], int]:
     """The conversation's images, read and checked (vision/images.py), for a model that takes
-    them; else a 400 naming the first."""
+    them, and the tokens they become in its prompt; else a 400 naming the first."""
     parts = chat.images()
     if not parts:
-        return ()
+        return (), 0
     if not model.takes_images:
         raise InvalidRequest(
             f"The model {model.model_id} does not take images: it is a text model. Send text, "
@@ -96,25 +98,25 @@ def _read_images(chat: Chat, model: ModelFacts, settings: ChatSettings) -> tuple
             param=f"{parts[0]['param']}",
             code="unsupported_content_type",
         )
-    from ..vision.images import check_count, from_base64
+    from ..vision.images import check_count, from_base64, pixel_size
     from ..vision.media import image_from_url
 
     check_count(len(parts))
-    return tuple(
-        from_base64(p["base64"], p["param"])
-        if "base64" in p
-        else image_from_url(p["url"], p["param"], settings)
-        for p in parts
-    )
-
-
-def _image_tokens(images: tuple[bytes, ...], model: ModelFacts) -> int:
-    """The tokens the images become in the model's prompt, counted from their sizes."""
-    if not images or model.image_tokens is None:
-        return 0
-    from ..vision.images import pixel_size
-
-    return sum(model.image_tokens.count(*pixel_size(data)) for data in images)
+    images, tokens = [], 0
+    for part in parts:
+        where = part["param"]
+        if "base64" in part:
+            data = from_base64(part["base64"], where)
+        else:
+            data = image_from_url(part["url"], where, settings)
+        if model.image_tokens is not None:
+            size = pixel_size(data)
+            refusal = model.image_tokens.refusal(*size)
+            if refusal is not None:
+                raise InvalidRequest(f"{where}: {refusal}.", param=where, code="invalid_image")
+            tokens += model.image_tokens.count(*size)
+        images.append(data)
+    return tuple(images), tokens
 
 
 def _offered_tools(chat: Chat) -> list[dict[str, Any]] | None:

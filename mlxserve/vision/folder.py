@@ -33,6 +33,9 @@ def vision_installed() -> bool:
     return importlib.util.find_spec("mlx_vlm") is not None
 
 
+MAX_ASPECT = 200  # Qwen's processors refuse an image whose sides differ more
+
+
 @dataclass(frozen=True)
 class ImageTokens:
     """How many prompt tokens an image becomes, read off a vision folder's configs (no MLX),
@@ -45,6 +48,15 @@ class ImageTokens:
     min_pixels: int = 0
     max_pixels: int = 0
     fixed: int = 0  # tokens an image of a family without a grid
+
+    def refusal(self, width: int, height: int) -> str | None:
+        """Why the model's processor would refuse an image of this size, or None."""
+        if self.patch and max(width, height) > MAX_ASPECT * min(width, height):
+            return (
+                f"an image of {width}x{height} pixels is too narrow for this model: its sides "
+                f"may differ at most {MAX_ASPECT} times"
+            )
+        return None
 
     def count(self, width: int, height: int) -> int:
         if not self.patch:

@@ -61,7 +61,9 @@ def checked(data: bytes, where: str) -> bytes:
                     param=where,
                     code="image_too_large",
                 )
-            image.verify()
+            image.verify()  # the file's structure; load() below decodes its pixels
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
     except InvalidRequest:
         raise
     except (

@@ -78,10 +78,13 @@ class Group:
         except RuntimeError:  # closed between the check and the call
             pass
 
-    def fail(self, message: str, unavailable: bool = False) -> None:
-        """End every sequence of the group with an error event."""
+    def fail(self, message: str, unavailable: bool = False, code: str | None = None) -> None:
+        """End every sequence of the group with an error event (`code`: its own, where the
+        front answers it otherwise than a 500)."""
         for index in range(len(self.requests)):
-            self.post(GenerationEvent(index=index, error=message, unavailable=unavailable))
+            self.post(
+                GenerationEvent(index=index, error=message, unavailable=unavailable, code=code)
+            )
 
 
 @dataclass(frozen=True)
