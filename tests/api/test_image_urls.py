@@ -22,6 +22,9 @@ from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
 from .test_vision_chat import data_url
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 PNG = checkerboard_png()
 PARAM = "messages[0].content[0].image_url.url"
 

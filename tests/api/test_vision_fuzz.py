@@ -20,6 +20,9 @@ from mlxserve.vision.folder import vision_installed
 from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
 
+# The HTTP contract alone: the platform policy does not change it (not in the portable pass).
+pytestmark = pytest.mark.http_only
+
 MODEL = "tiny-qwen2-vl"
 EXAMPLES = 30  # a door
 
