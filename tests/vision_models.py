@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 
-from mlxserve.tiny_vision_model import build_tiny_qwen2_vl  # noqa: F401 (the tests' import)
+from mlxserve.tiny_vision_model import (  # noqa: F401 (the tests' imports)
+    build_tiny_qwen2_vl,
+    build_tiny_qwen3_vl,
+)
 
 
 def checkerboard_png(size: tuple[int, int] = (64, 48), square: int = 8, colors=None) -> bytes:

@@ -193,10 +193,7 @@ class PrefillJob:
             self.embedded = True
             return self._finish() if self.total <= 0 else False
         start, end = self.done_tokens, min(self.total, self.done_tokens + max(1, tokens))
-        kwargs = {}
-        positions = getattr(self.features, "position_ids", None)
-        if positions is not None:
-            kwargs["position_ids"] = positions[..., start:end]
+        kwargs = _pass_inputs(self.features, start, end)
         self.tower.vlm.language_model(
             ids[:, start:end],
             inputs_embeds=self.features.inputs_embeds[:, start:end],
@@ -214,6 +211,28 @@ class PrefillJob:
         self.result = Prefilled(self.prepared.tokens, self.cache, shift)
         self.features = None
         return True
+
+
+def _pass_inputs(features, start: int, end: int) -> dict:
+    """What a family's language model reads besides the embeddings, for the prompt's tokens
+    [start, end): their positions (M-RoPE's rows and columns), and where the tower's early
+    blocks' features are added to the first layers (Qwen3-VL's deepstack), the image tokens
+    among them and their rows of those features."""
+    kwargs = {}
+    positions = getattr(features, "position_ids", None)
+    if positions is not None:
+        kwargs["position_ids"] = positions[..., start:end]
+    masks = getattr(features, "visual_pos_masks", None)
+    deepstack = getattr(features, "deepstack_visual_embeds", None)
+    if masks is not None and deepstack is not None:
+        before = int(masks[0, :start].sum().item())
+        within = int(masks[0, start:end].sum().item())
+        if within:
+            kwargs["visual_pos_masks"] = masks[:, start:end]
+            kwargs["deepstack_visual_embeds"] = [
+                layer[before : before + within] for layer in deepstack
+            ]
+    return kwargs
 
 
 def _record_blocks(tower: VisionTower) -> None:

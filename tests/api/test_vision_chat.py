@@ -19,7 +19,7 @@ from mlxserve.vision.folder import vision_installed
 from mlxserve.vision.images import MAX_IMAGES
 
 from ..helpers import skip_for_missing
-from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
+from ..vision_models import build_tiny_qwen2_vl, build_tiny_qwen3_vl, checkerboard_png
 
 QUESTION = "What is in the picture?"
 
@@ -112,6 +112,56 @@ def test_openai_chat_with_an_image_answers_as_mlx_vlm(vision):
     )
     other_first = {t.token: t.logprob for t in other.choices[0].logprobs.content[0].top_logprobs}
     assert any(abs(other_first.get(text, 0.0) - served[text]) > 1e-3 for text, _ in unique)
+
+
+def test_a_qwen3_vl_model_answers_as_mlx_vlm(live_servers, tmp_path_factory):
+    """The second family (Qwen3-VL: interleaved M-RoPE, deepstack features in the language
+    model's first layers) through the server: the first token's logprobs are mlx-vlm's own,
+    and the same image on Ollama's door gives the same greedy answer."""
+    if not vision_installed():
+        skip_for_missing("mlx-vlm is not installed (make install-dev installs it)")
+    folder = build_tiny_qwen3_vl(tmp_path_factory.mktemp("models") / "tiny-qwen3-vl")
+    png = checkerboard_png((90, 60))
+    body = {
+        "model": "tiny-qwen3-vl",
+        "messages": [image_message(png)],
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    with live_servers.own(folder) as server:
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        ollama = httpx.post(
+            server.url + "/api/chat",
+            json={
+                "model": "tiny-qwen3-vl",
+                "stream": False,
+                "options": {"temperature": 0, "num_predict": 3},
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": QUESTION,
+                        "images": [base64.b64encode(png).decode()],
+                    }
+                ],
+            },
+            timeout=60,
+        )
+        tokenizer = server.engine.loaded.tokenizer
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["message"]["content"] == choice["message"]["content"]
+    served = {t["token"]: t["logprob"] for t in choice["logprobs"]["content"][0]["top_logprobs"]}
+    expected = [
+        (tokenizer.decode([t]), lp) for t, lp in mlx_vlm_first_logprobs(folder, png).items()
+    ]
+    texts = [text for text, _ in expected]
+    unique = [(text, lp) for text, lp in expected if texts.count(text) == 1]
+    assert len(unique) >= 3
+    for text, logprob in unique:
+        assert served[text] == pytest.approx(logprob, abs=1e-3)
 
 
 def test_an_image_beside_a_text_stream_and_ollama_images(vision):

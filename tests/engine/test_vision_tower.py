@@ -16,16 +16,22 @@ from mlxserve.vision.folder import is_vision_folder, vision_installed
 from mlxserve.vision.tower import VisionTower
 
 from ..helpers import skip_for_missing
-from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
+from ..vision_models import build_tiny_qwen2_vl, build_tiny_qwen3_vl, checkerboard_png
 
 FORCED = [5, 77, 300, 12]  # tokens fed after the prompt, the same to both
 
 
-@pytest.fixture(scope="module")
-def qwen2_vl(tmp_path_factory):
+BUILDERS = {"qwen2-vl": build_tiny_qwen2_vl, "qwen3-vl": build_tiny_qwen3_vl}
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def vision_model(request, tmp_path_factory):
+    """Each family's tiny model: Qwen2-VL's M-RoPE, Qwen3-VL's interleaved M-RoPE with its
+    tower's deepstack features added to the language model's first layers."""
     if not vision_installed():
         skip_for_missing("mlx-vlm is not installed (make install-dev installs it)")
-    folder = build_tiny_qwen2_vl(tmp_path_factory.mktemp("models") / "tiny-qwen2-vl")
+    build = BUILDERS[request.param]
+    folder = build(tmp_path_factory.mktemp("models") / f"tiny-{request.param}")
     language, _ = load_model(folder, lazy=True)
     tower = VisionTower.load(folder, language)
     return folder, language, tower
@@ -83,21 +89,21 @@ def largest_difference(a: list[mx.array], b: list[mx.array]) -> float:
     return max(mx.max(mx.abs(x - y)).item() for x, y in zip(a, b))
 
 
-def test_the_folder_is_a_vision_model(qwen2_vl, tiny_model):
-    assert is_vision_folder(qwen2_vl[0]) and not is_vision_folder(tiny_model)
+def test_the_folder_is_a_vision_model(vision_model, tiny_model):
+    assert is_vision_folder(vision_model[0]) and not is_vision_folder(tiny_model)
 
 
-def test_the_language_weights_are_held_once(qwen2_vl):
+def test_the_language_weights_are_held_once(vision_model):
     from mlx.utils import tree_flatten
 
-    _, language, tower = qwen2_vl
+    _, language, tower = vision_model
     theirs = {id(a) for _, a in tree_flatten(language.parameters())}
     mine = [a for _, a in tree_flatten(tower.vlm.language_model.parameters())]
     assert mine and all(id(a) in theirs for a in mine)
 
 
-def test_decoding_in_the_batch_equals_mlx_vlm(qwen2_vl):
-    _, language, tower = qwen2_vl
+def test_decoding_in_the_batch_equals_mlx_vlm(vision_model):
+    _, language, tower = vision_model
     text, image = prompt(tower), checkerboard_png()
     expected = mlx_vlm_logits(tower, language, text, image)
     prefilled = tower.prefill(tower.prepare(text, [image]), lambda: make_prompt_cache(language))
@@ -110,11 +116,11 @@ def test_decoding_in_the_batch_equals_mlx_vlm(qwen2_vl):
     assert largest_difference(batch_logits(tower, language, text, other), expected) > 1e-3
 
 
-def test_a_prefill_in_passes_equals_one_in_one_go(qwen2_vl):
+def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
     """The vision tower a block a pass, then passes of 7 tokens (the image's run cut across
     them, its positions sliced alike), leave the KV one pass leaves: the next token's logits
     agree."""
-    _, language, tower = qwen2_vl
+    _, language, tower = vision_model
     prepared = tower.prepare(prompt(tower), [checkerboard_png()])
     whole = tower.prefill(prepared, lambda: make_prompt_cache(language))
     job = tower.prefill_in_passes(prepared, lambda: make_prompt_cache(language))
@@ -122,8 +128,8 @@ def test_a_prefill_in_passes_equals_one_in_one_go(qwen2_vl):
     while not job.advance(7):
         passes += 1
         image_passes += job.done_tokens == 0
-    # the graph built; the patch embedding and each of the tower's 2 blocks; the merge
-    assert image_passes == 5
+    # the graph built; the patch embedding and each of the tower's blocks; the merge
+    assert image_passes == 1 + 1 + tower.vlm.config.vision_config.depth + 1
     assert passes >= image_passes + 3 and job.result.rope_shift == whole.rope_shift
 
     def next_logits(prefilled):
@@ -136,7 +142,7 @@ def test_a_prefill_in_passes_equals_one_in_one_go(qwen2_vl):
     assert largest_difference([next_logits(job.result)], [next_logits(whole)]) < 1e-4
 
 
-def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2_vl):
+def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(vision_model):
     """The engine's queue of prompts with images (sequences/image_prefill.py): a pass a turn
     (the images' embeddings, then the prompt in passes of the pacer's chunk), the group handed
     back for admission only after the last, its KV then in the prefix cache under its key."""
@@ -148,7 +154,7 @@ def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2
     from mlxserve.engine.stats import EngineStats
     from mlxserve.sampling.params import SamplingParams
 
-    folder, _, _ = qwen2_vl
+    folder, _, _ = vision_model
     loaded = load_model(str(folder), calibrate=False)
     text = prompt(loaded.vision)
     request = GenerationRequest(
@@ -178,12 +184,12 @@ def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(qwen2
     "size",
     [(64, 48), (28, 28), (20, 20), (300, 100), (100, 900), (57, 83)],  # under and over the range
 )
-def test_the_front_counts_the_tokens_the_processor_makes_of_an_image(qwen2_vl, size):
+def test_the_front_counts_the_tokens_the_processor_makes_of_an_image(vision_model, size):
     """ImageTokens (read off the folder's configs, no MLX: the front counts with it) says how
     many tokens mlx-vlm's processor expands an image of each size into."""
     from mlxserve.vision.folder import ImageTokens
 
-    folder, _, tower = qwen2_vl
+    folder, _, tower = vision_model
     counted = ImageTokens.of_folder(folder)
     prepared = tower.prepare(prompt(tower), [checkerboard_png(size)])
     assert counted.count(*size) == prepared.tokens.count(tower.image_token_id)
