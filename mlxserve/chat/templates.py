@@ -222,3 +222,24 @@ def chat_capabilities(tokenizer: Any, chat: ChatSettings) -> dict[str, Any]:
         "tool_parser": parser_name(tokenizer, chat.tool_parser),
         "thinking": bool(getattr(tokenizer, "has_thinking", False)),
     }
+
+
+def image_placeholder(tokenizer: Any) -> str | None:
+    """The text the tokenizer's chat template writes for one image part (Qwen's
+    `<|vision_start|><|image_pad|><|vision_end|>`, Gemma 3's `<start_of_image>`): the user turn
+    rendered with an image before a marker, less the same turn without it. None where the
+    template writes nothing for an image, or cannot render parts."""
+    marker = "\u2063mlxserve-marker\u2063"
+
+    def turn(parts: list[dict[str, Any]]) -> str:
+        messages = [{"role": "user", "content": [*parts, {"type": "text", "text": marker}]}]
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+
+    try:
+        with_image, without = turn([{"type": "image"}]), turn([])
+    except Exception:  # a template for text alone: content parts are not its input
+        return None
+    head = without.split(marker)[0]
+    if marker not in with_image or not with_image.startswith(head):
+        return None
+    return with_image[len(head) : with_image.index(marker)] or None

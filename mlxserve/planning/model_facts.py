@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat.templates import image_placeholder
 from ..fim import Fim
 from ..sampling.grammars import GrammarCompiler
 from ..sampling.token_healing import TokenTexts
@@ -39,6 +40,7 @@ class ModelFacts:
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)
+    _image_placeholder: tuple[str | None] | None = field(default=None, repr=False)
 
     @property
     def grammars(self) -> GrammarCompiler:
@@ -49,6 +51,15 @@ class ModelFacts:
                     self.tokenizer._tokenizer, self.vocab_size, list(self.eos_token_ids)
                 )
             return self._grammars
+
+    @property
+    def image_placeholder(self) -> str | None:
+        """The text the model's chat template writes for one image (Qwen's
+        `<|vision_start|><|image_pad|><|vision_end|>`), or None where it writes none."""
+        with self._grammars_lock:
+            if self._image_placeholder is None:
+                self._image_placeholder = (image_placeholder(self.tokenizer),)
+            return self._image_placeholder[0]
 
     @property
     def token_texts(self) -> TokenTexts:

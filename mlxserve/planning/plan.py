@@ -31,6 +31,7 @@ from ..sampling.params import SamplingParams
 from ..sampling.token_healing import heal
 from ..settings import Settings
 from .defaults import random_seed
+from .media_prompt import with_media
 from .request import LogitBias, Request
 
 
@@ -85,6 +86,8 @@ def make_plan(
 
 
 def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -> Plan:
+    if body.media:
+        body = with_media(body, loaded, settings.chat)
     infill = body.infill
     if infill is not None and loaded.fim is None and not infill.suffix:
         # Nothing after the cursor: a model without FIM tokens continues the text before it.

@@ -105,6 +105,7 @@ class Request:
     cache_prompt: bool = True
     num_draft_tokens: int | None = None  # most drafts a pass (None: the server's; 0: none)
     user: str | None = None
+    media: tuple[str, ...] = ()  # llama.cpp's multimodal_data, as sent (media_prompt.py)
     images: tuple[bytes, ...] = ()  # a chat's images, read, in order
     image_tokens: int = 0  # the tokens its images become in the model's prompt (counted)
     images_prompt: str = ""  # with images: the rendered prompt's text, which the model's

@@ -267,6 +267,10 @@ def test_a_text_model_refuses_images_in_each_doors_shape(live_server, tiny_model
         timeout=30,
     )
     assert ollama.status_code == 400 and "does not take images" in ollama.json()["error"]
+    media = {"prompt_string": "<__media__> hi", "multimodal_data": [base64.b64encode(png).decode()]}
+    llamacpp = httpx.post(server.url + "/completion", json={"prompt": media}, timeout=30)
+    assert llamacpp.status_code == 400 and "does not take images" in llamacpp.text
+    assert llamacpp.json()["error"]["param"] == "prompt.multimodal_data"
 
 
 def test_anthropic_responses_and_ollama_generate_take_images(vision):
@@ -439,3 +443,50 @@ def test_admission_counts_the_tokens_an_image_becomes(live_servers, tmp_path_fac
             expected = alone + placeholders + counted.count(*size)
             assert counted_tokens(server, [image, text]) == expected
     assert counted.count(300, 100) > counted.count(28, 28)
+
+
+def test_llamacpp_multimodal_prompt_reads_as_the_chat_with_the_image(vision):
+    """llama.cpp's /completion prompt object (`prompt_string` with a `<__media__>` marker,
+    `multimodal_data`): the chat's own rendered prompt with the marker where its template put
+    the image answers as the chat does; a marker count that does not match, or an image that
+    is not one, is a 400 naming multimodal_data."""
+    server, folder = vision
+    png = checkerboard_png()
+    chat = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": "tiny-qwen2-vl",
+            "messages": [image_message(png)],
+            "max_tokens": 4,
+            "temperature": 0,
+        },  # fmt: skip
+        timeout=60,
+    )
+    assert chat.status_code == 200, chat.text
+    tokenizer = server.engine.loaded.tokenizer
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert server.engine.loaded.image_placeholder == placeholder
+    text = rendered.replace(placeholder, "<__media__>")
+    body = {
+        "prompt": {"prompt_string": text, "multimodal_data": [base64.b64encode(png).decode()]},
+        "n_predict": 4,
+        "temperature": 0,
+    }
+    reply = httpx.post(server.url + "/completion", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"] == chat.json()["choices"][0]["message"]["content"]
+    assert reply.json()["tokens_evaluated"] == chat.json()["usage"]["prompt_tokens"]
+
+    twice = {**body, "prompt": {**body["prompt"], "prompt_string": text + "<__media__>"}}
+    for bad, says in ((twice, "2 <__media__> markers for 1"),
+                      ({**body, "prompt": {**body["prompt"], "multimodal_data": ["AAAA"]}},
+                       "not an image")):  # fmt: skip
+        refused = httpx.post(server.url + "/completion", json=bad, timeout=60)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"].startswith("prompt.multimodal_data") and says in error["message"]

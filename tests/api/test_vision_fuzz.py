@@ -143,7 +143,13 @@ def ollama_body(value) -> dict:
     }
 
 
+def llamacpp_body(value) -> dict:
+    prompt = {"prompt_string": "<__media__>?", "multimodal_data": [value]}
+    return {"prompt": prompt, "n_predict": 1}
+
+
 DOORS = {
+    "/completion": (llamacpp_body, "openai"),
     "/v1/chat/completions": (openai_body, "openai"),
     "/v1/responses": (responses_body, "openai"),
     "/v1/messages": (anthropic_body, "anthropic"),

@@ -10,10 +10,27 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ...fim import InfillParts
 from ...planning.defaults import LLAMACPP_MAX_TOKENS, LLAMACPP_SAMPLING
 from ...planning.request import Request
-from ..protocol import LIMITED_FIELDS, MAX_TEXT_CHARS, MAX_TOKENS_FIELD, CompletionRequest, alias
+from ..protocol import (
+    LIMITED_FIELDS,
+    MAX_TEXT_CHARS,
+    MAX_TOKENS_FIELD,
+    CompletionRequest,
+    PromptInput,
+    alias,
+)
 from ..schema_docs import documented
 
 MAX_EXTRA_CHUNKS = 256
+
+
+class MultimodalPrompt(BaseModel):
+    """llama.cpp's prompt with images: a `<__media__>` marker in the text where each goes."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_string: str = Field(max_length=MAX_TEXT_CHARS)
+    multimodal_data: list[str] = Field(
+        max_length=64, description="images, base64 (or data URLs), one a <__media__> marker"
+    )
 
 
 class NativeCompletionRequest(CompletionRequest):
@@ -46,10 +63,21 @@ class NativeCompletionRequest(CompletionRequest):
     response_fields: list[str] | None = Field(
         None, description="llama.cpp: return only these fields ('timings/prompt_n' = nested)"
     )
+    prompt: PromptInput | MultimodalPrompt = Field(
+        description="text, token ids, a list of either, or {prompt_string, multimodal_data}: "
+        "text with a <__media__> marker where each image goes"
+    )
 
     def to_request(self) -> Request:
         request = super().to_request()
         output = replace(request.output, post_sampling_probs=self.post_sampling_probs)
+        if isinstance(self.prompt, MultimodalPrompt):
+            return replace(
+                request,
+                output=output,
+                prompt=self.prompt.prompt_string,
+                media=tuple(self.prompt.multimodal_data),
+            )
         return replace(request, output=output)
 
 
