@@ -147,9 +147,9 @@ class VisionTower:
 
 
 class PrefillJob:
-    """A prompt with images prefilled a pass at a time: first the images' embeddings, a block
-    of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
-    block's output in turn), then the language model over the prompt's embeddings in passes of
+    """A prompt with images prefilled a pass at a time: first the images' embeddings, half a
+    block of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
+    block's attention's output and the block's in turn), then the language model over the prompt's embeddings in passes of
     the tokens each `advance` allows, positions as the family places them. `result` once
     done."""
 
@@ -235,10 +235,13 @@ def _pass_inputs(features, start: int, end: int) -> dict:
     return kwargs
 
 
+ATTENTION_NAMES = ("attn", "self_attn", "attention")  # a vision block's attention, by family
+
+
 def _record_blocks(tower: VisionTower) -> None:
-    """The vision tower's patch embedding and each of its blocks (its longest list of modules)
-    record their outputs on `tower.recording` while that is a list: what a prefill evaluates
-    a block at a time."""
+    """The vision tower's patch embedding, each of its blocks (its longest list of modules) and
+    each block's attention record their outputs on `tower.recording` while that is a list, in
+    the order they are called: what a prefill evaluates a pass at a time."""
     vision = getattr(tower.vlm, "vision_tower", None) or getattr(tower.vlm, "vision_model", None)
     if not isinstance(vision, nn.Module):
         return
@@ -267,8 +270,16 @@ def _record_blocks(tower: VisionTower) -> None:
                 tower.recording.append(first)
         return out
 
-    for block in [*embedding[:1], *max(lists, key=len)]:
-        with_call(block, "Recorded", __call__)
+    blocks = max(lists, key=len)
+    # a block's attention a pass of its own before the rest of the block: half a block's time
+    attentions = [
+        getattr(block, name)
+        for block in blocks
+        for name in ATTENTION_NAMES
+        if isinstance(getattr(block, name, None), nn.Module)
+    ]
+    for module in [*embedding[:1], *blocks, *attentions]:
+        with_call(module, "Recorded", __call__)
 
 
 def _images_key(prepared: Prepared) -> int:

@@ -128,8 +128,9 @@ def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
     while not job.advance(7):
         passes += 1
         image_passes += job.done_tokens == 0
-    # the graph built; the patch embedding and each of the tower's blocks; the merge
-    assert image_passes == 1 + 1 + tower.vlm.config.vision_config.depth + 1
+    # the graph built; the patch embedding; each of the tower's blocks' attention, then the
+    # rest of the block; the merge
+    assert image_passes == 1 + 1 + 2 * tower.vlm.config.vision_config.depth + 1
     assert passes >= image_passes + 3 and job.result.rope_shift == whole.rope_shift
 
     def next_logits(prefilled):
