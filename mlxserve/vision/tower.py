@@ -149,9 +149,9 @@ class VisionTower:
 class PrefillJob:
     """A prompt with images prefilled a pass at a time: first the images' embeddings, half a
     block of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
-    block's attention's output and the block's in turn), then the language model over the prompt's embeddings in passes of
-    the tokens each `advance` allows, positions as the family places them. `result` once
-    done."""
+    block's attention's output and the block's in turn), then the language model over the
+    prompt's embeddings in passes of the tokens each `advance` allows, positions as the family
+    places them. `result` once done."""
 
     def __init__(self, tower: VisionTower, prepared: Prepared, cache: list) -> None:
         self.tower = tower

@@ -91,9 +91,15 @@ class ImagePrefills:
             self.drop_group(job.group.group_id)
             job.group.fail(f"reading the images failed: {type(error).__name__}: {error}")
             return []
+        took = time.perf_counter() - started
         if job.run.done_tokens > before:  # a pass of the language model: what a token costs
-            per_token = (time.perf_counter() - started) / (job.run.done_tokens - before)
-            self._token_costs.append(per_token)
+            self._token_costs.append(took / (job.run.done_tokens - before))
+        log.debug(
+            "image prefill pass: %d prompt tokens, %.1f ms (budget %s)",
+            job.run.done_tokens - before,
+            took * 1000,
+            "none" if budget_s is None else f"{budget_s * 1000:.1f} ms",
+        )
         if not done:
             return []
         self._jobs.popleft()
