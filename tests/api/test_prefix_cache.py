@@ -71,8 +71,9 @@ def test_choices_of_one_prompt_share_its_prefill(server, http):
     shared = complete(http, **body)
     alone = complete(http, **body, cache_prompt=False)
     prompt_tokens = shared["usage"]["prompt_tokens"]
-    assert cached(shared) == prompt_tokens - 1
-    # Choices 2-4 started from choice 1's KV: all but the last prompt token each.
+    # Choices 2-4 started from choice 1's KV: all but the last prompt token each, or all but the
+    # last two, read again beside choice 1's decoding so that they ride in its decode pass
+    assert cached(shared) in (prompt_tokens - 1, prompt_tokens - 2)
     assert server.engine.stats.prefix_reused_tokens - reused >= 3 * (prompt_tokens - 1)
     assert texts(shared) == texts(alone)
 

@@ -211,3 +211,33 @@ def test_an_idle_model_is_unloaded_and_reloaded_on_demand(tiny_model):
         assert engine.loads == 2
     finally:
         engine.stop()
+
+
+def test_a_cached_prompt_joins_beside_a_stream_in_its_decode_pass(engine, monkeypatch):
+    """A prompt the prefix cache holds but for its last token, arriving beside a stream, reads
+    one cached token again so that its last rides in the decode pass (mixed_batch.py), not in a
+    pass of its own: the same tokens as alone, and no copy of it taken for the cache again."""
+    prompt = (1, *range(200, 260))
+    alone = token_ids(run(engine, [request(prompt=prompt, max_tokens=6)])[0])
+    mixed = engine.generator.mixed
+    assert mixed is not None  # the tiny Llama's batches carry chunks
+    copied = []
+    start = engine.prefixes.copies.start
+    monkeypatch.setattr(
+        engine.prefixes.copies,
+        "start",
+        lambda uid, tokens: (copied.append(tokens), start(uid, tokens)),
+    )
+
+    async def beside_a_stream():
+        stream = engine.submit([request(prompt=(1, 5, 6, 7), max_tokens=60)])
+        await anext(stream)
+        joins, before = mixed.joins_carried, len(copied)
+        again = await collect(engine, [request(prompt=prompt, max_tokens=6)])
+        await stream.aclose()
+        return again[0], mixed.joins_carried - joins, copied[before:]
+
+    events, joins, copies = asyncio.run(beside_a_stream())
+    assert token_ids(events) == alone
+    assert joins == 1 and copies == []
+    assert events[-1].cached_tokens == len(prompt) - 2

@@ -326,3 +326,50 @@ def test_a_sequence_at_its_last_token_sits_out_the_pass_that_would_compute_one_m
     plain = decode_all(BatchGenerator(tiny_lm, prefill_step_size=32), inserts, max_steps=300)
     assert tokens == plain[0]
     assert mx.abs(logprobs - plain[1]).max().item() < LOGPROB_TOLERANCE
+
+
+def _random_language_model(family: str):
+    """A random-weight mlx-lm model of `family` the size of the tiny Llama: Qwen2 (biased QKV),
+    Qwen3 (per-head q and k norms), and Qwen3-VL's wrapper of its Qwen3 language model."""
+    import importlib
+
+    text = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 1024,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    name = {"qwen3-vl": "qwen3_vl"}.get(family, family)
+    module = importlib.import_module(f"mlx_lm.models.{name}")
+    if family == "qwen3-vl":
+        args = module.ModelArgs.from_dict(
+            {"model_type": name, "text_config": {"model_type": "qwen3", **text}}
+        )
+    else:
+        args = module.ModelArgs.from_dict({"model_type": name, **text})
+    mx.random.seed(3)
+    model = module.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("layers_per_pass", [None, 1])
+@pytest.mark.parametrize("name", ["beside a stream", "a burst beside a stream"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3-vl"])
+def test_qwen_families_decode_as_mlx_lm(monkeypatch, family, name, layers_per_pass):
+    """Qwen2's and Qwen3's layers (and a Qwen3-VL's language model, inside its wrapper) carry
+    prompt chunks in decode passes as Llama's do: the same tokens and logprobs as mlx-lm's own
+    prefill passes, the joining prompts' last tokens riding in them."""
+    model = _random_language_model(family)
+    assert mixed_batch.supports(model)
+    carrier = decodes_as_plain(model, name, monkeypatch, layers_per_pass)
+    assert carrier.carried_tokens > 0
+    if name in CARRIED_JOINS:
+        assert carrier.joins_carried == CARRIED_JOINS[name]

@@ -34,8 +34,9 @@ caches (`batch_join.KVGroups`: a deep prompt joins as a group of its own rather 
 into the batch's rectangular KV), so `MixedBatches` also routes the decode batch's `extend`
 through `batch_join.join_caches`.
 
-Llama-architecture models (mlx-lm's `llama` module, full attention) on one machine; anything else
-prefills, and joins the decode batch, as before.
+Llama-architecture models (mlx-lm's `llama`, `qwen2` and `qwen3` modules, full attention; the
+language model of a Qwen2-VL or Qwen3-VL) on one machine; anything else prefills, and joins the
+decode batch, as before.
 """
 
 from __future__ import annotations
@@ -55,13 +56,26 @@ from . import batch_join
 _mlx_lm_prompt = PromptProcessingBatch.prompt
 
 
+# mlx-lm's modules whose layers `mixed_forward` runs: a norm, attention (Qwen3's with its
+# per-head q and k norms), a norm and an MLP, each added to its input
+FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+
+
+def language_of(model):
+    """The language model a vision-language model's wrapper holds (mlx-lm's `qwen2_vl`,
+    `qwen3_vl`), or the model itself."""
+    inner = getattr(model, "language_model", None)
+    return inner if inner is not None and hasattr(inner, "model") else model
+
+
 def supports(model) -> bool:
     """Whether `mixed_forward` knows the model's layers."""
-    inner = getattr(model, "model", None)
+    language = language_of(model)
+    inner = getattr(language, "model", None)
     return (
-        type(model).__module__ == "mlx_lm.models.llama"
+        type(language).__module__ in FAMILIES
         and inner is not None
-        and getattr(inner, "swa_idx", 0) is None
+        and getattr(inner, "swa_idx", None) is None  # llama's sliding-window layers: not here
         and all(hasattr(layer.self_attn, "q_proj") for layer in inner.layers)
     )
 
@@ -135,6 +149,7 @@ def mixed_forward(
     weights, attention per part (by `attention`, mlx-lm's `scaled_dot_product_attention` or
     the platform's). `matmul_rows(n)`: the rows the matmuls of n rows run with, zero rows added
     (the platform's; None: n)."""
+    model = language_of(model)
     inner = model.model
     total = len(inner.layers)
     first = prompt.done if prompt is not None else total
@@ -231,8 +246,8 @@ def _attention(attn, x: mx.array, parts, masks, caches, sdpa: Callable) -> mx.ar
         q, k, v = queries[:, rows], keys[:, rows], values[:, rows]
         if prompt is not None:
             q, k, v = prompt.padded_rows(q), prompt.padded_rows(k), prompt.padded_rows(v)
-        q = _heads(q, batch, length, attn.n_heads)
-        k = _heads(k, batch, length, attn.n_kv_heads)
+        q = _heads(q, batch, length, attn.n_heads, getattr(attn, "q_norm", None))
+        k = _heads(k, batch, length, attn.n_kv_heads, getattr(attn, "k_norm", None))
         v = _heads(v, batch, length, attn.n_kv_heads)
         q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
@@ -245,8 +260,13 @@ def _attention(attn, x: mx.array, parts, masks, caches, sdpa: Callable) -> mx.ar
     return attn.o_proj(mx.concatenate(outputs, axis=1))
 
 
-def _heads(rows: mx.array, batch: int, length: int, heads: int) -> mx.array:
-    return rows.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+def _heads(rows: mx.array, batch: int, length: int, heads: int, norm=None) -> mx.array:
+    """(1, batch * length, heads * d) -> (batch, heads, length, d), each head normed first
+    where the family norms them (Qwen3's q_norm, k_norm)."""
+    split = rows.reshape(batch, length, heads, -1)
+    if norm is not None:
+        split = norm(split)
+    return split.transpose(0, 2, 1, 3)
 
 
 class MixedBatches:
@@ -264,7 +284,7 @@ class MixedBatches:
         self.matmul_rows = matmul_rows  # the platform's (`mixed_forward`)
         self.model = generator.model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
-        self.layers = len(self.model.model.layers)
+        self.layers = len(language_of(self.model).model.layers)
         # The layers a chunk taken from now on goes through in each forward pass, None for all
         # (the pacer's: deep in a long prompt one token through every layer is already more than
         # a stream's step may carry)
@@ -425,7 +445,7 @@ class MixedBatches:
     ):
         """`logits` (rows, length, V) of the live groups, with rows of zeros for the groups left
         out (sampled, then dropped: their sequences end in this step)."""
-        vocabulary = self.model.args.vocab_size
+        vocabulary = language_of(self.model).args.vocab_size
         dtype = mx.float32 if logits is None else logits.dtype
         pieces, at = [], 0
         for a, b, skipped in zip(starts, starts[1:], idle):

@@ -149,8 +149,11 @@ class PrefixKeeper:
 
     def copy_running_prompt(self, decode_batch, uid: int, tokens: list[int], now: bool) -> None:
         """Start copying a prompt that just joined the decode batch; all at once when `now`
-        (choices waiting for it start from it this step)."""
+        (choices waiting for it start from it this step). Not where the cache holds it already
+        (a prompt that started from the cache, but for its last token or two)."""
         if self.cache is None:
+            return
+        if not now and self.cache.covered(tokens) >= len(tokens) - 2:
             return
         self.copies.start(uid, tokens)
         if now:

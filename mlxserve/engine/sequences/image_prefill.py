@@ -44,9 +44,10 @@ class ImagePrefills:
         self._jobs: deque[_Job] = deque()
         self._waiting: dict[int, int] = {}  # group id -> its jobs not done
         self._token_costs: deque[float] = deque(maxlen=TIMED_PASSES)  # seconds a token
+        self._ready: list[Group] = []  # prefilled, admitted at the next turn
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs) + len(self._ready)
 
     def start(self, group: Group, loaded, prefixes: PrefixKeeper) -> bool:
         """Queue a job for each of the group's prompts with images not yet in the prefix cache
@@ -71,7 +72,13 @@ class ImagePrefills:
         """One pass of the oldest job: as many prompt tokens as fit `budget_s` at the cost a
         token took in the passes before (`first`, the calibrated chunk, before any was timed,
         and at least half of it; None: no bound); the
-        groups whose jobs are all done (to admit now). A job that raises fails its group."""
+        groups whose jobs are all done (to admit now). A job that raises fails its group. A group
+        whose last pass ran is admitted at the next turn, in place of a pass: the step it joins
+        in reads its last token beside the decode, and the two in one turn held the streams
+        for both."""
+        if self._ready:
+            ready, self._ready = self._ready, []
+            return ready
         if not self._jobs:
             return []
         job = self._jobs[0]
@@ -110,10 +117,15 @@ class ImagePrefills:
         if self._waiting[group_id]:
             return []
         del self._waiting[group_id]
-        return [job.group]
+        self._ready.append(job.group)
+        return []
 
     def drop_group(self, group_id: int) -> int:
         """Forget a cancelled (or failed) group's jobs; its requests' count."""
+        ready = [g for g in self._ready if g.group_id == group_id]
+        if ready:
+            self._ready = [g for g in self._ready if g.group_id != group_id]
+            return len(ready[0].requests)
         jobs = [j for j in self._jobs if j.group.group_id == group_id]
         if not jobs:
             return 0
@@ -123,7 +135,8 @@ class ImagePrefills:
 
     def take_all(self) -> list[Group]:
         """Every waiting group (to fail: the engine restarts or stops)."""
-        groups = list({id(j.group): j.group for j in self._jobs}.values())
+        groups = list({id(g): g for g in [*self._ready, *(j.group for j in self._jobs)]}.values())
         self._jobs.clear()
         self._waiting.clear()
+        self._ready.clear()
         return groups

@@ -4,6 +4,7 @@ with logprobs), or as a warm-up that only prefills."""
 from __future__ import annotations
 
 from mlx_lm.generate import StopSequences
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..mlx_lm_compat import ServerBatchGenerator
 from ..models.host import LoadedModel
@@ -54,12 +55,12 @@ def insert_sequence(
             post(GenerationEvent(index=index, prompt_tokens=prompt_tokens))
     elif request.images:
         cache, prompt, reused, hit, seq.prefix_key = _with_images(loaded, request, prefixes)
-        cached_tokens = prompt[:reused]
-        seq.cached_tokens = hit
+        cached_tokens = _riding(generator, cache, prompt, prompt[:reused])
+        seq.cached_tokens = min(hit, len(cached_tokens))
     elif request.cache_prompt and prefixes.enabled:
         cache, reused = prefixes.fetch(prompt)
-        cached_tokens = prompt[:reused]
-        seq.cached_tokens = reused
+        cached_tokens = _riding(generator, cache, prompt, prompt[:reused])
+        seq.cached_tokens = len(cached_tokens)
     if request.max_tokens == 0:
         if not (request.cache_prompt and prefixes.enabled) or request.prompt_logprobs:
             post(GenerationEvent(index=index, finish_reason="length"))
@@ -82,6 +83,24 @@ def insert_sequence(
     )
     if generator.planner is not None and drafts_alone(seq, setup):
         generator.planner.admit(seq.uid, request.num_draft_tokens)
+
+
+def _riding(generator: ServerBatchGenerator, cache, prompt: list[int], cached: list[int]):
+    """The cached tokens a sequence starts from: all of `cached`, or, for a prompt cached but
+    for its last token beside running streams, one fewer. Its last token alone would join in
+    a forward pass of its own (mlx-lm's) beside the decode pass; with one more token to read, it
+    rides in the decode pass as a chunk, its last token with it (mixed_batch.py)."""
+    if (
+        cache is None
+        or generator.mixed is None
+        or len(prompt) - len(cached) != 1
+        or len(cached) < 2
+        or not len(generator.decode_batch)
+        or not can_trim_prompt_cache(cache)
+    ):
+        return cached
+    trim_prompt_cache(cache, 1)
+    return cached[:-1]
 
 
 def _with_images(loaded: LoadedModel, request: GenerationRequest, prefixes: PrefixKeeper):
