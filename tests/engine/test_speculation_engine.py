@@ -255,3 +255,22 @@ def test_tokens_a_grammar_forces_are_drafted_and_emitted_together(engine, monkey
         by_row.setdefault(uid, []).append(tokens)
     (its_steps,) = [s for s in by_row.values() if sum(s, []) == ids(alone)]
     assert max(map(len, its_steps)) > 2
+
+
+def test_tokens_a_grammar_forces_ride_even_where_no_lookup_finds_drafts(engine, monkeypatch):
+    """A grammar row alone, whose own tokens give the lookup nothing: the tokens its grammar
+    forces (a long required key) still go through one pass together, all kept, where plain
+    steps would take them one a step; the text is the one without drafts."""
+    key = "a_long_required_property_name_nobody_repeats"
+    schema = (
+        f'{{"type": "object", "properties": {{"{key}": {{"type": "integer"}}}}, '
+        f'"required": ["{key}"], "additionalProperties": false}}'
+    )
+    constrained = grammar_request(engine, "json_schema", schema, max_tokens=20)
+    (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
+    steps = record_steps(engine, monkeypatch)
+    (drafting,) = run_apart(engine, [constrained])
+    assert ids(drafting) == ids(alone)
+    timings = drafting[-1].timings
+    assert timings.draft_accepted == timings.draft_tokens > 0
+    assert max(len(tokens) for _, tokens in steps) > 2

@@ -27,23 +27,35 @@ from .batch_join import groups_of, rows_of
 
 def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[int]] | None:
     """Each row's drafts for this step, or None for a plain step. Reads the tokens sampled in
-    the step before (waiting for them) only when some row's lookup finds drafts worth a pass."""
+    the step before (waiting for them) only when some row's lookup finds drafts worth a pass,
+    or a drafting row has a grammar (whose mask waits for them anyway): the tokens a grammar
+    forces are kept whatever the model says, so they are worth a pass of their own."""
     remaining = [most - n - 1 for n, most in zip(batch._num_tokens, batch.max_tokens)]
     width = planner.width(batch.uids, batch.tokens, remaining)
-    if not width:
+    grammars = {
+        row: grammar
+        for row, processors in enumerate(batch.logits_processors)
+        if (grammar := next((g for p in processors if (g := getattr(p, "grammar", None))), None))
+        is not None
+        and planner.drafting(batch.uids[row])
+        and remaining[row] > 0
+    }
+    if not width and not grammars:
         return None
     current = batch._next_tokens.tolist()
-    drafts = planner.drafts(batch.uids, batch.tokens, current, width, remaining)
+    if width:
+        drafts = planner.drafts(batch.uids, batch.tokens, current, width, remaining)
+    else:
+        drafts = [[] for _ in batch.uids]
     batch.draft_masks = {}
-    for row, processors in enumerate(batch.logits_processors):
-        grammar = next((g for p in processors if (g := getattr(p, "grammar", None))), None)
-        if grammar is not None and planner.drafting(batch.uids[row]):
-            context = batch._token_context[row]
-            unseen = context._buffer[grammar.consumed : context._size].tolist()
-            most = min(width, planner.limit(batch.uids[row]), remaining[row])
-            drafts[row], masks = grammar.drafted(unseen, current[row], drafts[row], most)
-            if masks is not None:
-                batch.draft_masks[row] = masks
+    for row, grammar in grammars.items():
+        context = batch._token_context[row]
+        unseen = context._buffer[grammar.consumed : context._size].tolist()
+        # beyond the lookup's width, as many as the grammar forces (all of them are kept)
+        most = min(planner.limit(batch.uids[row]), remaining[row])
+        drafts[row], masks = grammar.drafted(unseen, current[row], drafts[row], most)
+        if masks is not None:
+            batch.draft_masks[row] = masks
     return drafts if any(drafts) else None
 
 
