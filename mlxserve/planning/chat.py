@@ -98,10 +98,22 @@ def _read_images(
             param=f"{parts[0]['param']}",
             code="unsupported_content_type",
         )
+    return read_image_parts(parts, model, settings)
+
+
+def read_image_parts(
+    parts: list[dict[str, Any]],
+    model: ModelFacts,
+    settings: ChatSettings,
+    where: str = "messages",
+) -> tuple[tuple[bytes, ...], int]:
+    """Image parts (`messages.image_part`) read and checked, for a model that takes images:
+    their bytes, and the tokens they become in its prompt; a 400 naming the first that fails
+    (too many of them: naming `where`)."""
     from ..vision.images import check_count, from_base64, pixel_size
     from ..vision.media import image_from_url
 
-    check_count(len(parts))
+    check_count(len(parts), where)
     images, tokens = [], 0
     for part in parts:
         where = part["param"]

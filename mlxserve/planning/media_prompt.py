@@ -9,6 +9,8 @@ from dataclasses import replace
 
 from ..api.errors import InvalidRequest
 from ..settings import ChatSettings
+from .chat import read_image_parts
+from .messages import image_part
 from .model_facts import ModelFacts
 from .request import Request
 
@@ -33,22 +35,11 @@ def with_media(body: Request, model: ModelFacts, settings: ChatSettings) -> Requ
             f"{len(body.media)} items of multimodal_data; put one marker where each image goes.",
             param=PARAM,
         )
-    from ..vision.images import check_count, from_base64, from_data_url, pixel_size
-
-    check_count(len(body.media), PARAM)
-    images, tokens = [], 0
-    for index, item in enumerate(body.media):
-        where = f"{PARAM}[{index}]"
-        if not isinstance(item, str):
-            raise InvalidRequest(f"{where} must be a base64 string.", param=where)
-        data = from_data_url(item, where) if item.startswith("data:") else from_base64(item, where)
-        if model.image_tokens is not None:
-            size = pixel_size(data)
-            refusal = model.image_tokens.refusal(*size)
-            if refusal is not None:
-                raise InvalidRequest(f"{where}: {refusal}.", param=where, code="invalid_image")
-            tokens += model.image_tokens.count(*size)
-        images.append(data)
+    parts = [
+        image_part(item, f"{PARAM}[{index}]", base64=not str(item).startswith("data:"))
+        for index, item in enumerate(body.media)
+    ]
+    images, tokens = read_image_parts(parts, model, settings, PARAM)
     placeholder = model.image_placeholder
     if placeholder is None:
         raise InvalidRequest(
@@ -62,7 +53,7 @@ def with_media(body: Request, model: ModelFacts, settings: ChatSettings) -> Requ
         body,
         prompt=prompt,
         media=(),
-        images=tuple(images),
+        images=images,
         image_tokens=tokens,
         images_prompt=prompt,
     )

@@ -66,8 +66,10 @@ class ImageTokens:
 
     @classmethod
     def of_folder(cls, folder: Path) -> ImageTokens:
-        config = _json(folder / "config.json")
-        processor = _json(folder / "preprocessor_config.json")
+        from ..registry import read_json  # the registry imports this module
+
+        config = read_json(folder / "config.json")
+        processor = read_json(folder / "preprocessor_config.json")
         size = processor.get("size") if isinstance(processor.get("size"), dict) else {}
         if processor.get("merge_size") and processor.get("patch_size"):
             return cls(
@@ -101,11 +103,3 @@ def _grid(height: int, width: int, factor: int, limits: ImageTokens) -> tuple[in
         rows = math.ceil(height * beta / factor) * factor
         columns = math.ceil(width * beta / factor) * factor
     return rows, columns
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

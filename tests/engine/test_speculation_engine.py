@@ -222,6 +222,14 @@ def grammar_request(engine: Engine, kind: str, text: str, **kwargs) -> Generatio
     return request(PROMPTS[0], sampling=replace(GREEDY, grammar=grammar), stop=StopSpec(), **kwargs)
 
 
+def one_key_schema(key: str) -> str:
+    """An object with one required integer property `key`: its name is forced, token by token."""
+    return (
+        f'{{"type": "object", "properties": {{"{key}": {{"type": "integer"}}}}, '
+        f'"required": ["{key}"], "additionalProperties": false}}'
+    )
+
+
 def test_a_grammar_row_drafts_what_its_grammar_allows(engine):
     """The tiny model would write 1s on and on; the regex makes it turn to x after six. A
     grammar row's drafts are cut where the grammar refuses them and each drafted position is
@@ -238,11 +246,7 @@ def test_tokens_a_grammar_forces_are_drafted_and_emitted_together(engine, monkey
     """llguidance's fast-forward tokens: a JSON schema with one long required key forces the
     key's tokens, which go through the pass as drafts (all kept), several in one step."""
     key = "the_only_property_this_object_may_have"
-    schema = (
-        f'{{"type": "object", "properties": {{"{key}": {{"type": "integer"}}}}, '
-        f'"required": ["{key}"], "additionalProperties": false}}'
-    )
-    constrained = grammar_request(engine, "json_schema", schema, max_tokens=30)
+    constrained = grammar_request(engine, "json_schema", one_key_schema(key), max_tokens=30)
     (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
     assert "".join(e.text for e in alone).startswith(f'{{"{key}":')
     steps = record_steps(engine, monkeypatch)
@@ -262,11 +266,7 @@ def test_tokens_a_grammar_forces_ride_even_where_no_lookup_finds_drafts(engine, 
     forces (a long required key) still go through one pass together, all kept, where plain
     steps would take them one a step; the text is the one without drafts."""
     key = "a_long_required_property_name_nobody_repeats"
-    schema = (
-        f'{{"type": "object", "properties": {{"{key}": {{"type": "integer"}}}}, '
-        f'"required": ["{key}"], "additionalProperties": false}}'
-    )
-    constrained = grammar_request(engine, "json_schema", schema, max_tokens=20)
+    constrained = grammar_request(engine, "json_schema", one_key_schema(key), max_tokens=20)
     (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
     steps = record_steps(engine, monkeypatch)
     (drafting,) = run_apart(engine, [constrained])

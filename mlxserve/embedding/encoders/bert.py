@@ -159,14 +159,6 @@ class BertModel(LayeredEncoder):
     def blocks(self) -> list[Layer]:
         return self.encoder.layer
 
-    def run(self, index: int, x: mx.array, additive: mx.array) -> mx.array:
-        """Layer `index` over the batch."""
-        return self.encoder.layer[index](x, additive)
-
-    def end(self, x: mx.array) -> mx.array:
-        """The last layer's output is the hidden states (no final norm)."""
-        return x
-
     def begin(
         self, ids: mx.array, mask: mx.array, types: mx.array | None = None
     ) -> tuple[mx.array, mx.array]:

@@ -20,14 +20,24 @@ class EncoderFacts:
 
 class LayeredEncoder(nn.Module):
     """An encoder whose layers run one at a time (a batch may go through them over several
-    engine turns): a family gives `blocks`, `begin` (ids -> the first layer's input and what
-    the layers read besides), `run` (one layer) and `end`; the whole pass is theirs in order."""
+    engine turns): a family gives `blocks` and `begin` (ids -> the first layer's input and what
+    the layers read besides), and its own `run` (one layer) and `end` where the defaults do not
+    serve; the whole pass is theirs in order."""
 
     def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
         x, masks = self.begin(ids, mask, types)
         for index in range(len(self.blocks)):
             x = self.run(index, x, masks)
         return self.end(x)
+
+    def run(self, index: int, x: mx.array, masks) -> mx.array:
+        """Layer `index` over the batch (a family whose layers read other masks says how)."""
+        return self.blocks[index](x, masks)
+
+    def end(self, x: mx.array) -> mx.array:
+        """The last layer's output is the hidden states (a family with a final norm applies
+        it here)."""
+        return x
 
 
 def padding_mask(mask: mx.array, dtype) -> mx.array:

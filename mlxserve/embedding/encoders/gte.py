@@ -211,12 +211,6 @@ class GteModel(LayeredEncoder):
             query_scale = query_scale[:, None, None, None].astype(x.dtype)
         return x, (padding_mask(mask, x.dtype), query_scale)
 
-    def run(self, index: int, x: mx.array, masks: tuple[mx.array, mx.array | None]) -> mx.array:
-        return self.encoder.layer[index](x, masks)
-
-    def end(self, x: mx.array) -> mx.array:
-        return x
-
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return {

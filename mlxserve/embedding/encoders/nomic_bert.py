@@ -190,12 +190,6 @@ class NomicBertModel(LayeredEncoder):
         x = self.emb_ln(self.embeddings(ids, mx.zeros_like(ids) if types is None else types))
         return x, padding_mask(mask, x.dtype)
 
-    def run(self, index: int, x: mx.array, additive: mx.array) -> mx.array:
-        return self.encoder.layers[index](x, additive)
-
-    def end(self, x: mx.array) -> mx.array:
-        return x
-
     @staticmethod
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         out = {}
