@@ -58,7 +58,10 @@ def test_a_greedy_answer_drafts_and_is_the_text_without(client: openai.OpenAI, h
     # whether the first drafts: the pass costs timed on this machine decide (the engine tests
     # draft for sure); the counters exist and count only what drafts
     assert after[0] >= after[1] and after >= before
-    assert draft_counts(http) == after  # num_draft_tokens 0 drafted nothing
+    # num_draft_tokens 0 drafted nothing: the request's own counts (llama.cpp's timings; the
+    # server's counters also count what other tests' requests on this server still finish)
+    quiet = http.post("/completion", json={**GREEDY, "num_draft_tokens": 0}).json()
+    assert "draft_n" not in quiet["timings"] and quiet["content"] == off.choices[0].text
 
 
 @pytest.mark.parametrize("value", [-1, 33, "8", 1.5])
