@@ -26,6 +26,25 @@ QWEN2_VL_TEMPLATE = (
     "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3-VL's template cut likewise, with its tools: calls in <tool_call> tags, results (their
+# images too) in <tool_response> inside a user turn
+QWEN3_VL_TEMPLATE = (
+    "{%- macro parts(content) -%}{% if content is string %}{{ content }}{% elif content %}"
+    "{% for part in content %}{% if part['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{%- endmacro -%}"
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n"
+    "{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ parts(message['content']) }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ parts(message['content']) }}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>\n"
+    '{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{{ call['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -112,14 +131,14 @@ TINY_QWEN3_TEXT = {
 def build_tiny_qwen3_vl(out: Path, seed: int = 0, image_tokens: int = TINY_IMAGE_TOKENS) -> Path:
     """Qwen3-VL (interleaved M-RoPE, a tower with learned position embeddings whose early
     blocks' features are added to the language model's first layers at the image's tokens:
-    deepstack), random weights, the same tokenizer as Qwen2-VL's; an image becomes at most
-    `image_tokens` tokens."""
+    deepstack), random weights, the same tokenizer as Qwen2-VL's with its template's tools (a
+    tool's result may hold images); an image becomes at most `image_tokens` tokens."""
     from mlx_vlm.models import qwen3_vl
 
     out = Path(out)
     if (out / "model.safetensors").exists():
         return out
-    vocab_size = _write_qwen_tokenizer(out)
+    vocab_size = _write_qwen_tokenizer(out, QWEN3_VL_TEMPLATE)
     ids = {token: QWEN2_VL_TOKENS.index(token) for token in QWEN2_VL_TOKENS}
     text = {
         "model_type": "qwen3_vl_text",
@@ -169,7 +188,7 @@ def build_tiny_qwen3_vl(out: Path, seed: int = 0, image_tokens: int = TINY_IMAGE
     return out
 
 
-def _write_qwen_tokenizer(out: Path) -> int:
+def _write_qwen_tokenizer(out: Path, template: str = QWEN2_VL_TEMPLATE) -> int:
     """A byte-level BPE tokenizer trained here with Qwen's special tokens and a cut of Qwen's
     chat template, saved in `out`; its vocabulary's size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -194,7 +213,7 @@ def _write_qwen_tokenizer(out: Path) -> int:
         pad_token="<|endoftext|>",
         unk_token="<|endoftext|>",
     )
-    fast.chat_template = QWEN2_VL_TEMPLATE
+    fast.chat_template = template
     fast.save_pretrained(str(out))
     return tokenizer.get_vocab_size()
 

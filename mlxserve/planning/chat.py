@@ -28,15 +28,19 @@ class ChatPrompt:
 
 def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> ChatPrompt:
     """Render the messages with the model's template (or --chat-template's) and plan how its
-    answer is read; the conversation's images read (a model that takes none: a 400)."""
+    answer is read; the conversation's images read (a model that takes none: a 400, but for
+    tools' results, whose images it is told were left out)."""
     chat = request.chat
     tokenizer = model.tokenizer
-    images, image_tokens = _read_images(chat, model, settings)
+    if chat.has_tool_images and not model.takes_images:
+        chat = chat.tool_images_left_out()
+    _refuse_images_of_a_text_model(chat, model)
     tools = _offered_tools(chat)
     calling = bool(tools) and chat.tool_choice != "none"
     forced = calling and chat.tool_choice not in (None, "auto")
-    try:
-        text = render(
+
+    def rendered(chat: Chat) -> str:
+        return render(
             tokenizer,
             chat.template_messages(),
             tools,
@@ -45,12 +49,26 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
             template_kwargs=chat.template_kwargs,
             override=settings.template,
         )
+
+    try:
+        try:
+            text = rendered(chat)
+            placed = _places_every_image(text, chat, model)
+        except TemplateError:
+            if not chat.has_tool_images:
+                raise
+            placed = False
+        if not placed:
+            # a template that reads a tool's turn as text alone: its images are left out
+            chat = chat.tool_images_left_out()
+            text = rendered(chat)
     except TemplateError as error:
         raise InvalidRequest(
             f"The model's chat template refused these messages: {error}",
             param="messages",
             code="invalid_messages",
         ) from error
+    images, image_tokens = _read_images(chat, model, settings)
     think = _think_tags(chat.reasoning_format or settings.reasoning_format, tokenizer)
     syntax = syntax_for(tokenizer, tools, settings.tool_parser) if calling else None
     if forced and not syntax.json_body:
@@ -82,15 +100,29 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     return ChatPrompt(prepared, output, text)
 
 
+def _places_every_image(text: str, chat: Chat, model: ModelFacts) -> bool:
+    """Whether the rendered prompt holds a placeholder for each image of a tool's result (a
+    template may write a tool's turn as text, whatever its parts)."""
+    if not chat.has_tool_images or model.image_placeholder is None:
+        return True
+    return text.count(model.image_placeholder) >= len(chat.images())
+
+
 def _read_images(
     chat: Chat, model: ModelFacts, settings: ChatSettings
 ) -> tuple[tuple[bytes, ...], int]:
     """The conversation's images, read and checked (vision/images.py), for a model that takes
-    them, and the tokens they become in its prompt; else a 400 naming the first."""
+    them, and the tokens they become in its prompt."""
     parts = chat.images()
     if not parts:
         return (), 0
-    if not model.takes_images:
+    return read_image_parts(parts, model, settings)
+
+
+def _refuse_images_of_a_text_model(chat: Chat, model: ModelFacts) -> None:
+    """A 400 naming the conversation's first image, where the model takes none."""
+    parts = chat.images()
+    if parts and not model.takes_images:
         raise InvalidRequest(
             f"The model {model.model_id} does not take images: it is a text model. Send text, "
             "or ask a vision model (a Qwen2-VL, Gemma 3, ... folder, served with the vision "
@@ -98,7 +130,6 @@ def _read_images(
             param=f"{parts[0]['param']}",
             code="unsupported_content_type",
         )
-    return read_image_parts(parts, model, settings)
 
 
 def read_image_parts(

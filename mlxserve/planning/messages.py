@@ -16,6 +16,9 @@ MEDIA_PARTS = ("input_audio", "audio", "file", "video_url")
 # An image as every door hands it over: its data URL ("url") or base64 text ("base64"), and the
 # request field it came from (for a 400 that names it). Read in planning, where the model is known.
 IMAGE = "image"
+# What a tool's image becomes for a model that reads no images: a 400 there would come back with
+# every later turn, which resends the result (Claude Code's Read of a PNG, Codex's view_image)
+IMAGE_LEFT_OUT = "[image left out: a tool's result is given to the model as text]"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,17 @@ class Message:
         if not isinstance(self.content, list):
             return []
         return [part for part in self.content if part.get("type") == IMAGE]
+
+    def images_left_out(self) -> Message:
+        """The message with each image a line saying it was left out, its parts' text joined
+        with those lines each on its own line."""
+        if not self.images():
+            return self
+        pieces = [
+            IMAGE_LEFT_OUT if part.get("type") == IMAGE else part.get("text", "")
+            for part in self.content
+        ]
+        return replace(self, content="\n".join(piece for piece in pieces if piece))
 
     def for_template(self) -> dict[str, Any]:
         """What chat templates read: content a string (a list of text and {"type": "image"}

@@ -4,7 +4,7 @@ knows a door's field names, and a field a door adds lands here once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..fim import InfillParts
@@ -80,6 +80,16 @@ class Chat:
     def images(self) -> list[dict[str, Any]]:
         """Every image part of the conversation, in order (messages.image_part)."""
         return [part for m in self.messages for part in m.images()]
+
+    def tool_images_left_out(self) -> Chat:
+        """The conversation with the images of tools' results as lines saying so (for a model
+        that reads none, or a template that places none in a tool's turn)."""
+        messages = tuple(m.images_left_out() if m.role == "tool" else m for m in self.messages)
+        return replace(self, messages=messages)
+
+    @property
+    def has_tool_images(self) -> bool:
+        return any(m.role == "tool" and m.images() for m in self.messages)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ def image_message(png: bytes) -> dict:
     }
 
 
-def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5) -> dict[int, float]:
-    """mlx-vlm's own model over the prompt the server renders: its first token's top k."""
+def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5, text: str | None = None):
+    """mlx-vlm's own model over the prompt the server renders (`text`; else the question after
+    the image): its first token's top k, {token id: logprob}."""
     from mlx_vlm.utils import load, prepare_inputs
     from PIL import Image
 
@@ -56,9 +57,10 @@ def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5) -> dict[int, float]:
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
     ]
-    text = processor.tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
-    )
+    if text is None:
+        text = processor.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
     inputs = prepare_inputs(
         processor,
         images=[Image.open(io.BytesIO(png)).convert("RGB")],
@@ -114,13 +116,22 @@ def test_openai_chat_with_an_image_answers_as_mlx_vlm(vision):
     assert any(abs(other_first.get(text, 0.0) - served[text]) > 1e-3 for text, _ in unique)
 
 
-def test_a_qwen3_vl_model_answers_as_mlx_vlm(live_servers, tmp_path_factory):
-    """The second family (Qwen3-VL: interleaved M-RoPE, deepstack features in the language
-    model's first layers) through the server: the first token's logprobs are mlx-vlm's own,
-    and the same image on Ollama's door gives the same greedy answer."""
+@pytest.fixture(scope="module")
+def qwen3(live_servers, tmp_path_factory):
+    """The second family's tiny model served (its template has tools: a tool's result may hold
+    images)."""
     if not vision_installed():
         skip_for_missing("mlx-vlm is not installed (make install-dev installs it)")
     folder = build_tiny_qwen3_vl(tmp_path_factory.mktemp("models") / "tiny-qwen3-vl")
+    with live_servers.own(folder) as server:
+        yield server, folder
+
+
+def test_a_qwen3_vl_model_answers_as_mlx_vlm(qwen3):
+    """The second family (Qwen3-VL: interleaved M-RoPE, deepstack features in the language
+    model's first layers) through the server: the first token's logprobs are mlx-vlm's own,
+    and the same image on Ollama's door gives the same greedy answer."""
+    server, folder = qwen3
     png = checkerboard_png((90, 60))
     body = {
         "model": "tiny-qwen3-vl",
@@ -130,27 +141,26 @@ def test_a_qwen3_vl_model_answers_as_mlx_vlm(live_servers, tmp_path_factory):
         "logprobs": True,
         "top_logprobs": 5,
     }
-    with live_servers.own(folder) as server:
-        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-        assert reply.status_code == 200, reply.text
-        choice = reply.json()["choices"][0]
-        ollama = httpx.post(
-            server.url + "/api/chat",
-            json={
-                "model": "tiny-qwen3-vl",
-                "stream": False,
-                "options": {"temperature": 0, "num_predict": 3},
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": QUESTION,
-                        "images": [base64.b64encode(png).decode()],
-                    }
-                ],
-            },
-            timeout=60,
-        )
-        tokenizer = server.engine.loaded.tokenizer
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    ollama = httpx.post(
+        server.url + "/api/chat",
+        json={
+            "model": "tiny-qwen3-vl",
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 3},
+            "messages": [
+                {
+                    "role": "user",
+                    "content": QUESTION,
+                    "images": [base64.b64encode(png).decode()],
+                }
+            ],
+        },
+        timeout=60,
+    )
+    tokenizer = server.engine.loaded.tokenizer
     assert ollama.status_code == 200, ollama.text
     assert ollama.json()["message"]["content"] == choice["message"]["content"]
     served = {t["token"]: t["logprob"] for t in choice["logprobs"]["content"][0]["top_logprobs"]}
@@ -490,3 +500,135 @@ def test_llamacpp_multimodal_prompt_reads_as_the_chat_with_the_image(vision):
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"].startswith("prompt.multimodal_data") and says in error["message"]
+
+
+READ = {"name": "read", "description": "Read a file", "input_schema": {"type": "object"}}
+
+
+def tool_turns(result_content: list) -> list[dict]:
+    """Anthropic's turns: a question, the assistant's Read call, its result."""
+    return [
+        {"role": "user", "content": "What is in shot.png?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": result_content}
+            ],
+        },
+    ]
+
+
+def image_block(png: bytes) -> dict:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
+    return {"type": "image", "source": source}
+
+
+def test_a_tools_image_reaches_a_vision_model(qwen3, vision):
+    """Claude Code's Read of a PNG, Codex's view_image: the image in a tool's result goes to a
+    vision model whose template places it (Qwen3-VL's) as an image, in the tool's turn.
+    Through OpenAI chat the first token's logprobs are mlx-vlm's own over the prompt the server
+    renders; through the anthropic client and Responses, another image gives another answer. A
+    template that writes a tool's turn as text (the tiny Qwen2-VL's, which has no tools) gets
+    the line saying the image was left out."""
+    import anthropic
+
+    server, folder = qwen3
+    png, other = checkerboard_png(), checkerboard_png(colors=((0, 0, 255), (255, 255, 0)))
+    body = {
+        "model": "tiny-qwen3-vl",
+        "messages": openai_tool_turns(png),
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    first = reply.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    served = {t["token"]: t["logprob"] for t in first}
+    rendered = httpx.post(server.url + "/apply-template", json=body, timeout=60).json()["prompt"]
+    assert rendered.count("<|image_pad|>") == 1  # in the tool's turn
+    assert rendered.index("<tool_response>") < rendered.index("<|image_pad|>")
+    tokenizer = server.engine.loaded.tokenizer
+    expected = mlx_vlm_first_logprobs(folder, png, text=rendered)
+    top = [(tokenizer.decode([t]), logprob) for t, logprob in expected.items()]
+    unique = [(t, lp) for t, lp in top if [x for x, _ in top].count(t) == 1]
+    assert len(unique) >= 3
+    for token, logprob in unique:
+        assert served[token] == pytest.approx(logprob, abs=1e-3)
+
+    # The anthropic client and Responses: the prefix cache keeps a prompt by its images, so the
+    # same image again is read from the cache past the tool's turn, another one is not
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+
+    def claude(picture: bytes) -> int:
+        turns = tool_turns([image_block(picture), {"type": "text", "text": "shot.png"}])
+        reply = client.messages.create(
+            model="tiny-qwen3-vl",
+            max_tokens=2,
+            messages=turns,
+            tools=[READ],
+            extra_body={"temperature": 0},
+        )
+        return reply.usage.cache_read_input_tokens
+
+    def codex(picture: bytes) -> int:
+        output = [{"type": "input_image", "image_url": data_url(picture)}]
+        items = [
+            {"role": "user", "content": "What is in shot.png?"},
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": output},
+        ]
+        body = {"model": "tiny-qwen3-vl", "input": items, "max_output_tokens": 2, "temperature": 0}
+        reply = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["usage"]["input_tokens_details"]["cached_tokens"]
+
+    for door in (claude, codex):
+        door(png)
+        assert door(png) > door(other)
+
+    textual, _ = vision
+    body = {"model": "tiny-qwen2-vl", "messages": openai_tool_turns(png), "max_tokens": 2}
+    rendered = httpx.post(textual.url + "/apply-template", json=body, timeout=60).json()["prompt"]
+    assert "<|image_pad|>" not in rendered and "[image left out" in rendered
+    answered = httpx.post(textual.url + "/v1/chat/completions", json=body, timeout=60)
+    assert answered.status_code == 200, answered.text
+
+
+def openai_tool_turns(png: bytes) -> list[dict]:
+    """OpenAI chat's turns: a question, the assistant's read call, its result with the image."""
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    return [
+        {"role": "user", "content": "What is in shot.png?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_url(png)}},
+                {"type": "text", "text": "shot.png"},
+            ],
+        },
+    ]
+
+
+def test_a_text_model_reads_a_line_for_a_tools_image(live_server, tiny_model):
+    """A text model is told a tool's image was left out (a 400 would come back with every
+    later turn, which resends the result); an image in a user's message is still a 400."""
+    import anthropic
+
+    server = live_server(tiny_model)
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    turns = tool_turns([image_block(checkerboard_png()), {"type": "text", "text": "shot.png"}])
+    reply = client.messages.create(model="tiny", max_tokens=2, messages=turns, tools=[READ])
+    assert reply.usage.output_tokens >= 1
+    body = {"messages": openai_tool_turns(checkerboard_png())}
+    rendered = httpx.post(server.url + "/apply-template", json=body, timeout=30)
+    assert rendered.status_code == 200, rendered.text
+    line = "[image left out: a tool's result is given to the model as text]\nshot.png"
+    assert line in rendered.json()["prompt"]

@@ -150,9 +150,12 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
 
 
 def _image(block: MediaBlock, where: str) -> dict[str, Any]:
-    """An image block as an image part: its base64 source (a url source is refused in
-    planning: nothing is fetched)."""
-    source = getattr(block, "source", None)
+    """An image block as an image part: its base64 source, or its url (fetched in planning
+    only where the server allows it)."""
+    return _image_of(getattr(block, "source", None), where)
+
+
+def _image_of(source: Any, where: str) -> dict[str, Any]:
     if not isinstance(source, dict):
         raise InvalidRequest(f"{where}.source is required.", param=f"{where}.source")
     if source.get("type") == "base64":
@@ -168,11 +171,11 @@ def _call(block: ToolUseBlock) -> Call:
     return Call(block.name, block.input, block.id)
 
 
-# A tool's result may hold what a text model cannot read (Claude Code's Read tool on a PNG or a
-# PDF) or a reference to a deferred tool (its ToolSearch tool): each stands as a line saying so.
-# A 400 there would come back with every later turn, which resends the result.
+# A tool's result may hold what the model cannot read (Claude Code's Read tool on a PDF) or a
+# reference to a deferred tool (its ToolSearch tool): each stands as a line saying so. A 400
+# there would come back with every later turn, which resends the result. Its images go to a
+# vision model as images (to another, as lines saying they were left out: planning/chat.py).
 LEFT_OUT = {
-    "image": "[image left out: a tool's result is given to the model as text]",
     "document": "[document left out: a tool's result is given to the model as text]",
     "search_result": "[search result left out]",
 }
@@ -181,11 +184,14 @@ LEFT_OUT = {
 def _result(block: ToolResultBlock, where: str) -> Message:
     content = block.content
     if isinstance(content, list):
-        parts, left_out = [], False
+        parts, left_out, images = [], False, []
         for k, part in enumerate(content):
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
+            elif kind == "image":
+                images.append(len(parts))
+                parts.append(_image_of(part.get("source"), f"{where}.content[{k}]"))
             elif kind in LEFT_OUT:
                 parts.append(LEFT_OUT[kind])
                 left_out = True
@@ -199,6 +205,13 @@ def _result(block: ToolResultBlock, where: str) -> Message:
                     "model as text.",
                     param=f"{where}.content[{k}]",
                 )
+        if images:  # text and image parts, in order
+            content = [
+                p if k in images else {"type": "text", "text": p} for k, p in enumerate(parts)
+            ]
+            if block.is_error:
+                content = [{"type": "text", "text": "Error: "}, *content]
+            return Message("tool", content, tool_call_id=block.tool_use_id)
         # text blocks run together as they always did; a line left out stands on its own
         content = ("\n" if left_out else "").join(parts)
     if block.is_error:

@@ -13,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from ...engine import StopSpec
 from ...planning.defaults import SAMPLING, no_parameters
-from ...planning.messages import MEDIA_PARTS, Call, Message, check_messages, image_part
+from ...planning.messages import (
+    IMAGE_LEFT_OUT,
+    MEDIA_PARTS,
+    Call,
+    Message,
+    check_messages,
+    image_part,
+)
 from ...planning.request import Chat, ContextFit, NamedTool, Request
 from ...sampling.grammars import Constraint
 from ..constraints import schema_constraint
@@ -262,16 +269,27 @@ def _role(item: dict[str, Any], where: str) -> str:
 def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
     """A message's content: one string, or, where a user's message holds images
     (`input_image` with a data URL), its text and image parts in order."""
-    images = isinstance(content, list) and any(
+    if role != "user" or not _has_images(content):
+        return _text(content, where)
+    return _parts(content, where)
+
+
+def _has_images(content: Any) -> bool:
+    return isinstance(content, list) and any(
         isinstance(p, dict) and p.get("type") == "input_image" for p in content
     )
-    if not images or role != "user":
-        return _text(content, where)
+
+
+def _parts(content: list, where: str, tool_result: bool = False) -> list[dict[str, Any]]:
+    """Text and `input_image` parts, in order, as planning reads them."""
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         param = f"{where}.content[{j}]"
         if part.get("type") == "input_image":
             url = part.get("image_url")
+            if not isinstance(url, str) and tool_result:  # a file_id: resent every turn
+                parts.append({"type": "text", "text": IMAGE_LEFT_OUT})
+                continue
             if not isinstance(url, str):
                 raise InvalidRequest(
                     f"{param}.image_url must be the image as a data URL (file_id is not "
@@ -280,13 +298,14 @@ def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
                 )
             parts.append(image_part(url, f"{param}.image_url"))
         else:
-            parts.append({"type": "text", "text": _text([part], where, offset=j)})
+            text = _text([part], where, tool_result, offset=j)
+            parts.append({"type": "text", "text": text})
     return parts
 
 
 def _text(content: Any, where: str, tool_result: bool = False, offset: int = 0) -> str:
-    """A message's content as one string: its text parts joined. In a tool's result, an image
-    or file (Codex's view_image) stands as a line saying it was left out: a 400 there would
+    """A message's content as one string: its text parts joined. In a tool's result, a file (or
+    an image not given as a data URL) stands as a line saying it was left out: a 400 there would
     come back with every later turn, which resends it."""
     if isinstance(content, str):
         return content
@@ -304,7 +323,11 @@ def _text(content: Any, where: str, tool_result: bool = False, offset: int = 0) 
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in MEDIA and tool_result:
-            texts.append(f"[{kind} left out: a tool's result is given to the model as text]")
+            texts.append(
+                IMAGE_LEFT_OUT
+                if kind in ("input_image", "image")
+                else f"[{kind} left out: a tool's result is given to the model as text]"
+            )
         elif kind in MEDIA:
             raise InvalidRequest(
                 f"Content part type '{kind}' is not supported here: send input_text parts "
@@ -362,6 +385,12 @@ def _tool_result(item: dict[str, Any], where: str, calls: set[str]) -> dict[str,
             param=f"{where}.call_id",
         )
     output = item.get("output")
+    if _has_images(output):  # Codex's view_image: the image itself, for a vision model
+        return {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": _parts(output, f"{where}.output", True),
+        }
     text = output if isinstance(output, str) else _text(output, f"{where}.output", True)
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
