@@ -12,6 +12,9 @@ Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's c
   repeats it);
 - `fill`: the same file with a method's body cut out, asked back whole with it filled in;
 - `chat`: a question whose answer has nothing to look up;
+- `json`: a record asked for under a JSON schema of long required keys (`response_format`), whose
+  keys and punctuation the grammar forces: drafted from the grammar even where the lookup finds
+  nothing;
 - `c16`: sixteen streams at once, a mixed workload (edits, chats, sampled chats), tokens/s of
   the whole batch.
 
@@ -92,6 +95,32 @@ def draft_model(model: str, layers: int) -> str:
     return str(out)
 
 
+# The json workload's schema: its keys, in order, are forced token by token
+RECORD_KEYS = (
+    "name_of_the_programming_language",
+    "year_the_language_first_appeared",
+    "main_paradigm_of_the_language",
+    "most_widely_used_implementation",
+    "one_sentence_summary_for_beginners",
+)
+WORKLOAD_FIELDS = {
+    "json": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "record",
+                "schema": {
+                    "type": "object",
+                    "properties": {key: {"type": "string"} for key in RECORD_KEYS},
+                    "required": list(RECORD_KEYS),
+                    "additionalProperties": False,
+                },
+            },
+        }
+    }
+}
+
+
 def prompts() -> dict[str, str]:
     source = SOURCE.read_text()
     body = re.search(r"(    def release\(.*?\n.*?\n)(.*?)(\n\n)", source, re.S)
@@ -102,6 +131,7 @@ def prompts() -> dict[str, str]:
         "fill": "This Python file has the body of `release` missing. Output the whole file "
         f"with it written, and nothing else.\n\n```python\n{holed}```",
         "chat": CHAT_QUESTION,
+        "json": "Describe the Python programming language as a JSON record.",
     }
 
 
@@ -196,11 +226,11 @@ def main() -> int:
 
     tokenizer = load_tokenizer(Path(model))
     texts = prompts()
-    names = ("edit", "fill", "chat")
+    names = ("edit", "fill", "chat", "json")
     draft_flags: list[str] = []
     if args.draft_layers:
         draft_flags = ["--draft-model", draft_model(model, args.draft_layers)]
-        names = ("edit", "chat")
+        names = ("edit", "chat", "json")
     off = {"num_draft_tokens": 0}
     ratios: dict[str, list[float]] = {}
     rows: list[tuple[str, str]] = []
@@ -213,8 +243,8 @@ def main() -> int:
             httpx.Client(timeout=limits) as client,
         ):
             url = f"http://127.0.0.1:{server.port}"
-            for name in names:  # warm: prompts in the prefix cache
-                stream_chat(client, url, texts[name], 8)
+            for name in names:  # warm: prompts in the prefix cache, the schema compiled
+                stream_chat(client, url, texts[name], 8, **WORKLOAD_FIELDS.get(name, {}))
             if not args.skip_c16:  # and a batch of 16's shapes
                 c16_rate(client, url, texts, 16, **off)
             for run in range(args.runs):
@@ -223,8 +253,9 @@ def main() -> int:
                     sides = {}
                     order = (("on", {}), ("off", off))
                     for side, extra in order if run % 2 == 0 else order[::-1]:
+                        fields = {**WORKLOAD_FIELDS.get(name, {}), **extra}
                         sides[side] = stream_chat(
-                            client, url, texts[name], args.max_tokens, **extra
+                            client, url, texts[name], args.max_tokens, **fields
                         )
                     drafted, kept = (a - b for a, b in zip(drafted_counts(client, url), before))
                     ratio = sides["on"][0] / sides["off"][0]
