@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-tiers test-fast test-portable test-soak test-ranks test-clients clients lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable test-fuzz test-soak test-ranks test-clients clients lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
@@ -29,7 +29,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak and not ranks" \
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak and not ranks and not fuzz" \
 		--ignore=$(ENGINE_PROCESS_TESTS)
 
 # The unit and engine tiers: no HTTP, under a minute.
@@ -44,6 +44,11 @@ test-fast: $(VENV)/.installed-dev
 test-portable: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api \
 		$(ENGINE_PROCESS_TESTS) -m "not slow and not http_only and not soak"
+
+# Generated requests (hypothesis, schemathesis) on every route from /openapi.json and on every
+# door's images: half a minute of one worker, so a tier of its own, after make test.
+test-fuzz: $(VENV)/.installed-dev
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/api -m fuzz
 
 # Failures and recoveries repeated: the engine process killed 20 times during 16 streams.
 test-soak: $(VENV)/.installed-dev

@@ -23,7 +23,7 @@ from mlxserve.settings import Limits
 from ..embedding_models import build_tiny_bert, build_tiny_cross_encoder
 
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
-pytestmark = pytest.mark.http_only
+pytestmark = [pytest.mark.http_only, pytest.mark.fuzz]
 
 FUZZ_LIMITS = Limits(
     max_body_bytes=256 * 1024,

@@ -21,7 +21,7 @@ from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
 
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
-pytestmark = pytest.mark.http_only
+pytestmark = [pytest.mark.http_only, pytest.mark.fuzz]
 
 MODEL = "tiny-qwen2-vl"
 EXAMPLES = 30  # a door
