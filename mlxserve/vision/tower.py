@@ -52,6 +52,7 @@ class Prefilled:
 # is not prefilled again, and its row needs the shift its first prefill measured
 KNOWN_SHIFTS = 4096
 PREPARED_KEPT = 8  # prompts with images as the processor gave them, the latest
+HANDED_KEPT = 8  # prefills waiting for their sequences to start, where the prefix cache is off
 
 
 class VisionTower:
@@ -62,6 +63,7 @@ class VisionTower:
         self.processor = processor
         self._shifts: dict[int, int] = {}  # KNOWN_SHIFTS of them, the oldest dropped first
         self._prepared: dict[tuple, Prepared] = {}  # PREPARED_KEPT of them
+        self._handed: dict[tuple[int, ...], Prefilled] = {}  # HANDED_KEPT of them
         # While a prefill's graph is built: each of the vision tower's blocks' outputs, in order
         self.recording: list[mx.array] | None = None
         _record_blocks(self)
@@ -139,6 +141,16 @@ class VisionTower:
         self._shifts[_images_key(prepared)] = shift
         while len(self._shifts) > KNOWN_SHIFTS:
             self._shifts.pop(next(iter(self._shifts)))
+
+    def hand_over(self, key: list[int], prefilled: Prefilled) -> None:
+        """Keep a prefill for the sequence that starts from it next (`take_handed`): a prompt
+        prefilled in passes where the prefix cache does not keep it."""
+        self._handed[tuple(key)] = prefilled
+        while len(self._handed) > HANDED_KEPT:
+            self._handed.pop(next(iter(self._handed)))
+
+    def take_handed(self, prepared: Prepared) -> Prefilled | None:
+        return self._handed.pop(tuple(prepared.key), None)
 
     def known_shift(self, prepared: Prepared) -> int | None:
         """The shift a prompt with the same images (and text before them) was prefilled with,

@@ -632,3 +632,37 @@ def test_a_text_model_reads_a_line_for_a_tools_image(live_server, tiny_model):
     assert rendered.status_code == 200, rendered.text
     line = "[image left out: a tool's result is given to the model as text]\nshot.png"
     assert line in rendered.json()["prompt"]
+
+
+def test_an_image_prompt_not_to_be_cached_answers_the_same(vision):
+    """llama.cpp's `cache_prompt: false` on an image prompt: prefilled in passes and handed to
+    its sequence (nothing kept), it answers as the prompt found in the prefix cache does."""
+    server, _ = vision
+    png = checkerboard_png(colors=((90, 10, 200), (10, 200, 90)))
+    body = {
+        "model": "tiny-qwen2-vl",
+        "messages": [image_message(png)],
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+
+    def ask(**extra) -> dict:
+        reply = httpx.post(server.url + "/v1/chat/completions", json={**body, **extra}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    uncached = ask(cache_prompt=False)
+    assert uncached["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    first = ask()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # nothing was kept
+    again = ask()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    for reply in (first, again):
+        assert reply["choices"][0]["message"] == uncached["choices"][0]["message"]
+        top = reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        expected = uncached["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        for mine, theirs in zip(top, expected):
+            assert mine["token"] == theirs["token"]
+            assert mine["logprob"] == pytest.approx(theirs["logprob"], abs=1e-4)

@@ -194,3 +194,43 @@ def test_the_front_counts_the_tokens_the_processor_makes_of_an_image(vision_mode
     counted = ImageTokens.of_folder(folder)
     prepared = tower.prepare(prompt(tower), [checkerboard_png(size)])
     assert counted.count(*size) == prepared.tokens.count(tower.image_token_id)
+
+
+def test_a_prompt_not_to_be_cached_is_prefilled_in_passes_and_handed_to_its_sequence(vision_model):
+    """`cache_prompt: false` (or the prefix cache off): the prompt with images is still
+    prefilled a pass a turn beside the streams; its KV is handed to its sequence through the
+    tower, nothing kept in the prefix cache."""
+    from mlxserve.engine.models.host import load_model
+    from mlxserve.engine.prefix.keeper import PrefixKeeper
+    from mlxserve.engine.requests import GenerationRequest
+    from mlxserve.engine.scheduling.messages import Group
+    from mlxserve.engine.sequences.image_prefill import ImagePrefills
+    from mlxserve.engine.stats import EngineStats
+    from mlxserve.sampling.params import SamplingParams
+
+    folder, _, _ = vision_model
+    loaded = load_model(str(folder), calibrate=False)
+    text = prompt(loaded.vision)
+    request = GenerationRequest(
+        prompt_ids=(1,),
+        max_tokens=2,
+        sampling=SamplingParams(),
+        seed=0,
+        images=(checkerboard_png(),),
+        prompt_text=text,
+        cache_prompt=False,
+    )
+    prefixes = PrefixKeeper(64 << 20, EngineStats())
+    queue = ImagePrefills()
+    assert queue.start(Group(9, [request]), loaded, prefixes)
+    turns = 0
+    while not queue.step(1e-9, 8, prefixes):
+        turns += 1
+    assert turns >= 3
+    prepared = loaded.vision.prepare(text, list(request.images))
+    assert prefixes.fetch(prepared.key)[1] == 0  # not kept
+    handed = loaded.vision.take_handed(prepared)
+    assert handed is not None and len(handed.tokens) == len(prepared.tokens)
+    whole = loaded.vision.prefill(prepared, lambda: make_prompt_cache(loaded.model))
+    assert handed.rope_shift == whole.rope_shift
+    assert loaded.vision.take_handed(prepared) is None  # taken once

@@ -8,9 +8,9 @@ the oldest job: the vision tower a block at a time, then the language model over
 prompt's tokens as fit the time a prompt chunk may take beside the streams, at what a token cost
 in the passes before (mlx-vlm's language model runs them, at a cost of its own). A finished
 prompt's KV goes into the prefix cache under its images' key, and the group is admitted: its
-sequences start from that KV as from any prefix.
-Where the prefix cache is off (or cannot hold the prompt), a sequence prefills its images in one
-go when it starts (sequences/starting.py).
+sequences start from that KV as from any prefix. Where the prefix cache is off, or the request
+asks it not to keep the prompt (`cache_prompt: false`), the KV is handed to the sequence that
+starts from it (`VisionTower.hand_over`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class _Job:
     group: Group
     run: object  # vision/tower.PrefillJob
     key: list[int]
+    keyed: bool  # its KV goes to the prefix cache (else it is handed to its sequence)
 
 
 class ImagePrefills:
@@ -53,18 +54,19 @@ class ImagePrefills:
         """Queue a job for each of the group's prompts with images not yet in the prefix cache
         (one for choices sharing a prompt). Whether the group waits for any."""
         vision = loaded.vision
-        if vision is None or not prefixes.enabled:
+        if vision is None:
             return False
         seen: set[tuple[int, ...]] = set()
         for request in group.requests:
-            if not request.images or not request.cache_prompt or request.prompt_logprobs:
+            if not request.images or request.prompt_logprobs:
                 continue
             prepared = vision.prepare(request.prompt_text, list(request.images))
-            if tuple(prepared.key) in seen or vision.known_shift(prepared) is not None:
+            keyed = request.cache_prompt and prefixes.enabled
+            if tuple(prepared.key) in seen or (keyed and vision.known_shift(prepared) is not None):
                 continue  # prefilled before: the prefix cache may hold it
             seen.add(tuple(prepared.key))
             job = vision.prefill_in_passes(prepared, lambda: make_prompt_cache(loaded.model))
-            self._jobs.append(_Job(group, job, prepared.key))
+            self._jobs.append(_Job(group, job, prepared.key, keyed))
             self._waiting[group.group_id] = self._waiting.get(group.group_id, 0) + 1
         return group.group_id in self._waiting
 
@@ -111,7 +113,10 @@ class ImagePrefills:
             return []
         self._jobs.popleft()
         prefilled = job.run.result
-        prefixes.keep(job.key[: len(prefilled.tokens) - 1], prefilled.cache)
+        if job.keyed:
+            prefixes.keep(job.key[: len(prefilled.tokens) - 1], prefilled.cache)
+        else:  # no prefix cache to find it in: its sequence takes it from the tower
+            job.run.tower.hand_over(job.key, prefilled)
         group_id = job.group.group_id
         self._waiting[group_id] -= 1
         if self._waiting[group_id]:

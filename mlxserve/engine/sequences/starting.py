@@ -118,7 +118,10 @@ def _with_images(loaded: LoadedModel, request: GenerationRequest, prefixes: Pref
     prepared = vision.prepare(request.prompt_text, list(request.images))
     keyed = request.cache_prompt and prefixes.enabled
     cache, reused, hit, shift = None, 0, 0, vision.known_shift(prepared)
-    if keyed and shift is not None:
+    handed = vision.take_handed(prepared)  # prefilled in passes for it (image_prefill.py)
+    if handed is not None:
+        cache, reused, shift = handed.cache, len(prepared.tokens) - 1, handed.rope_shift
+    elif keyed and shift is not None:
         cache, reused = prefixes.fetch(prepared.key)
         if cache is not None and reused < prepared.images_end:
             cache, reused = None, 0  # it ends inside the images: they are read again
