@@ -68,7 +68,7 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
             param="messages",
             code="invalid_messages",
         ) from error
-    images, image_tokens = _read_images(chat, model, settings)
+    images, image_tokens = read_image_parts(chat.images(), model, settings)
     think = _think_tags(chat.reasoning_format or settings.reasoning_format, tokenizer)
     syntax = syntax_for(tokenizer, tools, settings.tool_parser) if calling else None
     if forced and not syntax.json_body:
@@ -108,17 +108,6 @@ def _places_every_image(text: str, chat: Chat, model: ModelFacts) -> bool:
     return text.count(model.image_placeholder) >= len(chat.images())
 
 
-def _read_images(
-    chat: Chat, model: ModelFacts, settings: ChatSettings
-) -> tuple[tuple[bytes, ...], int]:
-    """The conversation's images, read and checked (vision/images.py), for a model that takes
-    them, and the tokens they become in its prompt."""
-    parts = chat.images()
-    if not parts:
-        return (), 0
-    return read_image_parts(parts, model, settings)
-
-
 def _refuse_images_of_a_text_model(chat: Chat, model: ModelFacts) -> None:
     """A 400 naming the conversation's first image, where the model takes none."""
     parts = chat.images()
@@ -147,16 +136,16 @@ def read_image_parts(
     check_count(len(parts), where)
     images, tokens = [], 0
     for part in parts:
-        where = part["param"]
+        param = part["param"]
         if "base64" in part:
-            data = from_base64(part["base64"], where)
+            data = from_base64(part["base64"], param)
         else:
-            data = image_from_url(part["url"], where, settings)
+            data = image_from_url(part["url"], param, settings)
         if model.image_tokens is not None:
             size = pixel_size(data)
             refusal = model.image_tokens.refusal(*size)
             if refusal is not None:
-                raise InvalidRequest(f"{where}: {refusal}.", param=where, code="invalid_image")
+                raise InvalidRequest(f"{param}: {refusal}.", param=param, code="invalid_image")
             tokens += model.image_tokens.count(*size)
         images.append(data)
     return tuple(images), tokens

@@ -110,11 +110,10 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
         if isinstance(message.content, str):
             out.append(Message(message.role, message.content))
             continue
-        texts, calls, reasoning, results, images = [], [], [], [], []
+        texts, calls, reasoning, results = [], [], [], []
         for j, block in enumerate(message.content):
             if isinstance(block, MediaBlock) and block.type == "image" and message.role == "user":
-                images.append(len(texts))  # where it stands among the text blocks
-                texts.append(_image(block, f"{where}[{j}]"))
+                texts.append(_image(block, f"{where}[{j}]"))  # an image part among the texts
                 continue
             if isinstance(block, MediaBlock):
                 raise InvalidRequest(
@@ -133,11 +132,7 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
                 results.append(_result(block, f"{where}[{j}]"))
         out.extend(results)  # answers to the calls of the turn before, then what the user says
         if texts or calls or not results:
-            content = (
-                "".join(texts)
-                if not images
-                else [t if isinstance(t, dict) else {"type": "text", "text": t} for t in texts]
-            )
+            content = _joined(texts)
             out.append(
                 Message(
                     message.role,
@@ -147,6 +142,14 @@ def chat_messages(body: CountTokensRequest) -> list[Message]:
                 )
             )
     return out
+
+
+def _joined(pieces: list[str | dict[str, Any]], separator: str = "") -> str | list[dict[str, Any]]:
+    """Text pieces joined, or, where image parts stand among them, text and image parts in
+    order."""
+    if not any(isinstance(p, dict) for p in pieces):
+        return separator.join(pieces)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in pieces]
 
 
 def _image(block: MediaBlock, where: str) -> dict[str, Any]:
@@ -184,13 +187,12 @@ LEFT_OUT = {
 def _result(block: ToolResultBlock, where: str) -> Message:
     content = block.content
     if isinstance(content, list):
-        parts, left_out, images = [], False, []
+        parts, left_out = [], False
         for k, part in enumerate(content):
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             elif kind == "image":
-                images.append(len(parts))
                 parts.append(_image_of(part.get("source"), f"{where}.content[{k}]"))
             elif kind in LEFT_OUT:
                 parts.append(LEFT_OUT[kind])
@@ -205,15 +207,12 @@ def _result(block: ToolResultBlock, where: str) -> Message:
                     "model as text.",
                     param=f"{where}.content[{k}]",
                 )
-        if images:  # text and image parts, in order
-            content = [
-                p if k in images else {"type": "text", "text": p} for k, p in enumerate(parts)
-            ]
-            if block.is_error:
-                content = [{"type": "text", "text": "Error: "}, *content]
-            return Message("tool", content, tool_call_id=block.tool_use_id)
         # text blocks run together as they always did; a line left out stands on its own
-        content = ("\n" if left_out else "").join(parts)
+        content = _joined(parts, "\n" if left_out else "")
     if block.is_error:
-        content = f"Error: {content}"
+        content = (
+            f"Error: {content}"
+            if isinstance(content, str)
+            else [{"type": "text", "text": "Error: "}, *content]
+        )
     return Message("tool", content, tool_call_id=block.tool_use_id)
