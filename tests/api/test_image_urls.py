@@ -20,13 +20,12 @@ from mlxserve.vision.images import MAX_IMAGE_BYTES
 
 from ..helpers import skip_for_missing
 from ..vision_models import build_tiny_qwen2_vl, checkerboard_png
-from .test_vision_chat import data_url
+from .test_vision_chat import data_url, refusal, url_message
 
 # The HTTP contract alone: the platform policy does not change it (not in the portable pass).
 pytestmark = pytest.mark.http_only
 
 PNG = checkerboard_png()
-PARAM = "messages[0].content[0].image_url.url"
 
 
 class Images(BaseHTTPRequestHandler):
@@ -97,15 +96,7 @@ def allowed(live_servers, tmp_path_factory):
 def first_logprobs(server, url: str) -> dict[str, float]:
     body = {
         "model": "tiny-qwen2-vl",
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": url}},
-                    {"type": "text", "text": "What is in the picture?"},
-                ],
-            }
-        ],
+        "messages": [url_message(url)],
         "max_tokens": 1,
         "temperature": 0,
         "logprobs": True,
@@ -115,20 +106,6 @@ def first_logprobs(server, url: str) -> dict[str, float]:
     assert reply.status_code == 200, reply.text
     top = reply.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     return {t["token"]: t["logprob"] for t in top}
-
-
-def refusal(server, url: str) -> dict:
-    body = {
-        "model": "tiny-qwen2-vl",
-        "messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
-        ],
-    }
-    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == PARAM
-    return error
 
 
 def test_an_http_url_and_a_media_file_give_the_model_the_same_image(allowed, web):

@@ -38,13 +38,7 @@ def data_url(png: bytes) -> str:
 
 
 def image_message(png: bytes) -> dict:
-    return {
-        "role": "user",
-        "content": [
-            {"type": "image_url", "image_url": {"url": data_url(png)}},
-            {"type": "text", "text": QUESTION},
-        ],
-    }
+    return url_message(data_url(png))
 
 
 def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5, text: str | None = None):
@@ -77,6 +71,45 @@ def mlx_vlm_first_logprobs(folder, png: bytes, k: int = 5, text: str | None = No
     return {t: logprobs[t].item() for t in top}
 
 
+def assert_served_as_mlx_vlm(served: dict[str, float], expected: dict[int, float], tokenizer):
+    """The served top logprobs (by token text) equal mlx-vlm's (by id), for the tokens whose
+    text is their own (byte-level pieces of one character read alike: those are left out);
+    those tokens' (text, logprob)."""
+    top = [(tokenizer.decode([t]), logprob) for t, logprob in expected.items()]
+    texts = [text for text, _ in top]
+    unique = [(text, logprob) for text, logprob in top if texts.count(text) == 1]
+    assert len(unique) >= 3
+    for text, logprob in unique:
+        assert served[text] == pytest.approx(logprob, abs=1e-3)
+    return unique
+
+
+def url_message(url: str) -> dict:
+    """A user's message: the image at `url`, then the question."""
+    return {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": QUESTION},
+        ],
+    }
+
+
+def refusal(server, url: str, param: str = "messages[0].content[0].image_url.url") -> dict:
+    """The 400 an image at `url` alone in a user's message gets; its error, naming `param`."""
+    body = {
+        "model": "tiny-qwen2-vl",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+        ],
+    }
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param, error
+    return error
+
+
 def test_openai_chat_with_an_image_answers_as_mlx_vlm(vision):
     import openai
 
@@ -95,14 +128,7 @@ def test_openai_chat_with_an_image_answers_as_mlx_vlm(vision):
     first = reply.choices[0].logprobs.content[0]
     tokenizer = server.engine.loaded.tokenizer
     served = {t.token: t.logprob for t in first.top_logprobs}
-    expected = [
-        (tokenizer.decode([t]), lp) for t, lp in mlx_vlm_first_logprobs(folder, png).items()
-    ]
-    texts = [text for text, _ in expected]
-    unique = [(text, lp) for text, lp in expected if texts.count(text) == 1]
-    assert len(unique) >= 3  # (byte-level pieces of one character read alike: those are left out)
-    for text, logprob in unique:
-        assert served[text] == pytest.approx(logprob, abs=1e-3)
+    unique = assert_served_as_mlx_vlm(served, mlx_vlm_first_logprobs(folder, png), tokenizer)
     # another image, other logprobs: the image reached the model
     other = client.chat.completions.create(
         model="tiny-qwen2-vl",
@@ -164,14 +190,7 @@ def test_a_qwen3_vl_model_answers_as_mlx_vlm(qwen3):
     assert ollama.status_code == 200, ollama.text
     assert ollama.json()["message"]["content"] == choice["message"]["content"]
     served = {t["token"]: t["logprob"] for t in choice["logprobs"]["content"][0]["top_logprobs"]}
-    expected = [
-        (tokenizer.decode([t]), lp) for t, lp in mlx_vlm_first_logprobs(folder, png).items()
-    ]
-    texts = [text for text, _ in expected]
-    unique = [(text, lp) for text, lp in expected if texts.count(text) == 1]
-    assert len(unique) >= 3
-    for text, logprob in unique:
-        assert served[text] == pytest.approx(logprob, abs=1e-3)
+    assert_served_as_mlx_vlm(served, mlx_vlm_first_logprobs(folder, png), tokenizer)
 
 
 def test_an_image_beside_a_text_stream_and_ollama_images(vision):
@@ -229,16 +248,8 @@ def test_an_image_beside_a_text_stream_and_ollama_images(vision):
 )
 def test_images_that_cannot_be_read_are_a_400_naming_the_field(vision, url, code, says):
     server, _ = vision
-    body = {
-        "model": "tiny-qwen2-vl",
-        "messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
-        ],
-    }
-    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "messages[0].content[0].image_url.url" and says in error["message"]
+    error = refusal(server, url)
+    assert says in error["message"]
     if code is not None:
         assert error["code"] == code
 
@@ -531,9 +542,10 @@ def test_a_tools_image_reaches_a_vision_model(qwen3, vision):
     """Claude Code's Read of a PNG, Codex's view_image: the image in a tool's result goes to a
     vision model whose template places it (Qwen3-VL's) as an image, in the tool's turn.
     Through OpenAI chat the first token's logprobs are mlx-vlm's own over the prompt the server
-    renders; through the anthropic client and Responses, another image gives another answer. A
-    template that writes a tool's turn as text (the tiny Qwen2-VL's, which has no tools) gets
-    the line saying the image was left out."""
+    renders; through the anthropic client and Responses, the prefix cache reads the same image
+    again further than another one (it keeps the prompt by its images). A template that writes
+    a tool's turn as text (the tiny Qwen2-VL's, which has no tools) gets the line saying the
+    image was left out."""
     import anthropic
 
     server, folder = qwen3
@@ -554,12 +566,7 @@ def test_a_tools_image_reaches_a_vision_model(qwen3, vision):
     assert rendered.count("<|image_pad|>") == 1  # in the tool's turn
     assert rendered.index("<tool_response>") < rendered.index("<|image_pad|>")
     tokenizer = server.engine.loaded.tokenizer
-    expected = mlx_vlm_first_logprobs(folder, png, text=rendered)
-    top = [(tokenizer.decode([t]), logprob) for t, logprob in expected.items()]
-    unique = [(t, lp) for t, lp in top if [x for x, _ in top].count(t) == 1]
-    assert len(unique) >= 3
-    for token, logprob in unique:
-        assert served[token] == pytest.approx(logprob, abs=1e-3)
+    assert_served_as_mlx_vlm(served, mlx_vlm_first_logprobs(folder, png, text=rendered), tokenizer)
 
     # The anthropic client and Responses: the prefix cache keeps a prompt by its images, so the
     # same image again is read from the cache past the tool's turn, another one is not

@@ -143,32 +143,39 @@ def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
     assert largest_difference([next_logits(job.result)], [next_logits(whole)]) < 1e-4
 
 
-def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(vision_model):
-    """The engine's queue of prompts with images (sequences/image_prefill.py): a pass a turn
-    (the images' embeddings, then the prompt in passes of the pacer's chunk), the group handed
-    back for admission only after the last, its KV then in the prefix cache under its key."""
+def image_prefill_setup(vision_model, **fields):
+    """The model as the engine loads it, a request with an image (and `fields`), a prefix cache
+    and an empty queue of image prefills."""
     from mlxserve.engine.models.host import load_model
     from mlxserve.engine.prefix.keeper import PrefixKeeper
     from mlxserve.engine.requests import GenerationRequest
-    from mlxserve.engine.scheduling.messages import Group
     from mlxserve.engine.sequences.image_prefill import ImagePrefills
     from mlxserve.engine.stats import EngineStats
     from mlxserve.sampling.params import SamplingParams
 
     folder, _, _ = vision_model
     loaded = load_model(str(folder), calibrate=False)
-    text = prompt(loaded.vision)
     request = GenerationRequest(
         prompt_ids=(1,),
         max_tokens=2,
         sampling=SamplingParams(),
         seed=0,
         images=(checkerboard_png(),),
-        prompt_text=text,
+        prompt_text=prompt(loaded.vision),
+        **fields,
     )
+    return loaded, request, PrefixKeeper(64 << 20, EngineStats()), ImagePrefills()
+
+
+def test_a_group_with_images_waits_for_its_passes_then_finds_its_kv_cached(vision_model):
+    """The engine's queue of prompts with images (sequences/image_prefill.py): a pass a turn
+    (the images' embeddings, then the prompt in passes of the pacer's chunk), the group handed
+    back for admission only after the last, its KV then in the prefix cache under its key."""
+    from mlxserve.engine.scheduling.messages import Group
+
+    loaded, request, prefixes, queue = image_prefill_setup(vision_model)
+    text = request.prompt_text
     group = Group(7, [request, request])  # two choices of one prompt: one job
-    prefixes = PrefixKeeper(64 << 20, EngineStats())
-    queue = ImagePrefills()
     assert queue.start(group, loaded, prefixes) and len(queue) == 1
     turns = 0
     while not (admitted := queue.step(1e-9, 8, prefixes)):  # 4 tokens a pass after the first
@@ -200,28 +207,10 @@ def test_a_prompt_not_to_be_cached_is_prefilled_in_passes_and_handed_to_its_sequ
     """`cache_prompt: false` (or the prefix cache off): the prompt with images is still
     prefilled a pass a turn beside the streams; its KV is handed to its sequence through the
     tower, nothing kept in the prefix cache."""
-    from mlxserve.engine.models.host import load_model
-    from mlxserve.engine.prefix.keeper import PrefixKeeper
-    from mlxserve.engine.requests import GenerationRequest
     from mlxserve.engine.scheduling.messages import Group
-    from mlxserve.engine.sequences.image_prefill import ImagePrefills
-    from mlxserve.engine.stats import EngineStats
-    from mlxserve.sampling.params import SamplingParams
 
-    folder, _, _ = vision_model
-    loaded = load_model(str(folder), calibrate=False)
-    text = prompt(loaded.vision)
-    request = GenerationRequest(
-        prompt_ids=(1,),
-        max_tokens=2,
-        sampling=SamplingParams(),
-        seed=0,
-        images=(checkerboard_png(),),
-        prompt_text=text,
-        cache_prompt=False,
-    )
-    prefixes = PrefixKeeper(64 << 20, EngineStats())
-    queue = ImagePrefills()
+    loaded, request, prefixes, queue = image_prefill_setup(vision_model, cache_prompt=False)
+    text = request.prompt_text
     assert queue.start(Group(9, [request]), loaded, prefixes)
     turns = 0
     while not queue.step(1e-9, 8, prefixes):
