@@ -32,14 +32,11 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
     forces are kept whatever the model says, so they are worth a pass of their own."""
     remaining = [most - n - 1 for n, most in zip(batch._num_tokens, batch.max_tokens)]
     width = planner.width(batch.uids, batch.tokens, remaining)
-    grammars = {
-        row: grammar
-        for row, processors in enumerate(batch.logits_processors)
-        if (grammar := next((g for p in processors if (g := getattr(p, "grammar", None))), None))
-        is not None
-        and planner.drafting(batch.uids[row])
-        and remaining[row] > 0
-    }
+    grammars = {}  # drafting rows' grammars, by row
+    for row, processors in enumerate(batch.logits_processors):
+        grammar = _grammar_of(processors)
+        if grammar is not None and planner.drafting(batch.uids[row]) and remaining[row] > 0:
+            grammars[row] = grammar
     if not width and not grammars:
         return None
     current = batch._next_tokens.tolist()
@@ -57,6 +54,11 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
         if masks is not None:
             batch.draft_masks[row] = masks
     return drafts if any(drafts) else None
+
+
+def _grammar_of(processors):
+    """A row's grammar mask among its logits processors (sampling/grammar_mask.py), or None."""
+    return next((p.grammar for p in processors if getattr(p, "grammar", None)), None)
 
 
 def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list[int]], processed):
