@@ -283,8 +283,9 @@ class MixedBatches:
         self.attention = attention
         self.matmul_rows = matmul_rows  # the platform's (`mixed_forward`)
         self.model = generator.model
+        self.language = language_of(self.model)  # a vision model's language model, or the model
         self.max_chunk = max_chunk  # longer chunks run in mlx-lm's own passes
-        self.layers = len(language_of(self.model).model.layers)
+        self.layers = len(self.language.model.layers)
         # The layers a chunk taken from now on goes through in each forward pass, None for all
         # (the pacer's: deep in a long prompt one token through every layer is already more than
         # a stream's step may carry)
@@ -445,7 +446,7 @@ class MixedBatches:
     ):
         """`logits` (rows, length, V) of the live groups, with rows of zeros for the groups left
         out (sampled, then dropped: their sequences end in this step)."""
-        vocabulary = language_of(self.model).args.vocab_size
+        vocabulary = self.language.args.vocab_size
         dtype = mx.float32 if logits is None else logits.dtype
         pieces, at = [], 0
         for a, b, skipped in zip(starts, starts[1:], idle):
