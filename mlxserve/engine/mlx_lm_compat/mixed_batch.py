@@ -467,7 +467,7 @@ class MixedBatches:
                 inputs, caches = decode_parts[0]
                 return self.model(inputs, cache=caches)
             return mixed_forward(
-                self.model, decode_parts, attention=self.attention, matmul_rows=self.matmul_rows
+                self.language, decode_parts, attention=self.attention, matmul_rows=self.matmul_rows
             )
         logits, computed = self._run(self.pending, decode_parts, self._layers_per_pass)
         self._carried += computed
@@ -489,7 +489,7 @@ class MixedBatches:
         rows if any: their logits, and the chunk's share computed, in tokens."""
         before = part.done
         logits = mixed_forward(
-            self.model, decode_parts, part, layers, self.attention, self.matmul_rows
+            self.language, decode_parts, part, layers, self.attention, self.matmul_rows
         )
         if part.done == self.layers:
             self.pending = None
