@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..module_calls import with_call
+from .attention_rows import rows_chunked
 
 log = logging.getLogger("mlxserve.engine")
 
@@ -67,6 +68,8 @@ class VisionTower:
         # While a prefill's graph is built: each of the vision tower's blocks' outputs, in order
         self.recording: list[mx.array] | None = None
         _record_blocks(self)
+        vision = _vision_of(vlm)
+        self.vision_module = None if vision is None else type(vision).__module__
 
     @classmethod
     def load(cls, folder: Path, language_model: nn.Module) -> VisionTower:
@@ -161,7 +164,8 @@ class VisionTower:
 class PrefillJob:
     """A prompt with images prefilled a pass at a time: first the images' embeddings, half a
     block of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
-    block's attention's output and the block's in turn), then the language model over the
+    block's attention's output, its rows a chunk a pass for a large image (attention_rows.py),
+    and the block's in turn), then the language model over the
     prompt's embeddings in passes of the tokens each `advance` allows, positions as the family
     places them. `result` once done."""
 
@@ -191,9 +195,10 @@ class PrefillJob:
             }
             self.tower.recording = []
             try:
-                self.features = self.tower.vlm.get_input_embeddings(
-                    ids, inputs.get("pixel_values"), **extra
-                )
+                with rows_chunked(self.tower.recording, self.tower.vision_module):
+                    self.features = self.tower.vlm.get_input_embeddings(
+                        ids, inputs.get("pixel_values"), **extra
+                    )
             finally:
                 self.blocks, self.tower.recording = self.tower.recording, None
             return False  # the graph built (the processor's numbers read): a pass of its own
@@ -254,8 +259,8 @@ def _record_blocks(tower: VisionTower) -> None:
     """The vision tower's patch embedding, each of its blocks (its longest list of modules) and
     each block's attention record their outputs on `tower.recording` while that is a list, in
     the order they are called: what a prefill evaluates a pass at a time."""
-    vision = getattr(tower.vlm, "vision_tower", None) or getattr(tower.vlm, "vision_model", None)
-    if not isinstance(vision, nn.Module):
+    vision = _vision_of(tower.vlm)
+    if vision is None:
         return
     lists = [
         value
@@ -292,6 +297,12 @@ def _record_blocks(tower: VisionTower) -> None:
     ]
     for module in [*embedding[:1], *blocks, *attentions]:
         with_call(module, "Recorded", __call__)
+
+
+def _vision_of(vlm: nn.Module) -> nn.Module | None:
+    """The model's vision tower, where it has one under a name mlx-vlm's families use."""
+    vision = getattr(vlm, "vision_tower", None) or getattr(vlm, "vision_model", None)
+    return vision if isinstance(vision, nn.Module) else None
 
 
 def _images_key(prepared: Prepared) -> int:

@@ -6,6 +6,8 @@ its token indexes: without the shift, the logits differ."""
 
 from __future__ import annotations
 
+import sys
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
@@ -132,6 +134,13 @@ def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
     # rest of the block; the merge
     assert image_passes == 1 + 1 + 2 * tower.vlm.config.vision_config.depth + 1
     assert passes >= image_passes + 3 and job.result.rope_shift == whole.rope_shift
+    assert next_logits_gap(language, job.result, whole) < 1e-4
+
+
+def next_logits_gap(language, prefilled, other) -> float:
+    """How far apart the logits of the token after two prefills of a prompt are, each decoded
+    as the batch decodes it."""
+    rope_shift.install()
 
     def next_logits(prefilled):
         for layer in prefilled.cache:
@@ -139,8 +148,32 @@ def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
         batch = [BatchKVCache.merge([layer]) for layer in prefilled.cache]
         return language(mx.array([[prefilled.tokens[-1]]]), cache=batch)[:, -1, :]
 
-    rope_shift.install()
-    assert largest_difference([next_logits(job.result)], [next_logits(whole)]) < 1e-4
+    return largest_difference([next_logits(prefilled)], [next_logits(other)])
+
+
+def test_a_large_images_attention_is_cut_by_rows_into_passes(vision_model, monkeypatch):
+    """Attention over more scores a head than attention_rows.MAX_SCORES is computed a chunk of
+    query rows a pass (here a third of the image's patches): each block's attention takes
+    three passes more, the KV is the one pass leaves, and MLX's own attention is back after."""
+    from mlx_vlm.models import base
+
+    from mlxserve.vision import attention_rows
+
+    _, language, tower = vision_model
+    prepared = tower.prepare(prompt(tower), [checkerboard_png()])
+    whole = tower.prefill(prepared, lambda: make_prompt_cache(language))
+    patches = prepared.inputs["pixel_values"].shape[0]
+    monkeypatch.setattr(attention_rows, "MAX_SCORES", patches * -(-patches // 3))
+    job = tower.prefill_in_passes(prepared, lambda: make_prompt_cache(language))
+    image_passes = 0
+    while not job.advance(len(prepared.tokens)):
+        image_passes += job.done_tokens == 0
+    depth = tower.vlm.config.vision_config.depth
+    assert image_passes == 1 + 1 + (2 + 3) * depth + 1
+    assert mx.fast.scaled_dot_product_attention is attention_rows._fused
+    family = sys.modules[tower.vision_module]  # mlx-vlm's compiled wrapper, where it calls that
+    assert getattr(family, "ensure_fused_sdpa", base.ensure_fused_sdpa) is base.ensure_fused_sdpa
+    assert next_logits_gap(language, job.result, whole) < 1e-4
 
 
 def image_prefill_setup(vision_model, **fields):
