@@ -520,7 +520,7 @@ class Engine(AdmittedWork):
         )
         self.prefixes.open_disk(loaded)
         if loaded.draft_model is not None:
-            self.prefixes.open_draft(loaded.draft_kv_share)
+            self.prefixes.open_draft(loaded.draft_kv_share, loaded.draft)
         self.generator = self._new_generator()
 
     def _model_unloaded(self) -> None:

@@ -8,9 +8,9 @@ token the step starts from; right-padded, the padding rolled back), then drafts 
 token a pass; after the target's verdict each row's KV is rolled back to the drafts it kept.
 Plain steps in between leave the draft KV behind; the next drafting step catches it up.
 
-With a prefix cache of its own (beside the target's, keyed by tokens as the target's is), a
-joining row reads only what no earlier row left there: each row's prompt is kept as it joins,
-and its whole sequence as it leaves.
+With a prefix cache of its own (beside the target's, keyed by tokens as the target's is, in
+memory and on disk), a joining row reads only what no earlier row left there: each row's prompt
+is kept as it joins, and its whole sequence as it leaves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from ..engine.mlx_lm_compat.batch_join import row_view
-from ..engine.prefix.memory import PrefixCache, prefix_copy
+from ..engine.prefix.keeper import PrefixKeeper
+from ..engine.prefix.memory import prefix_copy
 from .rollback import roll_back
 
 PROMPT_PASS_TOKENS = 512  # a joining row's prompt is read in passes of this many tokens
@@ -51,7 +52,7 @@ def check_draft_pair(draft_model, draft_vocab: dict[str, int], vocab: dict[str, 
 class ModelDrafter:
     """The draft model's batch: rows by uid, each with how many of its tokens its KV holds."""
 
-    def __init__(self, model, prefixes: PrefixCache | None = None):
+    def __init__(self, model, prefixes: PrefixKeeper | None = None):
         """`prefixes`: where rows' draft KV is kept for later prompts (None: nowhere)."""
         self.model = model
         self.prefixes = prefixes
@@ -138,7 +139,7 @@ class ModelDrafter:
                 self.model(mx.array(prompt[start : start + PROMPT_PASS_TOKENS])[None], cache=cache)
                 mx.eval([c.state for c in cache])
             if self.prefixes is not None and cached < len(prompt):
-                self.prefixes.store(prompt, cache)  # merged below into buffers of the batch's
+                self.prefixes.keep(prompt, cache)  # merged below into buffers of the batch's
             caches.append(cache)
             self.known.append(list(sequence))
             self.fed.append(len(prompt))
@@ -157,4 +158,4 @@ class ModelDrafter:
         for row in rows:
             copy = [prefix_copy(row_view(layer, row), self.fed[row]) for layer in self.cache]
             mx.eval([(c.keys, c.values) for c in copy])
-            self.prefixes.store(self.known[row][: self.fed[row]], copy)
+            self.prefixes.keep(self.known[row][: self.fed[row]], copy)

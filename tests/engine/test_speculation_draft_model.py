@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from mlxserve.engine import Engine
-from mlxserve.engine.prefix.memory import PrefixCache
+from mlxserve.engine.prefix.disk import BLOCK, MIN_TOKENS
+from mlxserve.engine.prefix.keeper import PrefixKeeper
+from mlxserve.engine.stats import EngineStats
 from mlxserve.settings import SpeculationSettings
 from mlxserve.speculation.draft_model import ModelDrafter
 from mlxserve.speculation.pass_costs import FlatPassCosts
@@ -27,6 +29,8 @@ from .test_speculation_engine import (
     request,
     run_apart,
 )
+
+DISK_PROMPT_TOKENS = MIN_TOKENS + 76  # past the shortest prompt written to disk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from make_draft_model import truncate  # noqa: E402
@@ -163,8 +167,9 @@ def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, ref
     """Rows' draft KV is kept as they join (their prompt) and as they leave (every token their
     draft KV holds, kept drafts too): a later row whose sequence starts with either reads only
     the rest, and still drafts the model's greedy tokens."""
-    prefixes = PrefixCache(64 << 20)
-    drafter = ModelDrafter(tiny_lm, prefixes)
+    keeper = PrefixKeeper(64 << 20, EngineStats())
+    drafter = ModelDrafter(tiny_lm, keeper)
+    prefixes = keeper.cache
     first = list(PROMPTS[0]) + [3]  # a prompt, and the step's first token
     found = drafter.drafts([0], [first], 4)
     drafter.record({0: 2})
@@ -189,9 +194,35 @@ def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, ref
 
 def test_a_repeated_prompt_drafts_from_the_draft_kv_its_first_run_left(engine, reference):
     prompt = PROMPTS[2]
-    cache = engine.prefixes.draft
+    cache = engine.prefixes.draft.cache
     (first,) = run_apart(engine, [request(prompt, max_tokens=12)])
     before = cache.reused_tokens
     (again,) = run_apart(engine, [request(prompt, max_tokens=12)])
     assert ids(first) == ids(again) == reference(prompt, 12)
     assert cache.reused_tokens - before >= len(prompt)
+
+
+def test_a_restarted_engine_drafts_from_the_draft_kv_a_stopped_one_wrote(
+    tiny_model, one_layer_draft, reference, tmp_path
+):
+    """With a folder for the prefix cache, a long prompt's draft KV is written there beside the
+    model's (files of its own), and a restarted engine's draft model starts the same prompt
+    from them, still drafting what the model emits greedily."""
+    prompt = [3 + i * 7919 % 1000 for i in range(DISK_PROMPT_TOKENS)]
+    settings = SpeculationSettings(draft_tokens=4, draft_model=str(one_layer_draft))
+    runs = []
+    for _ in range(2):
+        engine = Engine(str(tiny_model), speculation=settings, prefix_cache_dir=tmp_path).start()
+        try:
+            assert engine.wait_ready(60), engine.error
+            engine.generator.planner.costs = FlatPassCosts()
+            (events,) = run_apart(engine, [request(prompt, max_tokens=12)])
+            draft = engine.prefixes.draft
+            runs.append((ids(events), draft.disk.loaded, draft.cache.reused_tokens))
+        finally:
+            engine.stop()
+        # the model's segments and the draft's, each under its own fingerprint's prefix
+        assert len({path.name[:16] for path in tmp_path.glob("*.safetensors")}) == 2
+    (first, first_loads, _), (again, loads, reused) = runs
+    assert first == again == reference(prompt, 12)
+    assert first_loads == 0 and loads == 1 and reused >= DISK_PROMPT_TOKENS - BLOCK

@@ -50,6 +50,7 @@ class LoadedModel(ModelFacts):
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
     draft_model: nn.Module | None = None  # --draft-model's, loaded beside it (draft.py)
     draft_kv_share: float = 0.0  # the draft's KV per token over the model's own
+    draft: LoadedModel | None = None  # the draft's own load (its KV's fingerprint on disk)
     vision: Any = None  # a vision model's image side (vision/tower.py's VisionTower)
 
     def fingerprint(self) -> str | None:

@@ -1,9 +1,10 @@
 """What the engine keeps in the prefix cache, and when: prompts copied out of the running batch
 a few layers a step, and finished sequences' KV as they leave; long ones on disk too, for a
-restarted server."""
+restarted server. A draft model's KV is kept beside the model's, in memory and on disk."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -34,7 +35,7 @@ class PrefixKeeper:
         self.disk_folder = disk_folder if disk_budget_bytes > 0 else None
         self.disk_budget_bytes = disk_budget_bytes
         self.cache: PrefixCache | None = None
-        self.draft: PrefixCache | None = None  # the draft model's KV (memory only), if it has one
+        self.draft: PrefixKeeper | None = None  # the draft model's KV, if it has one
         self.disk: DiskPrefixStore | None = None
         self.copies = RunningPromptCopies()
         self.reset()
@@ -51,20 +52,33 @@ class PrefixKeeper:
         self.copies = RunningPromptCopies()
         self._count()
 
-    def open_draft(self, share: float) -> None:
+    def open_draft(self, share: float, draft=None) -> None:
         """A cache for a draft model's KV beside the model's, `share` of its budget (the draft's
-        KV per token over the model's: the same tokens fit in both)."""
-        if self.cache is not None:
-            self.draft = PrefixCache(max(1, int(self.budget_bytes * share)))
+        KV per token over the model's: the same tokens fit in both), on disk too where the
+        model's is and `draft` (the draft's load) tells its KV from another's. Its counts are
+        its own, not the model's."""
+        if self.cache is None:
+            return
+        self.draft = PrefixKeeper(
+            max(1, int(self.budget_bytes * share)),
+            EngineStats(),
+            self.disk_folder,
+            self.disk_budget_bytes,
+        )
+        if self.disk is not None and draft is not None:
+            self.draft.open_disk(draft, role="draft")
 
-    def open_disk(self, loaded) -> None:
+    def open_disk(self, loaded, role: str = "") -> None:
         """Start reading and writing the `loaded` model's entries on disk (none where there is
-        no folder, no memory cache, or nothing to tell this model's KV from another's)."""
+        no folder, no memory cache, or nothing to tell this model's KV from another's). `role`:
+        what else its KV depends on (a draft's KV lies apart from the same model served)."""
         if self.cache is None or self.disk_folder is None:
             return
         fingerprint = loaded.fingerprint()
         if fingerprint is None:
             return
+        if role:
+            fingerprint = hashlib.sha256(f"{role}:{fingerprint}".encode()).hexdigest()
         try:
             self.disk = DiskPrefixStore(self.disk_folder, self.disk_budget_bytes, fingerprint)
         except OSError as error:
@@ -72,6 +86,8 @@ class PrefixKeeper:
 
     def close(self) -> None:
         """Write what waits for the disk (a stopping server, a model unloading)."""
+        if self.draft is not None:
+            self.draft.close()
         if self.disk is not None:
             self.disk.close()
             self.disk = None
@@ -79,6 +95,8 @@ class PrefixKeeper:
     def hand_over(self, everything: bool = False) -> None:
         """The disk's writer takes what was kept (a step's share of the copies it needs, or
         `everything` at once while no stream waits)."""
+        if self.draft is not None:
+            self.draft.hand_over(everything)
         if self.disk is not None:
             self.disk.hand_over(None if everything else COPY_BUDGET_BYTES)
 
