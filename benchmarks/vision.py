@@ -11,7 +11,12 @@ model is in the package registries.
    image tokens) is sent; the stream's worst gap while that prompt is prefilled, over its
    median gap before (the server's bound: `--max-stream-gap`, 3).
 
-    python benchmarks/vision.py [--runs 3] [--tokens 48]
+`--passes`: in-process, the passes a 448x448 image's prefill takes beside streams (the patch
+embedding, each vision block's attention and the rest of it): the longest over one stream's
+decode step, with the attention cut by query rows (`vision/attention_rows.py`, as served) and
+whole (its bound lifted), side by side in each run.
+
+    python benchmarks/vision.py [--runs 3] [--tokens 48] [--passes]
 """
 
 from __future__ import annotations
@@ -57,7 +62,78 @@ def parse_args():
     parser = bench_parser("Images beside text: throughput against mlx-vlm, and a stream's gap")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--passes", action="store_true", help="the image's passes, in-process")
     return parser.parse_args()
+
+
+def image_passes(language, tower, image: bytes) -> list[float]:
+    """Seconds of each pass of the image's part of a prefill (before any prompt token)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    text = tower.processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    job = tower.prefill_in_passes(tower.prepare(text, [image]), lambda: make_prompt_cache(language))
+    times = []
+    while job.done_tokens == 0:
+        start = time.perf_counter()
+        job.advance(1)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def decode_step_s(language, context: int = 128, steps: int = 16) -> float:
+    """One stream's decode step, the median of `steps`, after `context` tokens."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(language)
+    mx.eval(language(mx.array([list(range(1, context + 1))]), cache=cache))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        mx.eval(language(mx.array([[7]]), cache=cache))
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def passes_main(folder: Path, runs: int) -> int:
+    """The longest image pass over a decode step, cut by rows and whole, in each run."""
+    from mlxserve.engine.models.host import load_model
+    from mlxserve.vision import attention_rows
+
+    loaded = load_model(str(folder), calibrate=False)  # as the server loads it (the platform's)
+    language, tower = loaded.model, loaded.vision
+    step = decode_step_s(language)
+    ratios: dict[str, list[float]] = {}
+    bound = attention_rows.MAX_SCORES
+    for run in range(runs):
+        image = picture(448, 100 + run)
+        found = {}
+        for name, scores in (("whole", 1 << 62), ("rows", bound)):
+            attention_rows.MAX_SCORES = scores
+            image_passes(language, tower, image)  # warm: the shapes of its passes
+            times = image_passes(language, tower, image)
+            found[name] = times
+            ratios.setdefault(f"longest image pass / decode step, {name}", []).append(
+                max(times) / step
+            )
+        attention_rows.MAX_SCORES = bound
+        ratios.setdefault("longest pass, rows / whole", []).append(
+            max(found["rows"]) / max(found["whole"])
+        )
+        print(
+            f"run {run + 1}: decode step {step * 1000:.0f} ms; "
+            + "; ".join(
+                f"{name}: {len(t)} passes, longest {max(t) * 1000:.0f} ms, all {sum(t):.2f} s"
+                for name, t in found.items()
+            ),
+            flush=True,
+        )
+    print_median_ratios(ratios)
+    return 0
 
 
 def picture(size: int, seed: int) -> bytes:
@@ -140,6 +216,8 @@ def main() -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="mlxserve-bench-vlm-")) / "qwen2-vl-smollm2-size"
     build_tiny_qwen2_vl(folder, text=TEXT, vision_size=VISION, image_tokens=IMAGE_TOKENS)
+    if args.passes:
+        return passes_main(folder, args.runs)
     model, processor = load(str(folder))
     small = [picture(224, seed) for seed in range(REQUESTS)]
     rates, ratios = [], {}
