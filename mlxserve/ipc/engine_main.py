@@ -52,11 +52,15 @@ FLUSH_BEFORE_EXIT_S = 2.0  # at most, for the last messages to reach the front
 
 
 class EngineProcess:
-    def __init__(self, settings: Settings, to_engine: str, from_engine: str):
+    def __init__(
+        self, settings: Settings, to_engine: str, from_engine: str, front_pid: int | None = None
+    ):
+        """`front_pid`: the process that started this one, which it outlives by at most
+        PARENT_CHECK_EVERY_S (None: whichever is its parent now)."""
         from ..engine.models.served import new_engine, pool_for
 
         self.settings = settings
-        self.parent = os.getppid()
+        self.parent = front_pid or os.getppid()
         self.context = zmq.asyncio.Context()
         self.inbox = self.context.socket(zmq.PULL)
         self.inbox.connect(to_engine)
@@ -348,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to-engine", required=True)
     parser.add_argument("--from-engine", required=True)
     parser.add_argument("--log-level", default="INFO")
+    # the front's own pid: a front gone before this process asks for its parent (a second of
+    # imports, on a slow machine more) would otherwise leave it running with init as its parent
+    parser.add_argument("--front-pid", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
@@ -358,13 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     # process's group too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = msgspec.json.decode(sys.stdin.buffer.read(), type=Settings, dec_hook=_path)
+    if args.front_pid is not None and os.getppid() != args.front_pid:
+        log.error("the front process is gone: the engine process exits")
+        return 0
 
     from ..platform.blas import warn_if_slow
 
     warn_if_slow()
 
     async def run() -> None:
-        process = EngineProcess(settings, args.to_engine, args.from_engine)
+        process = EngineProcess(settings, args.to_engine, args.from_engine, args.front_pid)
         await process.serve()
 
     asyncio.run(run())

@@ -144,6 +144,7 @@ class EngineSupervisor:
         command = [*self.command, "--to-engine", self._to_engine_address]
         command += ["--from-engine", self._from_engine_address, "--log-level"]
         command.append(logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+        command += ["--front-pid", str(os.getpid())]
         # under what `mlxserve serve` would re-execute itself with, for MLX's CPU backend
         process = subprocess.Popen(command, stdin=subprocess.PIPE, env=cpu_environment(os.environ))
         process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))

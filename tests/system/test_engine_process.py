@@ -268,6 +268,42 @@ def test_a_crash_loop_backs_off_and_says_why(tiny_model):
     assert "died 3 times in a row (last: exit code 3); next start in 2 s" in error
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (not ended, nor a zombie left for init to reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the orphan's state")
+def test_an_engine_process_whose_front_is_gone_before_it_starts_exits(tiny_model, tmp_path):
+    """A front that ends right after it spawns the engine process, before the engine's imports
+    are done: the engine process, whose parent is then init, exits instead of loading its
+    model and serving no one."""
+    pid_file = tmp_path / "engine.pid"
+    script = (
+        "import os, pathlib\n"
+        "from mlxserve.ipc.supervisor import EngineSupervisor\n"
+        "from mlxserve.settings import Settings\n"
+        f"supervisor = EngineSupervisor(Settings(model={str(tiny_model)!r}))\n"
+        "supervisor.spawn()\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(supervisor.pid))\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], stdout=subprocess.DEVNULL, timeout=60)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 60
+    try:
+        while running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(pid), "the engine process outlived its front"
+    finally:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_the_front_never_imports_mlx(tiny_model):
     """The front process, serving every kind of request, never loads MLX."""
     script = Path(__file__).with_name("front_alone.py")
