@@ -519,7 +519,7 @@ class Engine(AdmittedWork):
             calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
         )
         self.prefixes.open_disk(loaded)
-        if loaded.draft_model is not None:
+        if loaded.draft is not None:
             self.prefixes.open_draft(loaded.draft_kv_share, loaded.draft)
         self.generator = self._new_generator()
 
@@ -546,8 +546,8 @@ class Engine(AdmittedWork):
                 costs=FlatPassCosts() if spec.fixed_width else self.pass_costs,
                 totals=self.draft_totals,
                 model=None
-                if loaded.draft_model is None
-                else ModelDrafter(loaded.draft_model, self.prefixes.draft),
+                if loaded.draft is None
+                else ModelDrafter(loaded.draft.model, self.prefixes.draft),
             )
         generator = ServerBatchGenerator(
             loaded.model,

@@ -23,7 +23,7 @@ def with_draft_model(load: Callable[..., LoadedModel], draft_source: str) -> Cal
             check_draft_pair(draft.model, draft.tokenizer.get_vocab(), loaded.tokenizer.get_vocab())
         except DraftModelError as error:
             raise ModelLoadError(f"--draft-model {draft_source} for {source}: {error}") from None
-        loaded.draft_model, loaded.draft = draft.model, draft
+        loaded.draft = draft
         loaded.draft_kv_share = draft.kv_bytes_per_token / max(1, loaded.kv_bytes_per_token)
         loaded.kv_bytes_per_token += draft.kv_bytes_per_token  # a sequence holds both
         return loaded

@@ -48,9 +48,8 @@ class LoadedModel(ModelFacts):
     prefill_chunk: int = 512  # prompt tokens prefilled between two decode steps
     decode_step_s: float | None = None  # one sequence's decode step, timed at load
     weights_folder: Path | None = None  # its files on this machine (None: a rank's shard)
-    draft_model: nn.Module | None = None  # --draft-model's, loaded beside it (draft.py)
+    draft: LoadedModel | None = None  # --draft-model's, loaded beside it (draft.py)
     draft_kv_share: float = 0.0  # the draft's KV per token over the model's own
-    draft: LoadedModel | None = None  # the draft's own load (its KV's fingerprint on disk)
     vision: Any = None  # a vision model's image side (vision/tower.py's VisionTower)
 
     def fingerprint(self) -> str | None:
