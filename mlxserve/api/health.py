@@ -14,15 +14,18 @@ blueprint = Blueprint("health", __name__)
 @blueprint.get("/health")
 async def health():
     engine = current_app.config["POOL"].default
-    if engine.state == "ready":
-        return {"status": "ok", "model": engine.loaded.model_id}
-    loading = engine.state in LOADING_STATES
+    state, loaded = engine.state, engine.loaded
+    if state == "ready" and loaded is not None:
+        return {"status": "ok", "model": loaded.model_id}
+    if state == "ready":  # and nothing loaded: an unload is freeing the model's memory
+        state = "unloaded"
+    loading = state in LOADING_STATES
     body = error_body(
-        "Loading model" if loading else f"Engine {engine.state}",
+        "Loading model" if loading else f"Engine {state}",
         "service_unavailable",
         code="model_loading" if loading else "engine_error",
     )
-    body["status"] = engine.state
+    body["status"] = state
     progress = engine.load_progress
     if progress is not None:
         body["progress"] = progress.as_dict()

@@ -162,6 +162,35 @@ def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(live_server
         assert greedy(http)["choices"][0]["text"] == first["choices"][0]["text"]
 
 
+def test_health_while_an_unload_frees_the_memory_is_a_503_that_says_unloaded(
+    live_server, tiny_model
+):
+    """The model is gone and the state still says ready until its memory is freed (seconds, on
+    a large model): /health answers that window as unloaded, not with a 500."""
+    live = live_server(tiny_model, own=True)
+    slot = live.engine.slot
+    freeing, freed = threading.Event(), threading.Event()
+    on_unloaded = slot._on_unloaded
+
+    def slow_to_free():
+        freeing.set()
+        freed.wait(30)
+        on_unloaded()
+
+    slot._on_unloaded = slow_to_free
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        assert http.post("/admin/unload").status_code == 202
+        assert freeing.wait(30)
+        try:
+            response = http.get("/health")
+        finally:
+            freed.set()
+        assert response.status_code == 503, response.text
+        assert response.json()["status"] == "unloaded"
+        assert response.json()["error"]["code"] == "engine_error"
+        wait_for(http, "unloaded")
+
+
 def test_the_registry_rereads_a_folder_only_when_its_files_change(tiny_model, tmp_path):
     import json
     import shutil
