@@ -213,11 +213,11 @@ def test_errors_are_anthropics(claude, server):
         {"max_tokens": 4, "messages": [{"role": "user", "content": [image]}]},
         {"max_tokens": 4, "messages": [{"role": "wizard", "content": "Hi"}]},
     ):
-        response = httpx.post(server.url + "/v1/messages", json={"model": "c", **body})
+        response = httpx.post(server.url + "/v1/messages", json={"model": "c", **body}, timeout=60)
         assert response.status_code == 400, (body, response.text)
         error = response.json()
         assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
-    missing = httpx.post(server.url + "/v1/messages/batches", json={})
+    missing = httpx.post(server.url + "/v1/messages/batches", json={}, timeout=60)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
@@ -276,6 +276,7 @@ def test_system_messages_inside_messages_answer_as_openai_chat_does(server, clie
         server.url + "/v1/messages",
         headers={"anthropic-version": "2023-06-01", "anthropic-beta": MID_CONVERSATION_SYSTEM},
         json={"model": "claude-sonnet-4-5", "max_tokens": 12, "messages": messages, **GREEDY},
+        timeout=60,
     )
     assert answer.status_code == 200, answer.text
     openai = openai_greedy(client, messages)
@@ -302,7 +303,9 @@ def test_anthropics_own_tools_are_left_out_unless_strict(claude, live_server, ti
     assert claude.messages.create(max_tokens=2, **{**request, "tools": hosted}).usage.output_tokens
     strict = live_server(tiny_model, chat=ChatSettings(strict_tools=True))
     refused = httpx.post(
-        strict.url + "/v1/messages", json={"max_tokens": 2, **request, "tools": [TOOL, *hosted]}
+        strict.url + "/v1/messages",
+        json={"max_tokens": 2, **request, "tools": [TOOL, *hosted]},
+        timeout=60,
     )
     assert refused.status_code == 400
     error = refused.json()["error"]

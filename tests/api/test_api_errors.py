@@ -204,7 +204,7 @@ def test_n_keep_keeps_the_first_tokens_of_a_cut_prompt(http):
 
 def test_api_key_is_required_everywhere_but_health_and_models(live_server, tiny_model):
     live = live_server(tiny_model, api_key="s3cret")
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         assert http.get("/health").status_code == 200
         # llama.cpp's /models is open, as /health; OpenAI's /v1/models needs the key.
         assert http.get("/models").json()["data"][0]["loaded"] is True
@@ -253,7 +253,7 @@ def assert_refusals_keep_the_connection(port: int) -> None:
 
 def test_503_while_the_model_loads(live_server, tiny_model):
     live = live_server(tiny_model, own=True, start_engine=False)  # it starts the engine
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["status"] in ("starting", "loading")
         response = http.post("/v1/completions", json={"prompt": "x"})
@@ -269,6 +269,6 @@ def test_503_after_the_model_failed_to_load_says_so(live_server, tiny_models_dir
     live = live_server(str(tiny_models_dir / "broken"), own=True, start_engine=False)
     live.engine.start()
     assert not live.engine.wait_ready(60) and live.engine.state == "error"
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         error = error_of(http.post("/v1/completions", json={"prompt": "x"}), 503)
         assert error["code"] == "model_unavailable" and "broken" in error["message"]

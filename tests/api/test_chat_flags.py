@@ -133,7 +133,9 @@ def test_reasoning_effort_reaches_the_template_as_on_responses(live_servers, tin
     live = live_servers.shared(tiny_model, engine=server.engine, chat=chat)
 
     def prompt(**body) -> str:
-        answer = httpx.post(live.url + "/apply-template", json={"messages": USER, **body})
+        answer = httpx.post(
+            live.url + "/apply-template", json={"messages": USER, **body}, timeout=60
+        )
         return answer.json()["prompt"]
 
     assert prompt() == "Say something. effort=unset"

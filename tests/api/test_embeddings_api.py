@@ -106,7 +106,9 @@ def test_token_ids_embed_as_their_text_does(client, reference):
     ],
 )
 def test_bad_inputs_are_a_400_naming_them(served, body, param, says):
-    answer = httpx.post(f"{served.url}/v1/embeddings", json={"model": "tiny-bert", **body})
+    answer = httpx.post(
+        f"{served.url}/v1/embeddings", json={"model": "tiny-bert", **body}, timeout=60
+    )
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and says in error["message"], error
@@ -142,14 +144,18 @@ def test_ollama_truncates_unless_told_not_to(served):
 def test_llamacpp_embedding_body_and_its_normalisations(served, reference):
     url = f"{served.url}/embedding"
     ids, vector = reference(TEXTS[0])
-    answer = httpx.post(url, json={"model": "tiny-bert", "content": TEXTS[0]}).json()
+    answer = httpx.post(url, json={"model": "tiny-bert", "content": TEXTS[0]}, timeout=60).json()
     assert [a["index"] for a in answer] == [0]
     np.testing.assert_allclose(answer[0]["embedding"][0], unit(vector), atol=TOLERANCE)
-    raw = httpx.post(url, json={"model": "tiny-bert", "content": [ids], "embd_normalize": -1})
+    raw = httpx.post(
+        url, json={"model": "tiny-bert", "content": [ids], "embd_normalize": -1}, timeout=60
+    )
     np.testing.assert_allclose(raw.json()[0]["embedding"][0], vector, atol=TOLERANCE)
-    largest = httpx.post(url, json={"model": "tiny-bert", "content": TEXTS[0], "embd_normalize": 0})
+    largest = httpx.post(
+        url, json={"model": "tiny-bert", "content": TEXTS[0], "embd_normalize": 0}, timeout=60
+    )
     assert max(abs(v) for v in largest.json()[0]["embedding"][0]) == pytest.approx(32760, abs=1)
-    missing = httpx.post(url, json={"model": "tiny-bert"})
+    missing = httpx.post(url, json={"model": "tiny-bert"}, timeout=60)
     assert missing.status_code == 400 and "must be provided" in missing.json()["error"]["message"]
 
 
@@ -182,7 +188,7 @@ def test_rerank_scores_each_pair_and_orders_them(reranker):
     folder, live = reranker
     expected = expected_scores(folder)
     body = {"model": "tiny-reranker", "query": QUERY, "documents": DOCUMENTS}
-    answer = httpx.post(f"{live.url}/v1/rerank", json=body).json()
+    answer = httpx.post(f"{live.url}/v1/rerank", json=body, timeout=60).json()
     order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
     assert [r["index"] for r in answer["results"]] == order
     for result in answer["results"]:
@@ -197,12 +203,14 @@ def test_rerank_scores_each_pair_and_orders_them(reranker):
             "top_n": 2,
             "return_documents": True,
         },
+        timeout=60,
     ).json()
     assert [r["index"] for r in top["results"]] == order[:2]
     assert top["results"][0]["document"] == {"text": DOCUMENTS[order[0]]}
     tei = httpx.post(
         f"{live.url}/rerank",
         json={"model": "tiny-reranker", "query": QUERY, "texts": DOCUMENTS, "return_text": True},
+        timeout=60,
     ).json()
     assert [r["index"] for r in tei] == order and tei[0]["text"] == DOCUMENTS[order[0]]
 
@@ -224,41 +232,49 @@ def test_rerank_scores_each_pair_and_orders_them(reranker):
 )
 def test_bad_rerank_requests_are_a_400_naming_the_field(reranker, body, param):
     _, live = reranker
-    answer = httpx.post(f"{live.url}/v1/rerank", json={"model": "tiny-reranker", **body})
+    answer = httpx.post(
+        f"{live.url}/v1/rerank", json={"model": "tiny-reranker", **body}, timeout=60
+    )
     assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
 
 
 def test_a_reranker_does_not_embed_nor_an_embedder_rerank(reranker, served):
     _, live = reranker
-    answer = httpx.post(f"{live.url}/v1/embeddings", json={"model": "tiny-reranker", "input": "x"})
+    answer = httpx.post(
+        f"{live.url}/v1/embeddings", json={"model": "tiny-reranker", "input": "x"}, timeout=60
+    )
     assert answer.status_code == 400 and "is a reranker" in answer.text
     answer = httpx.post(
-        f"{served.url}/v1/rerank", json={"model": "tiny-bert", "query": "q", "documents": ["d"]}
+        f"{served.url}/v1/rerank",
+        json={"model": "tiny-bert", "query": "q", "documents": ["d"]},
+        timeout=60,
     )
     assert answer.status_code == 400 and "is an embedding model" in answer.text
 
 
 def test_model_lists_say_what_each_model_is(served, reranker):
-    cards = {c["id"]: c for c in httpx.get(f"{served.url}/v1/models").json()["data"]}
+    cards = {c["id"]: c for c in httpx.get(f"{served.url}/v1/models", timeout=60).json()["data"]}
     assert cards["tiny-bert"]["kind"] == "embed" and cards["tiny-bert"]["dimensions"] == 32
     assert cards[served.engine.model_name]["kind"] == "generate"
     _, live = reranker
-    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models").json()["data"]}
+    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models", timeout=60).json()["data"]}
     assert cards["tiny-reranker"]["kind"] == "rerank"
-    show = httpx.post(f"{served.url}/api/show", json={"model": "tiny-bert"})
+    show = httpx.post(f"{served.url}/api/show", json={"model": "tiny-bert"}, timeout=60)
     assert show.status_code == 200, show.text
     assert show.json()["capabilities"] == ["embedding"]
-    tags = [m["name"] for m in httpx.get(f"{served.url}/api/tags").json()["models"]]
+    tags = [m["name"] for m in httpx.get(f"{served.url}/api/tags", timeout=60).json()["models"]]
     assert "tiny-bert:latest" in tags
 
 
 def test_loading_an_embedding_model_leaves_the_default_as_it_was(served):
     """The menubar's Load (POST /admin/load, `default` true unless told): requests naming no
     model are generation's, so an embedding model never becomes their default."""
-    answer = httpx.post(f"{served.url}/admin/load", json={"model": "tiny-bert"})
+    answer = httpx.post(f"{served.url}/admin/load", json={"model": "tiny-bert"}, timeout=60)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == served.engine.model_name
-    chat = httpx.post(f"{served.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+    chat = httpx.post(
+        f"{served.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60
+    )
     assert chat.status_code == 200, chat.text
 
 
@@ -274,6 +290,7 @@ def test_a_named_instruction_goes_before_each_text(client, served):
     answer = httpx.post(
         f"{served.url}/v1/embeddings",
         json={"model": "tiny-bert", "input": "x", "prompt_name": "passage"},
+        timeout=60,
     )
     assert answer.status_code == 400 and "document, query" in answer.json()["error"]["message"]
 
@@ -281,7 +298,7 @@ def test_a_named_instruction_goes_before_each_text(client, served):
 def test_llamacpp_pooling_none_gives_each_tokens_state(served, tiny_bert, reference):
     ids, _ = reference(TEXTS[0])
     body = {"model": "tiny-bert", "content": [TEXTS[0], "hello"], "pooling": "none"}
-    answer = httpx.post(f"{served.url}/embedding", json=body)
+    answer = httpx.post(f"{served.url}/embedding", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     first, second = answer.json()
     assert (first["index"], second["index"]) == (0, 1)
@@ -304,7 +321,7 @@ def test_a_decoder_embedding_model_answers_its_last_tokens_state(
     live = live_servers.shared(tiny_model, models=(str(folder),))
     rows = [[1, 5, 6, 7, 8], [1, 9]]
     body = {"model": "tiny-dec", "input": rows, "encoding_format": "float"}
-    answer = httpx.post(f"{live.url}/v1/embeddings", json=body)
+    answer = httpx.post(f"{live.url}/v1/embeddings", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     model, _ = mlx_lm.load(str(tiny_model))
     for row, datum in zip(rows, answer.json()["data"]):
@@ -349,7 +366,7 @@ def test_the_other_encoder_families_serve_their_doors(live_servers, tiny_model, 
 
     for reranker in (modernbert, gte_reranker):
         body = {"model": reranker.name, "query": QUERY, "documents": DOCUMENTS}
-        ranked = httpx.post(f"{live.url}/v1/rerank", json=body)
+        ranked = httpx.post(f"{live.url}/v1/rerank", json=body, timeout=60)
         assert ranked.status_code == 200, ranked.text
         network, config = load_network(reranker, embedding_architecture(reranker))
         model = embedding_model(reranker, network, config)
@@ -390,12 +407,12 @@ def test_a_language_model_reranker_judges_each_pair_in_its_prompt(
         body = {"model": "tiny-yn", "query": QUERY, "documents": DOCUMENTS}
         if instruction:
             body["instruction"] = instruction
-        answer = httpx.post(f"{live.url}/v1/rerank", json=body)
+        answer = httpx.post(f"{live.url}/v1/rerank", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
         want = expected(instruction)
         results = answer.json()["results"]
         assert [r["index"] for r in results] == sorted(range(len(want)), key=lambda i: -want[i])
         for result in results:
             assert result["relevance_score"] == pytest.approx(want[result["index"]], abs=1e-4)
-    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models").json()["data"]}
+    cards = {c["id"]: c for c in httpx.get(f"{live.url}/v1/models", timeout=60).json()["data"]}
     assert cards["tiny-yn"]["kind"] == "rerank"

@@ -264,7 +264,7 @@ def test_a_slow_body_gets_408_and_frees_the_server(strict):
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert time.monotonic() - started < 8
     assert b'"request_timeout"' in answer
-    with httpx.Client(base_url=strict.url) as http:
+    with httpx.Client(base_url=strict.url, timeout=60) as http:
         assert complete(http, prompt="x", max_tokens=1)["choices"]
 
 
@@ -276,7 +276,7 @@ def test_slow_headers_are_cut_off(strict):
 
 
 def test_limits_set_by_flags_are_enforced_and_named(strict):
-    with httpx.Client(base_url=strict.url) as http:
+    with httpx.Client(base_url=strict.url, timeout=60) as http:
         for field, value in (("n", 3), ("best_of", 3), ("logprobs", 2)):
             error = error_of(http.post("/v1/completions", json={"prompt": "x", field: value}), 400)
             assert error["param"] == field and "this server's limit" in error["message"]
@@ -303,7 +303,7 @@ def test_limits_set_by_flags_are_enforced_and_named(strict):
 
 
 def test_the_openapi_document_states_the_servers_limits(strict):
-    with httpx.Client(base_url=strict.url) as http:
+    with httpx.Client(base_url=strict.url, timeout=60) as http:
         document = http.get("/openapi.json").json()
 
     def maximum(path: str, name: str) -> int:
@@ -327,7 +327,7 @@ def test_the_openapi_document_states_the_servers_limits(strict):
         "/v1/completions", "max_completion_tokens"
     )
     assert "lowered" in properties["max_tokens"]["description"]
-    with httpx.Client(base_url=strict.url) as http:
+    with httpx.Client(base_url=strict.url, timeout=60) as http:
         body = {"prompt": "x", "n_predict": 1, "n_probs": 3}
         assert http.post("/completion", json=body).status_code == 200
         error = error_of(http.post("/completion", json={**body, "n_probs": 4}), 400)
@@ -357,7 +357,7 @@ def test_a_client_gone_mid_request_leaves_nothing_behind(server, cut):
     for _ in range(20):
         with socket.create_connection(("127.0.0.1", server.settings.port)) as sock:
             sock.sendall(data)
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         assert complete(http, prompt="x", max_tokens=2)["choices"]
     # The engine thread posts a sequence's last event before it drops the sequence from its
     # batch and counts again: the client may read the counter before it drops to 0.

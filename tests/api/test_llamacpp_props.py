@@ -28,7 +28,7 @@ def test_props_gives_the_chat_template_text(live_server, tiny_model):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     chat = ChatSettings(template=template, template_source="template.jinja")
     live = live_server(tiny_model, chat=chat)
-    assert httpx.get(live.url + "/props").json()["chat_template"] == template
+    assert httpx.get(live.url + "/props", timeout=60).json()["chat_template"] == template
 
 
 def test_props_cannot_be_changed_over_http(http):

@@ -64,7 +64,7 @@ def test_the_first_load_reports_its_progress_and_requests_wait_for_it(live_serve
         assert status_code == 200 and answered_at - started >= loaded_after - 0.5
     else:  # a machine this slow: the bounded wait ran out first
         assert status_code == 503 and answered_at - started >= LOAD_WAIT_S
-    ready = httpx.get(live.url + "/admin/status").json()
+    ready = httpx.get(live.url + "/admin/status", timeout=60).json()
     assert ready["state"] == "ready" and ready["progress"] is None
-    card = httpx.get(f"{live.url}/v1/models/{model.name}").json()
+    card = httpx.get(f"{live.url}/v1/models/{model.name}", timeout=60).json()
     assert (card["loaded"], card["status"]) == (True, "ready")

@@ -135,7 +135,9 @@ def test_a_failed_load_keeps_the_default_and_says_why(live_server, tiny_model, t
 
 def test_a_request_may_switch_only_with_allow_switch(live_server, tiny_model, tiny_models_dir):
     models_dirs = (str(tiny_models_dir),)
-    with httpx.Client(base_url=live_server(tiny_model, models_dirs=models_dirs).url) as http:
+    with httpx.Client(
+        base_url=live_server(tiny_model, models_dirs=models_dirs).url, timeout=60
+    ) as http:
         # Without it, the loaded model answers (a 400 under --strict-model-names).
         assert greedy(http, model="tiny2")["model"] == "tiny"
     switching = live_server(tiny_model, own=True, models_dirs=models_dirs, allow_switch=True)

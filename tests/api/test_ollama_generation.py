@@ -105,6 +105,7 @@ def test_suffix_fills_in_the_middle_as_openai_completions_does(live_server, tiny
     openai = httpx.post(
         live.url + "/v1/completions",
         json={"prompt": prefix, "suffix": suffix, "temperature": 0, "max_tokens": 12},
+        timeout=60,
     ).json()
     assert ours.response == openai["choices"][0]["text"]
     assert ours.prompt_eval_count == openai["usage"]["prompt_tokens"]
@@ -242,7 +243,7 @@ def test_errors_are_ollamas(olla, name, server):
         ("/api/chat", {"model": name, "messages": [{"role": "wizard", "content": "Hi"}]}),
         ("/api/generate", {"model": name, "prompt": "Hi", "keep_alive": "5 minutes"}),
     ):
-        response = httpx.post(server.url + path, json=body)
+        response = httpx.post(server.url + path, json=body, timeout=60)
         assert response.status_code == 400, (body, response.text)
         assert list(response.json()) == ["error"] and response.json()["error"]
 
@@ -289,14 +290,16 @@ def test_a_known_model_not_served_is_refused_without_allow_switch(live_server, t
 
 def test_the_api_key_guards_ollamas_routes_and_errors_keep_its_shape(live_server, tiny_model):
     live = live_server(tiny_model, api_key="sesame")
-    assert httpx.get(live.url + "/api/version").status_code == 200  # a probe: open
+    assert httpx.get(live.url + "/api/version", timeout=60).status_code == 200  # a probe: open
     with pytest.raises(ollama.ResponseError) as refused:
         ollama.Client(host=live.url).list()
     assert refused.value.status_code == 401 and "API key" in refused.value.error
     keyed = ollama.Client(host=live.url, headers={"Authorization": "Bearer sesame"})
     answer = keyed.generate(model=live.engine.model_name, prompt=STORY, raw=True, options=GREEDY)
     assert answer.eval_count == 12
-    unknown = httpx.post(live.url + "/api/nothing", headers={"Authorization": "Bearer sesame"})
+    unknown = httpx.post(
+        live.url + "/api/nothing", headers={"Authorization": "Bearer sesame"}, timeout=60
+    )
     assert unknown.status_code == 404
     assert unknown.json() == {"error": "Unknown route: POST /api/nothing"}
 

@@ -14,10 +14,10 @@ def client(server) -> ollama.Client:
 
 
 def test_the_probes_say_it_is_running(server):
-    root = httpx.get(server.url + "/")
+    root = httpx.get(server.url + "/", timeout=60)
     assert root.status_code == 200 and "Ollama is running" in root.text
-    assert httpx.head(server.url + "/").status_code == 200
-    version = httpx.get(server.url + "/api/version").json()["version"]
+    assert httpx.head(server.url + "/", timeout=60).status_code == 200
+    version = httpx.get(server.url + "/api/version", timeout=60).json()["version"]
     assert [int(part) for part in version.split(".")] >= [0, 5, 0]
 
 
@@ -72,15 +72,15 @@ def test_registry_routes_say_what_this_server_does_instead(client, server):
         client.pull("llama3.2")
     assert raised.value.status_code == 501 and "Hugging Face cache" in raised.value.error
     for method, path in (("POST", "/api/copy"), ("DELETE", "/api/delete"), ("POST", "/api/push")):
-        response = httpx.request(method, server.url + path, json={"model": "x"})
+        response = httpx.request(method, server.url + path, json={"model": "x"}, timeout=60)
         assert response.status_code == 501 and set(response.json()) == {"error"}
 
 
 def test_the_api_key_applies_but_probes_stay_open(live_server, tiny_model):
     live = live_server(tiny_model, api_key="s3cret")
-    assert httpx.get(live.url + "/").status_code == 200
-    assert httpx.get(live.url + "/api/version").status_code == 200
-    refused = httpx.get(live.url + "/api/tags")
+    assert httpx.get(live.url + "/", timeout=60).status_code == 200
+    assert httpx.get(live.url + "/api/version", timeout=60).status_code == 200
+    refused = httpx.get(live.url + "/api/tags", timeout=60)
     assert refused.status_code == 401 and set(refused.json()) == {"error"}
     keyed = ollama.Client(host=live.url, headers={"Authorization": "Bearer s3cret"})
     assert keyed.list().models

@@ -71,7 +71,7 @@ def test_a_restarted_server_starts_a_repeated_long_prompt_from_disk(
     assert len(our_files(tmp_path)) == -(-PROMPT_TOKENS // BLOCK)  # segments of prompt + answer
     with serve(live_servers, tiny_model, tmp_path) as second:
         after, cold = ask(second, body(), body(cache_prompt=False))
-        metrics = httpx.get(second.url + "/metrics").text
+        metrics = httpx.get(second.url + "/metrics", timeout=60).text
     loads = r'^mlxserve_prefix_cache_disk_loads_total{model="[^"]+"} 1.0$'
     assert re.search(loads, metrics, re.MULTILINE)
     segments = -(-PROMPT_TOKENS // BLOCK)

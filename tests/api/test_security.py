@@ -78,7 +78,7 @@ def test_web_pages_of_other_origins_cannot_drive_the_server(server, http, conten
 
 def test_cors_allows_only_the_origins_given(live_server, tiny_model):
     live = live_server(tiny_model, cors_origins=(ORIGIN,), api_key="k")
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         # A browser's preflight carries no credentials: it must not need the key.
         preflight = http.options(
             "/v1/completions",
@@ -114,7 +114,7 @@ def test_cors_allows_only_the_origins_given(live_server, tiny_model):
 def test_the_openapi_document_names_the_key_when_one_is_set(live_server, tiny_model):
     live = live_server(tiny_model, api_key="k")
     headers = {"Authorization": "Bearer k"}
-    document = httpx.get(live.url + "/openapi.json", headers=headers).json()
+    document = httpx.get(live.url + "/openapi.json", headers=headers, timeout=60).json()
     assert document["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert document["security"] == [{"apiKey": []}]
 
@@ -140,7 +140,8 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tiny_model, tmp_path):
     process, url = serve(tiny_model, "--api-key-file", str(key_file), "--drain-timeout", "60")
     headers = {"Authorization": "Bearer file-key"}
     try:
-        assert httpx.get(url + "/v1/models").status_code == 401  # the file's key is required
+        # the file's key is required
+        assert httpx.get(url + "/v1/models", timeout=60).status_code == 401
         body = {"prompt": "x", "max_tokens": 1000, "ignore_eos": True, "stream": True, "n": 8}
         chunks: list[str] = []
 
@@ -162,7 +163,10 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tiny_model, tmp_path):
         process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         refused = httpx.post(
-            url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers
+            url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 1},
+            headers=headers,
+            timeout=60,
         )
         assert error_of(refused, 503)["code"] == "shutting_down"
         assert refused.headers["Retry-After"]

@@ -103,7 +103,7 @@ def test_two_models_stream_at_once_each_as_it_does_alone(live_server, tiny_model
         thread.join(120)
     assert together == alone
     assert seen_both.is_set(), "the two models' requests never ran at the same time"
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         assert in_memory(http) == {"tiny", "tiny2"}
         listed = {m["name"] for m in http.get("/api/ps").json()["models"]}
         assert listed == {"tiny:latest", "tiny2:latest"}
@@ -225,7 +225,7 @@ def test_a_lora_adapter_is_a_model_on_its_base_weights(live_server, tiny_model, 
         )
     ]
     assert tokenizer.decode(expected) == adapted.choices[0].text
-    with httpx.Client(base_url=live.url) as http:
+    with httpx.Client(base_url=live.url, timeout=60) as http:
         cards = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         assert cards["tiny-lora"]["parent"] == "tiny" and cards["tiny-lora"]["loaded"]
         models = resident(http)

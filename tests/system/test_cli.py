@@ -112,7 +112,9 @@ def test_serve_answers_then_stops_on_sigint(tiny_model):
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        response = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        response = httpx.post(
+            url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=60
+        )
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] <= 3
     finally:
@@ -129,7 +131,7 @@ def test_without_a_model_it_serves_the_embedded_demo_coder():
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        models = httpx.get(url + "/v1/models").json()["data"]
+        models = httpx.get(url + "/v1/models", timeout=60).json()["data"]
         assert models[0]["id"] == "mlxserve-demo-coder"
         answer = httpx.post(
             url + "/v1/completions",

@@ -209,7 +209,7 @@ def test_killed_engine_process_ends_streams_and_comes_back(front, runs):
     for _ in range(runs):
         kill_during_streams(front)
     assert front.supervisor.restarts == restarts + runs
-    metrics = httpx.get(front.url + "/metrics").text
+    metrics = httpx.get(front.url + "/metrics", timeout=60).text
     assert f"mlxserve_engine_restarts_total {float(restarts + runs)}" in metrics
 
 
@@ -330,7 +330,10 @@ def test_an_embedding_model_answers_through_the_engine_process(tmp_path):
     folder = build_tiny_bert(tmp_path / "tiny-bert")
     config = json.loads((folder / "config.json").read_text())
     weights = numpy_bert.load_weights(folder)
-    with FrontServer(folder, stable_s=0.0) as live, httpx.Client(base_url=live.url) as http:
+    with (
+        FrontServer(folder, stable_s=0.0) as live,
+        httpx.Client(base_url=live.url, timeout=60) as http,
+    ):
         tokens = [[2, 60, 61, 3], [2, 70, 3]]
         answer = http.post("/v1/embeddings", json={"input": tokens, "encoding_format": "float"})
         assert answer.status_code == 200, answer.text

@@ -152,7 +152,10 @@ def test_the_models_menu_pins_unloads_and_loads_two_served_models(tiny_models_di
         assert (
             menu.find_model(menu.build(pinned, False), "tiny").title == "● tiny (default, pinned)"
         )
-        assert httpx.get(controller.url + "/admin/status").json()["models"][0]["pinned"] is True
+        assert (
+            httpx.get(controller.url + "/admin/status", timeout=60).json()["models"][0]["pinned"]
+            is True
+        )
 
         click(pinned, "tiny2", "Unload")
         # (not loaded at once; "unloaded" once its memory is free)
