@@ -76,7 +76,7 @@ def start_serve(*args: str, **popen: Any) -> subprocess.Popen:
     )
 
 
-def wait_healthy(url: str, timeout: float = 90) -> None:
+def wait_healthy(url: str, timeout: float = 600) -> None:
     """Poll a server started in another process until /health says 200."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,7 +89,7 @@ def wait_healthy(url: str, timeout: float = 90) -> None:
     raise AssertionError(f"{url} never became healthy")
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
     """Poll `condition` until it holds or `timeout` passes; whether it held."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -91,9 +91,9 @@ class ServerThread:
 
     def _start(self) -> None:
         self._thread.start()
-        self._listening.wait(10)
+        self._listening.wait(60)
 
-    def wait_healthy(self, timeout: float = 120, ready: bool = True) -> None:
+    def wait_healthy(self, timeout: float = 600, ready: bool = True) -> None:
         """Until /health answers (`ready`: 200)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -260,7 +260,7 @@ def test_503_while_the_model_loads(live_server, tiny_model):
         assert error_of(response, 503)["code"] == "model_loading"
         assert response.headers["Retry-After"] == "1"
         live.engine.start()
-        assert live.engine.wait_ready(30)
+        assert live.engine.wait_ready(300)
         ready = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert ready.status_code == 200
 
@@ -268,7 +268,7 @@ def test_503_while_the_model_loads(live_server, tiny_model):
 def test_503_after_the_model_failed_to_load_says_so(live_server, tiny_models_dir):
     live = live_server(str(tiny_models_dir / "broken"), own=True, start_engine=False)
     live.engine.start()
-    assert not live.engine.wait_ready(60) and live.engine.state == "error"
+    assert not live.engine.wait_ready(300) and live.engine.state == "error"
     with httpx.Client(base_url=live.url, timeout=60) as http:
         error = error_of(http.post("/v1/completions", json={"prompt": "x"}), 503)
         assert error["code"] == "model_unavailable" and "broken" in error["message"]

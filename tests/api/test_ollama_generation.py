@@ -248,7 +248,7 @@ def test_errors_are_ollamas(olla, name, server):
         assert list(response.json()) == ["error"] and response.json()["error"]
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
+def wait_for(predicate, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -99,7 +99,7 @@ def test_pipelines_this_server_cannot_run_are_refused_saying_which_part(tiny_ber
 def test_the_engine_batches_requests_and_each_gets_its_own_vectors(tiny_bert):
     engine = Engine(str(tiny_bert)).start()
     try:
-        assert engine.wait_ready(60), engine.error
+        assert engine.wait_ready(300), engine.error
         assert engine.loaded.kind == "embed" and engine.loaded.dimensions == 32
         engine.embedder.batch_tokens = 24  # several batches, rows of two requests in one
         rows = token_rows(tiny_bert, TEXTS)
@@ -168,7 +168,7 @@ def test_an_encoder_family_not_run_here_is_refused_by_name(tiny_bert, tmp_path):
     (folder / "model.safetensors").write_bytes((tiny_bert / "model.safetensors").read_bytes())
     engine = Engine(str(folder)).start()
     try:
-        assert not engine.wait_ready(60)
+        assert not engine.wait_ready(300)
         assert "mpnet encoders are not supported yet" in engine.error
     finally:
         engine.stop()

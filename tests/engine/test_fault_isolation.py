@@ -26,7 +26,7 @@ PROMPTS = [(1, 5, 9, 13, 17), (2, 4, 6, 8), (3, 7, 11, 15, 19, 23)]
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     engine = Engine(str(tiny_model)).start()
-    assert engine.wait_ready(60)
+    assert engine.wait_ready(300)
     yield engine
     engine.stop()
 

@@ -34,7 +34,7 @@ def request(prompt, max_tokens=16, sampling=GREEDY, seed=0, **kwargs) -> Generat
 def engine(request, tiny_model_head32):
     skip_without_quantized_attention(32, request.param, 32)
     engine = Engine(str(tiny_model_head32), kv_bits=request.param, kv_group_size=32).start()
-    assert engine.wait_ready(60), engine.error
+    assert engine.wait_ready(300), engine.error
     yield engine
     engine.stop()
 
@@ -42,7 +42,7 @@ def engine(request, tiny_model_head32):
 @pytest.fixture(scope="module")
 def float_engine(tiny_model_head32):
     engine = Engine(str(tiny_model_head32)).start()
-    assert engine.wait_ready(60), engine.error
+    assert engine.wait_ready(300), engine.error
     yield engine
     engine.stop()
 
@@ -114,7 +114,7 @@ def test_a_row_cache_merges_into_a_packed_batch():
 def test_a_model_whose_head_size_the_group_does_not_divide_is_refused_at_load(tiny_model):
     engine = Engine(str(tiny_model), kv_bits=4).start()  # heads of 16 values, groups of 64
     try:
-        assert not engine.wait_ready(60)
+        assert not engine.wait_ready(300)
         assert "--kv-group-size 64 does not divide this model's head size 16" in engine.error
     finally:
         engine.stop()

@@ -39,7 +39,7 @@ from make_draft_model import truncate  # noqa: E402
 def drafting_engine(model: Path, draft: Path) -> Engine:
     settings = SpeculationSettings(draft_tokens=4, draft_model=str(draft))
     engine = Engine(str(model), speculation=settings).start()
-    assert engine.wait_ready(60), engine.error
+    assert engine.wait_ready(300), engine.error
     engine.generator.planner.costs = FlatPassCosts()
     return engine
 
@@ -125,7 +125,7 @@ def test_a_draft_model_with_another_tokenizer_is_refused_at_load(tiny_model, tin
     settings = SpeculationSettings(draft_tokens=4, draft_model=str(tiny_coder))
     engine = Engine(str(tiny_model), speculation=settings).start()
     try:
-        assert not engine.wait_ready(60)
+        assert not engine.wait_ready(300)
         assert f"--draft-model {tiny_coder}" in engine.error
         assert "must share the model's tokenizer" in engine.error
     finally:
@@ -214,7 +214,7 @@ def test_a_restarted_engine_drafts_from_the_draft_kv_a_stopped_one_wrote(
     for _ in range(2):
         engine = Engine(str(tiny_model), speculation=settings, prefix_cache_dir=tmp_path).start()
         try:
-            assert engine.wait_ready(60), engine.error
+            assert engine.wait_ready(300), engine.error
             engine.generator.planner.costs = FlatPassCosts()
             (events,) = run_apart(engine, [request(prompt, max_tokens=12)])
             draft = engine.prefixes.draft

@@ -33,7 +33,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     engine = Engine(str(tiny_model), speculation=SpeculationSettings(draft_tokens=4)).start()
-    assert engine.wait_ready(60), engine.error
+    assert engine.wait_ready(300), engine.error
     # rows draft whenever a lookup finds tokens (on the tiny model, timing noise would decide)
     engine.generator.planner.costs = FlatPassCosts()
     yield engine

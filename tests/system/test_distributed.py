@@ -249,7 +249,7 @@ def test_two_ranks_answer_as_one_process(cluster, server):
             for n, _ in enumerate(response.iter_lines()):
                 if n > 6:
                     break
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         cancelled = re.compile(r"^mlxserve_cancelled_sequences_total{.*} 1", re.MULTILINE)
         while not cancelled.search(client.get("/metrics").text):
             assert time.monotonic() < deadline, "the dropped stream was not cancelled"

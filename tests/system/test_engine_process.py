@@ -176,7 +176,7 @@ def test_a_client_that_leaves_cancels_its_sequence_in_the_engine_process(front):
 
 
 def wait_cancelled(url: str, total: float) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while cancelled_total(url) < total and time.monotonic() < deadline:
         time.sleep(0.05)
     assert cancelled_total(url) == total
@@ -216,7 +216,7 @@ def test_killed_engine_process_ends_streams_and_comes_back(front, runs):
 def test_request_during_a_restart_waits_for_it(front):
     """A request arriving while the engine process restarts waits, as during a first load."""
     os.kill(front.supervisor.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     health = None
     while time.monotonic() < deadline:
         health = httpx.get(front.url + "/health", timeout=5)
