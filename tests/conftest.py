@@ -56,6 +56,14 @@ def pytest_configure(config):
         capture.start_global_capturing()
 
 
+def pytest_report_header(config):
+    """How fast this machine is (tests/machine_speed.py): a slow run's log says whether the
+    machine was slow."""
+    from .machine_speed import describe
+
+    return describe()
+
+
 def pytest_collection_modifyitems(items):
     """The tests that share a worker come first, the longest group first, so that under
     `--dist loadgroup` no group starts late and runs alone at the end while the other core idles:

@@ -1,0 +1,57 @@
+"""How fast this machine is at what the suite waits on, in one line atop every test run, so that a
+slow run says whether the machine or the change was slow: a Python loop, writing memory (pages
+written before, and fresh ones), and how late a short timed wait wakes. docs/benchmarks.md has
+a normal machine's figures. `python -m tests.machine_speed` prints the line alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+BUFFER_BYTES = 64 << 20
+WAIT_S = 0.01
+WAITS = 10
+
+
+def python_loop_s() -> float:
+    """Seconds for a plain loop of ten million additions."""
+    start = time.perf_counter()
+    sum(range(10_000_000))
+    return time.perf_counter() - start
+
+
+def memory_write_gb_s() -> tuple[float, float]:
+    """GB/s writing a buffer's pages for the first time (the OS maps each), then again."""
+    start = time.perf_counter()
+    buffer = np.ones(BUFFER_BYTES // 8)
+    fresh = time.perf_counter() - start
+    start = time.perf_counter()
+    buffer[:] = 2.0
+    again = time.perf_counter() - start
+    return BUFFER_BYTES / fresh / 1e9, BUFFER_BYTES / again / 1e9
+
+
+def wait_overshoot_ms() -> float:
+    """The median of how much later than asked a 10 ms sleep wakes."""
+    late = []
+    for _ in range(WAITS):
+        start = time.perf_counter()
+        time.sleep(WAIT_S)
+        late.append(time.perf_counter() - start - WAIT_S)
+    return statistics.median(late) * 1e3
+
+
+def describe() -> str:
+    fresh, again = memory_write_gb_s()
+    return (
+        f"machine: a 10M-step Python loop {python_loop_s():.2f} s; memory writes "
+        f"{again:.1f} GB/s, {fresh:.2f} GB/s to fresh pages; a 10 ms sleep wakes "
+        f"{wait_overshoot_ms():.1f} ms late"
+    )
+
+
+if __name__ == "__main__":
+    print(describe())
