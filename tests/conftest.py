@@ -201,7 +201,9 @@ def client(server) -> openai.OpenAI:
 
 @pytest.fixture
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    """The shared server over httpx, waiting as long for an answer as pytest-timeout waits for a
+    test: a loaded 2-core CI machine takes minutes for what a normal one does in seconds."""
+    with httpx.Client(base_url=server.url, timeout=300) as c:
         yield c
 
 
