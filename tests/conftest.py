@@ -41,6 +41,7 @@ WORKER_GROUPS = {
 LONG_STREAM_SECONDS = float(os.environ.get("MLXSERVE_LONG_STREAM_SECONDS", "65"))
 LONG_STREAM_STEP_S = 0.5  # the long stream's engine waits this long before each step
 LONG_STREAM_TEST = "test_a_stream_longer_than_a_minute_ends_with_done"
+SLOW_TEST_TIMEOUT_S = 900  # pytest-timeout's bound for a test on a real model (`slow`)
 
 
 def pytest_configure(config):
@@ -86,6 +87,11 @@ def pytest_collection_modifyitems(items):
     )
     first = {id(item) for item in (*on_smollm2, *grouped)}
     items[:] = [*on_smollm2, *grouped, *(item for item in items if id(item) not in first)]
+    # A real model's own answers (`slow`) outlast pytest-timeout's bound on a loaded 2-core CI
+    # machine; a bound of their own, unless the test names one.
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -10,6 +10,7 @@ from quart import Quart, g, request
 from quart_cors import cors
 from werkzeug.exceptions import HTTPException
 
+from ..engine.states import LOADING_STATES, EngineError
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
 from . import access_log, admin, health, metrics, models, openapi
@@ -123,6 +124,15 @@ def create_app(settings: Settings, pool) -> Quart:
     @app.errorhandler(APIError)
     async def api_error(error: APIError):
         return in_shape(error.body(), error.status), error.status, error.headers
+
+    @app.errorhandler(EngineError)
+    async def engine_not_ready(error: EngineError):
+        """The model left between a request's checks and its submission (an unload, a switch,
+        a failure): a 503, as the checks themselves answer, not a 500."""
+        loading = error.state in LOADING_STATES
+        code = "model_loading" if loading else "model_unavailable"
+        body = error_body(str(error), "service_unavailable", code=code)
+        return in_shape(body, 503), 503, {"Retry-After": "1"}
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException):

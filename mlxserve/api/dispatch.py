@@ -37,7 +37,15 @@ async def ready_model(model: str | None, kind: str | None = "generate"):
     engine = await engine_for(model)
     await engine.ensure_loaded(timeout=LOAD_WAIT_S)
     try:
-        loaded = engine.check_ready()
+        try:
+            loaded = engine.check_ready()
+        except EngineError as error:
+            if error.state not in ("ready", "unloaded"):
+                raise
+            # Loaded, then unloaded for being idle before this request reached it (a short
+            # idle unload, a slow machine): loaded once more.
+            await engine.ensure_loaded(timeout=LOAD_WAIT_S)
+            loaded = engine.check_ready()
     except EngineError as error:
         raise ServiceUnavailable(
             str(error),

@@ -448,9 +448,12 @@ class Engine(AdmittedWork):
             slot.apply_change()
             return True
         elif slot.idle_for_too_long():
-            log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
-            slot.unload()
-            return True
+            if self.admitted_sequences:  # admitted, not submitted yet: not idle
+                slot.last_work = time.monotonic()
+            else:
+                log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
+                slot.unload()
+                return True
         self._adopt()
         self._image_step()
         if self.embedder is not None:

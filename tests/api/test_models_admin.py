@@ -3,6 +3,7 @@ on), unloading on idle and reloading on the next request, the allow-list of name
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -147,7 +148,7 @@ def test_a_request_may_switch_only_with_allow_switch(live_server, tiny_model, ti
 
 
 def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(live_server, tiny_model):
-    live = live_server(tiny_model, own=True, idle_unload_s=0.5)
+    live = live_server(tiny_model, own=True, idle_unload_s=3)
     with httpx.Client(base_url=live.url, timeout=60) as http:
         first = greedy(http)
         loaded_memory = http.get("/admin/status").json()["memory_bytes"]
@@ -162,6 +163,31 @@ def test_idle_unload_frees_the_model_and_the_next_request_reloads_it(live_server
         assert http.post("/admin/unload").status_code == 202
         wait_for(http, "unloaded")
         assert greedy(http)["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+def test_a_model_unloaded_again_before_its_request_reaches_it_is_loaded_once_more(
+    live_server, tiny_model
+):
+    """A request waits for its model's load; before it reaches the model, the model is
+    unloaded again (an idle unload shorter than the machine's pause): it is loaded once more,
+    not a 503."""
+    live = live_server(tiny_model, own=True)
+    engine = live.engine
+    ensure_loaded = engine.ensure_loaded
+    unloaded: list[bool] = []
+
+    async def then_unloaded(timeout: float) -> None:
+        await ensure_loaded(timeout)
+        if not unloaded:
+            unloaded.append(True)
+            engine.unload()
+            while engine.state != "unloaded":
+                await asyncio.sleep(0.01)
+
+    engine.ensure_loaded = then_unloaded
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        greedy(http)
+    assert unloaded and engine.loads == 2
 
 
 def test_health_while_an_unload_frees_the_memory_is_a_503_that_says_unloaded(

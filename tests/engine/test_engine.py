@@ -204,11 +204,18 @@ def test_an_idle_model_is_unloaded_and_reloaded_on_demand(tiny_model):
         assert engine.state == "unloaded" and engine.loaded is None
 
         async def reloaded():
-            await engine.ensure_loaded(timeout=60)
-            return await collect(engine, [request(max_tokens=4)])
+            # An idle unload this short may come again before the request reaches the model
+            # (a loaded machine's pause): it is then refused, and asked again.
+            for _ in range(5):
+                await engine.ensure_loaded(timeout=60)
+                try:
+                    return await collect(engine, [request(max_tokens=4)])
+                except EngineError:
+                    continue
+            raise AssertionError("never reloaded in time for the request")
 
         assert len(token_ids(asyncio.run(reloaded())[0])) == 4
-        assert engine.loads == 2
+        assert engine.loads >= 2
     finally:
         engine.stop()
 
