@@ -190,6 +190,34 @@ def test_a_model_unloaded_again_before_its_request_reaches_it_is_loaded_once_mor
     assert unloaded and engine.loads == 2
 
 
+def test_a_model_gone_by_the_time_a_request_is_submitted_is_a_503_in_each_doors_shape(
+    live_server, tiny_model
+):
+    """The model leaves after the request's checks and before its submission (a failure, an
+    unload an admin asked for): 503 with Retry-After in the door's own error shape, not a 500."""
+    from mlxserve.engine import EngineError
+
+    live = live_server(tiny_model, own=True)
+    engine = live.engine
+    check_ready = engine.check_ready
+    calls = []
+
+    def gone_at_submission():
+        calls.append(None)
+        if len(calls) % 2 == 0:  # the checks' call passes, the submission's finds it gone
+            raise EngineError("engine is unloaded: no model loaded", "unloaded")
+        return check_ready()
+
+    engine.check_ready = gone_at_submission
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        openai_ = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        ollama = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False})
+    assert openai_.status_code == 503 and openai_.headers["retry-after"] == "1"
+    assert openai_.json()["error"]["code"] == "model_unavailable"
+    assert ollama.status_code == 503
+    assert "no model loaded" in ollama.json()["error"]
+
+
 def test_health_while_an_unload_frees_the_memory_is_a_503_that_says_unloaded(
     live_server, tiny_model
 ):
