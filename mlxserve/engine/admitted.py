@@ -54,6 +54,13 @@ class AdmittedWork:
             self.pending_sequences -= len(requests)
             self.pending_kv_tokens -= tokens
 
+    def awaiting_submission(self) -> bool:
+        """A request admitted and not submitted yet (nor lapsed): its model must stay. Safe on
+        any thread (the event loop's adds and removes reservations meanwhile)."""
+        now = time.monotonic()
+        reservations = list(self._reservations.values())  # one step under the GIL
+        return any(now - when <= RESERVATION_TTL_S for when, _, _ in reservations)
+
     @property
     def admitted_sequences(self) -> int:
         return self.pending_sequences + sum(n for _, n, _ in self._reservations.values())

@@ -448,7 +448,7 @@ class Engine(AdmittedWork):
             slot.apply_change()
             return True
         elif slot.idle_for_too_long():
-            if self.admitted_sequences:  # admitted, not submitted yet: not idle
+            if self.awaiting_submission():  # a request admitted here is on its way: not idle
                 slot.last_work = time.monotonic()
             else:
                 log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)

@@ -220,6 +220,26 @@ def test_an_idle_model_is_unloaded_and_reloaded_on_demand(tiny_model):
         engine.stop()
 
 
+def test_a_request_admitted_and_not_yet_submitted_keeps_its_model_from_an_idle_unload(
+    tiny_model,
+):
+    """Between its admission and its submission (planning, a stream's response starting), a
+    request holds its model: the idle unload waits for it, then comes once it is gone."""
+    engine = Engine(str(tiny_model), idle_unload_s=0.5).start()
+    try:
+        reservation = engine.reserve([request(max_tokens=4)])  # admitted before the load ends
+        assert engine.wait_ready(300)
+        time.sleep(2.0)  # four idle unloads' worth
+        assert engine.state == "ready" and engine.loaded is not None
+        engine.release(reservation)
+        deadline = time.monotonic() + 60
+        while engine.state != "unloaded" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.state == "unloaded" and engine.loads == 1
+    finally:
+        engine.stop()
+
+
 def test_a_cached_prompt_joins_beside_a_stream_in_its_decode_pass(engine, monkeypatch):
     """A prompt the prefix cache holds but for its last token, arriving beside a stream, reads
     one cached token again so that its last rides in the decode pass (mixed_batch.py), not in a
