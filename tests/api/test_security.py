@@ -134,10 +134,11 @@ def serve(model, *args: str) -> tuple[subprocess.Popen, str]:
     return process, url
 
 
+@pytest.mark.timeout(900)  # 8 streams of 1,000 tokens drained: minutes on a loaded CI machine
 def test_sigterm_drains_requests_in_flight_then_exits_0(tiny_model, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("file-key\n")
-    process, url = serve(tiny_model, "--api-key-file", str(key_file), "--drain-timeout", "60")
+    process, url = serve(tiny_model, "--api-key-file", str(key_file), "--drain-timeout", "600")
     headers = {"Authorization": "Bearer file-key"}
     try:
         # the file's key is required
@@ -170,11 +171,11 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(tiny_model, tmp_path):
         )
         assert error_of(refused, 503)["code"] == "shutting_down"
         assert refused.headers["Retry-After"]
-        reader.join(120)
+        reader.join(600)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr
     assert chunks[-1] == "[DONE]"
     events = [json.loads(c) for c in chunks[:-1]]
