@@ -1,7 +1,8 @@
 """How fast this machine is at what the suite waits on, in one line atop every test run, so that a
 slow run says whether the machine or the change was slow: a Python loop, writing memory (pages
 written before, and fresh ones), and how late a short timed wait wakes. docs/benchmarks.md has
-a normal machine's figures. `python -m tests.machine_speed` prints the line alone.
+a slow shared VM's figures (a normal machine's are still to be taken). `python -m
+tests.machine_speed` prints the line alone.
 """
 
 from __future__ import annotations
