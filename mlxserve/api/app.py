@@ -10,7 +10,7 @@ from quart import Quart, g, request
 from quart_cors import cors
 from werkzeug.exceptions import HTTPException
 
-from ..engine.states import LOADING_STATES, EngineError
+from ..engine.states import EngineError
 from ..registry import Registry
 from ..settings import DEFAULT_MODEL, Settings
 from . import access_log, admin, health, metrics, models, openapi
@@ -18,7 +18,7 @@ from .anthropic import messages as anthropic_messages
 from .anthropic.shape import anthropic_error, is_anthropic_path
 from .auth import check_api_key
 from .embeddings import rerank
-from .errors import APIError, error_body
+from .errors import APIError, engine_unavailable, error_body
 from .llamacpp import completion as llamacpp_completion
 from .llamacpp import embedding as llamacpp_embedding
 from .llamacpp import infill as llamacpp_infill
@@ -129,10 +129,7 @@ def create_app(settings: Settings, pool) -> Quart:
     async def engine_not_ready(error: EngineError):
         """The model left between a request's checks and its submission (an unload, a switch,
         a failure): a 503, as the checks themselves answer, not a 500."""
-        loading = error.state in LOADING_STATES
-        code = "model_loading" if loading else "model_unavailable"
-        body = error_body(str(error), "service_unavailable", code=code)
-        return in_shape(body, 503), 503, {"Retry-After": "1"}
+        return await api_error(engine_unavailable(error))
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException):

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 from quart import current_app
 
-from ..engine import LOADING_STATES, EngineError, GenerationEvent
+from ..engine import EngineError, GenerationEvent
 from ..planning.plan import Plan, compile_constraint, make_plan
 from ..planning.request import Request
 from .admission import admit, refuse_if_draining
-from .errors import InvalidRequest, ServiceUnavailable
+from .errors import InvalidRequest, engine_unavailable
 from .metrics import timed
 from .models import engine_for, pool
 
@@ -47,11 +47,7 @@ async def ready_model(model: str | None, kind: str | None = "generate"):
             await engine.ensure_loaded(timeout=LOAD_WAIT_S)
             loaded = engine.check_ready()
     except EngineError as error:
-        raise ServiceUnavailable(
-            str(error),
-            code="model_loading" if error.state in LOADING_STATES else "model_unavailable",
-            headers={"Retry-After": "1"},
-        ) from error
+        raise engine_unavailable(error) from error
     if kind is not None and loaded.kind != kind:
         raise InvalidRequest(wrong_kind(loaded.model_id, loaded.kind), param="model")
     return engine, loaded

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.states import LOADING_STATES, EngineError
+
 
 class APIError(Exception):
     """An error that becomes `{"error": {"message", "type", "param", "code"}}` with a status."""
@@ -75,6 +77,12 @@ class NotSupported(APIError):
 class ServiceUnavailable(APIError):
     status = 503
     type = "service_unavailable"
+
+
+def engine_unavailable(error: EngineError) -> ServiceUnavailable:
+    """A model not ready for a request (loading, unloaded, failed): a 503 that says to retry."""
+    code = "model_loading" if error.state in LOADING_STATES else "model_unavailable"
+    return ServiceUnavailable(str(error), code=code, headers={"Retry-After": "1"})
 
 
 def error_body(
