@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -47,6 +48,11 @@ from .schema import (
 log = logging.getLogger("mlxserve.engine")
 EMPTY_POOL = PoolView("", 0, 0, [], [])  # a reply's pool until the call has run
 REPORT_EVERY_S = 0.05  # the front's view of the engines lags their state by this at most
+# At rest (nothing in flight, loading or generating), by this at most: an idle process wakes
+# seldom (on a laptop each wake-up costs energy), and a change no request caused (an idle
+# unload) reaches the front this late.
+AT_REST_REPORT_EVERY_S = 1.0
+AT_REST_STATES = frozenset({"ready", "unloaded", "error", "stopped"})
 PARENT_CHECK_EVERY_S = 0.5  # how soon the engine process notices its front is gone
 FLUSH_BEFORE_EXIT_S = 2.0  # at most, for the last messages to reach the front
 
@@ -84,6 +90,9 @@ class EngineProcess:
         self.engine = new_engine(settings, settings.model, **options)
         self.pool = pool_for(settings, self.engine)
         self._last_report = b""
+        self._last_view: PoolView | None = None
+        self._calls: set[asyncio.Task] = set()
+        self._woken = asyncio.Event()  # a message came: the view may change soon
         self._stopping = asyncio.Event()
 
     # ---- sending ---------------------------------------------------------------------------
@@ -153,7 +162,7 @@ class EngineProcess:
         )
 
     def report(self, force: bool = False) -> None:
-        view = self.view()
+        view = self._last_view = self.view()
         data = encode(view)
         if force or data != self._last_report:
             self._last_report = data
@@ -210,7 +219,6 @@ class EngineProcess:
         self.send(Started(os.getpid(), self.view()))
         starting = asyncio.create_task(start_served_models(self.pool, self.settings))
         reporting = asyncio.create_task(self._report_now_and_then())
-        calls: set[asyncio.Task] = set()
         try:
             while not self._stopping.is_set():
                 if not await self.inbox.poll(PARENT_CHECK_EVERY_S * 1000):
@@ -219,22 +227,41 @@ class EngineProcess:
                         return
                     continue
                 message = TO_ENGINE.decode(await self.inbox.recv(copy=False))
+                self._woken.set()
                 if isinstance(message, Submit):
                     self.submit(message)
                 elif isinstance(message, Cancel):
                     self.cancel(message)
                 else:
                     task = asyncio.create_task(self.call(message))
-                    calls.add(task)
-                    task.add_done_callback(calls.discard)
+                    self._calls.add(task)
+                    task.add_done_callback(self._calls.discard)
         finally:
             starting.cancel()
             reporting.cancel()
 
     async def _report_now_and_then(self) -> None:
         while True:
-            await asyncio.sleep(REPORT_EVERY_S)
+            if self._at_rest():
+                self._woken.clear()
+                with contextlib.suppress(asyncio.TimeoutError):  # (not TimeoutError before 3.11)
+                    await asyncio.wait_for(self._woken.wait(), AT_REST_REPORT_EVERY_S)
+            else:
+                await asyncio.sleep(REPORT_EVERY_S)
             self.report()
+
+    def _at_rest(self) -> bool:
+        """Nothing in flight, and the last view sent shows every engine settled and idle."""
+        view = self._last_view
+        if view is None or self._groups or self._calls:
+            return False
+        return all(
+            e.state in AT_REST_STATES
+            and not e.pending_change
+            and not e.unloading
+            and not e.tokens_per_second
+            for e in view.engines
+        )
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.pool.stop)

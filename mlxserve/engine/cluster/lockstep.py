@@ -42,6 +42,8 @@ log = logging.getLogger("mlxserve.engine")
 
 COLLECTIVE_PROBES = 16  # small all_sums timed at start (the slowest counts)
 READ_PROBE_BYTES = 64 << 20  # an array summed at start, to time memory reads
+WATCHDOG_EVERY_S = 0.5  # how often a collective under way is checked against the rank timeout
+WATCHDOG_IDLE_CHECK_S = 5.0  # with none under way, how often the watchdog looks whether to stop
 
 
 class DistributedError(RuntimeError):
@@ -321,6 +323,7 @@ class LockStep:
         self.asleep = False  # the others wait on the doorbell
         self._sent_prefill: int | None = None
         self._waiting_since: float | None = None
+        self._wait_began = threading.Event()  # wakes the watchdog, which sleeps while idle
 
     def hurry(self, seconds: float) -> None:
         """A stop is under way: a step waiting this long on the others means one is gone (a
@@ -343,6 +346,7 @@ class LockStep:
     def waiting(self):
         """Around a collective: the watchdog counts from here."""
         self._waiting_since = time.monotonic()
+        self._wait_began.set()
         try:
             yield
         finally:
@@ -377,13 +381,17 @@ class LockStep:
         """A step or tick stuck past `rank_timeout_s` means a rank is gone (the ring backend
         does not always report it): fail as for a reported loss."""
         while not stopped():
-            time.sleep(0.5)
+            self._wait_began.clear()  # before looking: a wait that begins from now on wakes it
             since = self._waiting_since
-            if since is not None and time.monotonic() - since > self.rank_timeout_s:
+            if since is None:  # no collective under way: nothing to time until one begins
+                self._wait_began.wait(WATCHDOG_IDLE_CHECK_S)
+                continue
+            if time.monotonic() - since > self.rank_timeout_s:
                 self.on_lost(
                     TimeoutError(f"no answer from the other ranks for {self.rank_timeout_s:g} s")
                 )
                 return
+            time.sleep(WATCHDOG_EVERY_S)
 
 
 def follow(engine: Engine) -> int:
