@@ -195,13 +195,16 @@ BODIES = [
 FAILED = "FAILED: "  # in place of a body's texts when it got no answer
 
 
+ANSWER_WAIT_S = 600  # 4 bodies at once on a real model over ranks on a slow VM's 2 cores
+
+
 def answers(url: str, stream: bool) -> list[list[str]]:
     """The 4 bodies at once; each answer's choices' texts."""
     results: list[list[str]] = [[] for _ in BODIES]
 
     def one(i: int) -> None:
         body = BODIES[i] | {"stream": stream}
-        with httpx.Client(base_url=url, timeout=120) as client:
+        with httpx.Client(base_url=url, timeout=ANSWER_WAIT_S) as client:
             response = client.post("/v1/completions", json=body)
             if response.status_code != 200 or '"error"' in response.text:
                 results[i] = [f"{FAILED}HTTP {response.status_code}: {response.text[-500:]}"]

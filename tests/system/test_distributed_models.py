@@ -14,7 +14,9 @@ from mlxserve.settings import DEFAULT_MODEL, SpeculationSettings
 from ..conftest import SMOLLM2, shared_model
 from .test_distributed import answers, assert_answered, ranks_by_hand, ring  # noqa: F401
 
-pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("ring")]  # ring: two ranks can start
+# ring: two ranks can start; slow: a real model's answers, given SLOW_TEST_TIMEOUT_S (a slow
+# VM took up to 390 s for one of these)
+pytestmark = [pytest.mark.ranks, pytest.mark.slow, pytest.mark.usefixtures("ring")]
 
 MODELS = {"smollm2": lambda: shared_model(SMOLLM2), "default": lambda: DEFAULT_MODEL}
 UNEVEN = (
