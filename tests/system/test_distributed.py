@@ -44,14 +44,14 @@ PROBE = (
 )
 
 
-def launch(command: list[str], log: Path, port_base: int) -> subprocess.Popen:
+def launch(command: list[str], log: Path, port_base: int, ranks: int = 2) -> subprocess.Popen:
     return subprocess.Popen(
         [
             str(LAUNCH),
             "--backend",
             "ring",
             "-n",
-            "2",
+            str(ranks),
             "--hosts",
             "127.0.0.1",
             "--starting-port",
