@@ -54,6 +54,7 @@ REPORT_EVERY_S = 0.05  # the front's view of the engines lags their state by thi
 AT_REST_REPORT_EVERY_S = 1.0
 AT_REST_STATES = frozenset({"ready", "unloaded", "error", "stopped"})
 PARENT_CHECK_EVERY_S = 0.5  # how soon the engine process notices its front is gone
+AT_REST_PARENT_CHECK_S = 2.0  # the same, at rest (nothing of the front's is lost then)
 FLUSH_BEFORE_EXIT_S = 2.0  # at most, for the last messages to reach the front
 
 
@@ -62,7 +63,8 @@ class EngineProcess:
         self, settings: Settings, to_engine: str, from_engine: str, front_pid: int | None = None
     ):
         """`front_pid`: the process that started this one, which it outlives by at most
-        PARENT_CHECK_EVERY_S (None: whichever is its parent now)."""
+        PARENT_CHECK_EVERY_S, AT_REST_PARENT_CHECK_S at rest (None: whichever is its parent
+        now)."""
         from ..engine.models.served import new_engine, pool_for
 
         self.settings = settings
@@ -221,7 +223,8 @@ class EngineProcess:
         reporting = asyncio.create_task(self._report_now_and_then())
         try:
             while not self._stopping.is_set():
-                if not await self.inbox.poll(PARENT_CHECK_EVERY_S * 1000):
+                every_s = AT_REST_PARENT_CHECK_S if self._at_rest() else PARENT_CHECK_EVERY_S
+                if not await self.inbox.poll(every_s * 1000):
                     if os.getppid() != self.parent:
                         log.error("the front process is gone: the engine process exits")
                         return
