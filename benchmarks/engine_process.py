@@ -8,6 +8,9 @@ how fast a dead engine process is noticed and replaced.
   events onto an asyncio queue, read back by the loop) in the same run;
 - memory: the front's and the engine process's resident set (RSS) of a server idle after its
   model loaded (`--model`), and of the same server run with `--engine-in-process`;
+- idle: the front's and the engine process's wake-ups a second (voluntary context switches,
+  every thread's) and CPU seconds over `--idle-s` at rest, after a request's tokens/s window
+  has passed: what a server left running on a laptop costs while nobody uses it;
 - a crash: `kill -9` of the engine process during `--streams` streams: the time until every
   stream has ended with its error, and until /health answers 200 again (the engine process
   started, the model loaded), `--repeats` times, each after the supervisor's crash-loop window.
@@ -17,7 +20,7 @@ Linux (/proc) for the memory and the engine process's pid.
 This script only prints; it asserts nothing.
 
     python benchmarks/engine_process.py [--model PATH] [--batch 1 16] [--messages 20000]
-                                        [--streams 16] [--repeats 1]
+                                        [--streams 16] [--repeats 1] [--idle-s 10]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from common import (
     start_server,
 )
 
+from mlxserve.engine.stats import RATE_WINDOW_S  # noqa: E402
 from mlxserve.ipc.supervisor import STABLE_S  # noqa: E402
 
 
@@ -56,6 +60,7 @@ def parse_args():
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument(
         "--repeats",
         type=int,
@@ -169,6 +174,30 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def wakeups_and_cpu_s(pid: int) -> tuple[int, float]:
+    """Every thread's voluntary context switches, and the process's CPU seconds, so far."""
+    switches = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except FileNotFoundError:  # a thread that ended
+            continue
+        switches += sum(int(line.split()[1]) for line in lines if line.startswith("voluntary_"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return switches, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cost(url: str, pids: list[int], seconds: float) -> list[tuple[float, float]]:
+    """After one short request and the engine's tokens/s window: each pid's wake-ups a second
+    and CPU seconds over `seconds`."""
+    httpx.post(f"{url}/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=60)
+    time.sleep(RATE_WINDOW_S + 1)
+    before = [wakeups_and_cpu_s(pid) for pid in pids]
+    time.sleep(seconds)
+    after = [wakeups_and_cpu_s(pid) for pid in pids]
+    return [((a[0] - b[0]) / seconds, a[1] - b[1]) for a, b in zip(after, before)]
+
+
 def engine_pid(front_pid: int) -> int | None:
     children = Path(f"/proc/{front_pid}/task/{front_pid}/children")
     pids = [int(p) for p in children.read_text().split()] if children.exists() else []
@@ -240,6 +269,17 @@ def main() -> None:
                     (
                         f"RSS idle, {name}: front / engine process",
                         f"{rss_mb(front):.0f} / {rss_mb(engine):.0f} MB",
+                    )
+                )
+                (front_rate, front_cpu), (engine_rate, engine_cpu) = idle_cost(
+                    server.url, [front, engine], args.idle_s
+                )
+                rows.append(
+                    (
+                        f"at rest, {name}: wake-ups a second, front / engine process "
+                        f"(CPU s in {args.idle_s:g} s)",
+                        f"{front_rate:.1f} / {engine_rate:.1f} "
+                        f"({front_cpu:.2f} / {engine_cpu:.2f})",
                     )
                 )
             if engine is not None:
