@@ -72,18 +72,26 @@ def ring(tmp_path_factory):
     if not LAUNCH.exists() or shutil.which("bash") is None:
         skip_for_missing("mlx.launch is not installed with mlx")
     folder = tmp_path_factory.mktemp("ring")
-    log = folder / "probe.log"
-    probe = launch([sys.executable, "-c", PROBE, str(folder)], log, free_port())
+    done = run_on_ranks(PROBE, folder, ranks=2, timeout=60)
+    if done is None:
+        cannot_run("the ring backend did not start 2 ranks on 127.0.0.1 within 60 s")
+    if sorted(done) != ["rank0", "rank1"]:
+        log = (folder / "probe.log").read_text()[-300:]
+        cannot_run(f"the ring backend cannot run here (ranks done: {sorted(done)}): {log}")
+
+
+def run_on_ranks(code: str, folder: Path, ranks: int, timeout: float) -> dict[str, str] | None:
+    """`python -c code folder` on `ranks` ring ranks under mlx.launch, its output in
+    `folder`/probe.log: each file the ranks wrote in `folder` as rank{N}, by name; None when
+    they did not end within `timeout` seconds (then killed)."""
+    command = [sys.executable, "-c", code, str(folder)]
+    probe = launch(command, folder / "probe.log", free_port(), ranks)
     try:
-        probe.wait(60)
+        probe.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(probe.pid, signal.SIGKILL)
-        cannot_run("the ring backend did not start 2 ranks on 127.0.0.1 within 60 s")
-    ranks = sorted(p.name for p in folder.glob("rank*"))
-    if ranks != ["rank0", "rank1"]:
-        cannot_run(
-            f"the ring backend cannot run here (ranks done: {ranks}): {log.read_text()[-300:]}"
-        )
+        return None
+    return {path.name: path.read_text() for path in folder.glob("rank*")}
 
 
 def cannot_run(reason: str) -> None:

@@ -8,23 +8,18 @@ whole. A few minutes on 2 cores:
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from mlxserve.settings import DEFAULT_MODEL, SpeculationSettings
 
 from ..conftest import SMOLLM2, shared_model
-from ..live_server import free_port
 from .test_distributed import (  # noqa: F401
     answers,
     assert_answered,
-    launch,
     ranks_by_hand,
     ring,
+    run_on_ranks,
 )
 
 # ring: two ranks can start; slow: a real model's answers, given SLOW_TEST_TIMEOUT_S (a slow
@@ -52,17 +47,11 @@ TIME_ALL_SUMS = (
 def three_ranks_all_sum_ms(tmp_path_factory) -> float:
     """A small all_sum's mean time over 3 ring ranks on this machine (the slowest rank's)."""
     folder = tmp_path_factory.mktemp("all-sums")
-    probe = launch(
-        [sys.executable, "-c", TIME_ALL_SUMS, str(folder)], folder / "log", free_port(), ranks=3
-    )
-    try:
-        probe.wait(120)
-    except subprocess.TimeoutExpired:
-        os.killpg(probe.pid, signal.SIGKILL)
+    done = run_on_ranks(TIME_ALL_SUMS, folder, ranks=3, timeout=120)
+    if done is None:
         return float("inf")
-    times = [float(p.read_text()) for p in Path(folder).glob("rank*")]
-    assert len(times) == 3, (folder / "log").read_text()[-500:]
-    return max(times) / 120 * 1000
+    assert len(done) == 3, (folder / "probe.log").read_text()[-500:]
+    return max(float(seconds) for seconds in done.values()) / 120 * 1000
 
 
 def alone(live_servers, name: str, stream: bool) -> list[list[str]]:
