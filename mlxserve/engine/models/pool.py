@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,8 @@ class ModelPool:
         self._first = default  # started and stopped by its owner (the server), not here
         default.pin(default.model_name in self.pinned)
         self._lock: asyncio.Lock | None = None  # loads make room one at a time
+        # bases an adapter's load is on its way to (waiting for the base, or for room)
+        self._adapters_arriving: Counter[str] = Counter()
 
     # ---- looking up -------------------------------------------------------------------------
 
@@ -162,7 +165,7 @@ class ModelPool:
             engine = self._make_engine(adapter.path, name, loader=loader)
             estimate = sum(f.stat().st_size for f in Path(adapter.path).glob("*.safetensors"))
             # its base's arrays are its own too: the base is not unloaded for idleness meanwhile
-            base.slot.needed = lambda base_name=adapter.base: self._adapter_loaded_on(base_name)
+            base.slot.needed = lambda base_name=adapter.base: self._stood_on(base_name)
         else:
             source = source or self.configured.get(name)
             if source is None:
@@ -186,23 +189,40 @@ class ModelPool:
         if engine is self._first and not engine.started:
             return engine  # its owner starts it (requests meanwhile get 503 loading)
         adapter = self.adapters.get(name)
-        base = None
-        if adapter is not None:  # its base first: the adapter is loaded onto its weights
-            base = await self.acquire(adapter.base)
+        if adapter is None:
+            await self._load(engine)
+            return engine
+        # The base is needed from now, not only once the adapter holds memory: a busy machine
+        # can stall this loop past the base's idle unload between the two loads.
+        self._adapters_arriving[adapter.base] += 1
+        try:
+            base = await self.acquire(adapter.base)  # first: the adapter loads onto its weights
             await base.ensure_loaded(timeout=UNLOAD_WAIT_S * 4)
-        if not _holds_memory(engine):
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
-                if not _holds_memory(engine):
-                    await self._make_room(engine)
-                    if base is not None:  # not idle: from now its adapter holds it
-                        base.slot.last_work = time.monotonic()
-                    if not engine.started:
-                        engine.start()
-                    elif engine.state == "unloaded":
-                        engine.reload()
+            await self._load(engine, base)
+        finally:
+            self._adapters_arriving[adapter.base] -= 1
         return engine
+
+    async def _load(self, engine: Engine, base: Engine | None = None) -> None:
+        """Start `engine`'s load (or reload) once room is made for it, unless it holds memory."""
+        if _holds_memory(engine):
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if _holds_memory(engine):
+                return
+            await self._make_room(engine)
+            if base is not None:  # its idle time starts again once the adapter is gone
+                base.slot.last_work = time.monotonic()
+            if not engine.started:
+                engine.start()
+            elif engine.state == "unloaded":
+                engine.reload()
+
+    def _stood_on(self, base: str) -> bool:
+        """Whether an adapter on `base` holds memory or is on its way to."""
+        return self._adapters_arriving[base] > 0 or self._adapter_loaded_on(base)
 
     def _adapter_loaded_on(self, base: str) -> bool:
         return any(
@@ -266,12 +286,9 @@ class ModelPool:
 
     def _least_recently_used(self, besides: Engine) -> Engine | None:
         """The idle, unpinned resident model used longest ago, not a base an adapter in
-        memory (or `besides`) stands on."""
-        standing_on = {
-            adapter.base
-            for name, adapter in self.adapters.items()
-            if name == besides.model_name or (e := self.get(name)) is not None and _holds_memory(e)
-        }
+        memory, on its way (or `besides`) stands on."""
+        besides_adapter = self.adapters.get(besides.model_name)
+        standing_on = {besides_adapter.base} if besides_adapter is not None else set()
         candidates = [
             r
             for name, r in self._residents.items()
@@ -280,6 +297,7 @@ class ModelPool:
             and r.engine.state == "ready"
             and name not in self.pinned
             and name not in standing_on
+            and not self._stood_on(name)
             and r.engine.idle_for_eviction
         ]
         if not candidates:
