@@ -56,6 +56,10 @@ STABLE_S = 30.0  # an engine process that died sooner after its start counts as 
 MAX_BACKOFF_S = 30.0
 CONNECT_WAIT_S = 5.0  # a started engine process's inbox is connected by then
 CONNECT_POLL_S = 0.005
+# After a death, the restart (a new process importing MLX: seconds of CPU) waits until the
+# streams in flight have taken their error event, at most this long.
+HANDED_OVER_WAIT_S = 1.0
+HANDED_OVER_POLL_S = 0.005
 RESTARTED = "engine_restarted"
 
 
@@ -166,7 +170,7 @@ class EngineSupervisor:
             if self.settings.distributed:
                 self._distributed_engine_died(because)
                 return
-            self._engine_died(because)
+            ended = self._engine_died(because)
             lived = time.monotonic() - self._spawned_at
             self._crashes_in_a_row = self._crashes_in_a_row + 1 if lived < self.stable_s else 1
             delay = 0.0
@@ -184,16 +188,20 @@ class EngineSupervisor:
                     f"restarting: the engine process died {self._crashes_in_a_row} times in "
                     f"a row (last: {because}); next start in {delay:.0f} s"
                 )
+            await handed_over(ended, HANDED_OVER_WAIT_S)
             await asyncio.sleep(delay)
             if self._stopping:
                 return
             self.restarts += 1
             self.spawn()
 
-    def _engine_died(self, because: str) -> None:
-        """Every sequence in flight ends now with a 503; calls waiting get an error."""
+    def _engine_died(self, because: str) -> list[asyncio.Queue]:
+        """Every sequence in flight ends now with a 503; calls waiting get an error. Returns
+        the ended sequences' queues."""
         log.error("the engine process %s died (%s): restarting it", self.pid, because)
-        self._fail_in_flight(f"the engine process died ({because}); it is restarting", RESTARTED)
+        ended = self._fail_in_flight(
+            f"the engine process died ({because}); it is restarting", RESTARTED
+        )
         pool = self.pool
         self._restore = [
             (e.model_name, e.model_source)
@@ -202,6 +210,7 @@ class EngineSupervisor:
         ]
         self._restore_default = pool.default_name
         pool.engine_gone(f"restarting: the engine process died ({because})")
+        return ended
 
     def _distributed_engine_died(self, because: str) -> None:
         """Rank 0's engine is one of the ranks' lock-step: another cannot take its place, so
@@ -220,8 +229,9 @@ class EngineSupervisor:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(message)
 
-    def _fail_in_flight(self, message: str, code: str | None) -> None:
+    def _fail_in_flight(self, message: str, code: str | None) -> list[asyncio.Queue]:
         self._started.clear()
+        ended = [group[0] for group in self._groups.values()]
         for group in self._groups.values():
             end_group(group, message, code)
         self._groups.clear()
@@ -229,6 +239,7 @@ class EngineSupervisor:
             if not future.done():
                 future.set_exception(EngineError(message, "restarting" if code else "error"))
         self._calls.clear()
+        return ended
 
     async def _restore_models(self) -> None:
         """The models loaded before a crash, loaded again (the default loads by itself)."""
@@ -383,6 +394,14 @@ class EngineSupervisor:
         view = default.view
         if view.state == "error" and not view.loads and self.generation == 1:
             self._fatal(view.error or "the model failed to load")
+
+
+async def handed_over(queues: list[asyncio.Queue], timeout: float) -> None:
+    """Until every queue's events are taken by its response (or `timeout`): ended streams'
+    error events reach their clients before a restart competes with them for the CPU."""
+    deadline = time.monotonic() + timeout
+    while any(not q.empty() for q in queues) and time.monotonic() < deadline:
+        await asyncio.sleep(HANDED_OVER_POLL_S)
 
 
 def end_group(group: tuple[asyncio.Queue, set[int]], message: str, code: str | None) -> None:
