@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from mlxserve.engine.prefix.disk import BLOCK, DEBOUNCE_S, read_header
+from mlxserve.engine.prefix.disk import BLOCK, DEBOUNCE_S
+from mlxserve.engine.prefix.files import read_header
 
 from ..helpers import complete, start_serve, texts, wait_healthy
 from ..live_server import free_port

@@ -16,19 +16,15 @@ that fails (a full disk) turns writing off: the cache stays in memory.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import heapq
-import json
 import logging
 import os
 import queue
 import re
 import shutil
-import struct
 import threading
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +37,18 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from ...versions import mlxserve_version
-from ..mlx_lm_compat.quantized_kv import Packing, QuantizedRowKVCache, packing_of
+from ..mlx_lm_compat.quantized_kv import QuantizedRowKVCache
+from .files import (
+    DTYPES,
+    checksum,
+    load_safetensors,
+    new_layer,
+    packing_metadata,
+    read_header,
+    save_safetensors,
+    tokens_of,
+    tokens_text,
+)
 from .memory import COPY_BUDGET_BYTES
 
 log = logging.getLogger("mlxserve.engine")
@@ -60,7 +67,6 @@ SUPERSEDE_SHARE = 0.9
 MAX_QUEUED = 4  # prompts waiting to be written; beyond, the oldest is dropped
 DEFAULT_SHARE_OF_FREE_DISK = 10  # the default budget: a tenth of the disk's free space,
 MAX_DEFAULT_BYTES = 16 << 30  # at most this
-MAX_HEADER_BYTES = 64 << 20
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a crash
 # Our files, the only ones counted against the budget and removed: the folder may hold others.
 OUR_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]{32}\.safetensors")
@@ -115,11 +121,6 @@ class _Job:
     queued: float = 0.0
 
 
-# safetensors' names of the dtypes KV comes in (quantized KV: packed in uint32); bfloat16 is
-# written from a uint16 view of it
-DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32"}
-
-
 @dataclass
 class Read:
     """A chain's KV read from disk, not yet the model's caches (`DiskPrefixStore.adopt`)."""
@@ -136,111 +137,11 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def _tokens_text(tokens: np.ndarray) -> str:
-    return base64.b64encode(tokens.astype("<i4").tobytes()).decode()
-
-
-def _tokens_of(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<i4").astype(np.int32)
-
-
-def _checksum(arrays: dict[str, Any]) -> str:
-    """CRC-32 of the arrays' bytes, in their names' order (MLX or numpy arrays alike)."""
-    crc = 0
-    for key in sorted(arrays):
-        crc = zlib.crc32(memoryview(arrays[key]), crc)
-    return f"{crc:08x}"
-
-
-NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
-
-
-def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """A file `_save_safetensors` wrote, into numpy (bfloat16 as its bits in uint16); a file
-    whose size is not what its header says fails."""
-    with path.open("rb") as file:
-        data = file.read()
-    header, start = _header(data, len(data))
-    metadata = header.pop("__metadata__", {})
-    arrays = {}
-    for key, entry in header.items():
-        first, last = entry["data_offsets"]
-        dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]])
-        count = (last - first) // dtype.itemsize
-        arrays[key] = np.frombuffer(data, dtype, count, start + first).reshape(entry["shape"])
-    return arrays, metadata
-
-
-def _header(head: bytes, size: int) -> tuple[dict[str, Any], int]:
-    """The safetensors header at the start of `head` (all of its bytes there) and where the
-    arrays start, checked against the file's `size` (a truncated file fails)."""
-    (length,) = struct.unpack("<Q", head[:8])
-    if length > MAX_HEADER_BYTES:
-        raise ValueError("header length out of range")
-    header = json.loads(head[8 : 8 + length])
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
-    if 8 + length + max(ends, default=0) != size:
-        raise ValueError("truncated (its size is not what its header says)")
-    return header, 8 + length
-
-
-def _save_safetensors(
-    path: Path, arrays: dict[str, np.ndarray], dtype: str, metadata: dict[str, str]
-) -> None:
-    """The safetensors layout (a length, a JSON header, the arrays' bytes), written with plain
-    file writes: they release the GIL, so the engine thread runs on meanwhile."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for key, array in arrays.items():
-        header[key] = {
-            "dtype": dtype,
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
-        }
-        offset += array.nbytes
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with path.open("wb") as file:
-        file.write(struct.pack("<Q", len(encoded)))
-        file.write(encoded)
-        for array in arrays.values():
-            file.write(memoryview(array))
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    """A safetensors file's header, checked against the file's size (a truncated file fails)."""
-    with path.open("rb") as file:
-        head = file.read(8)
-        head += file.read(min(struct.unpack("<Q", head)[0], MAX_HEADER_BYTES))
-    return _header(head, path.stat().st_size)[0]
-
-
 def writable_cache(cache: list[Any]) -> bool:
     """Whether `cache` cuts into segments: every layer a plain KV cache (a sliding window's or
     a state-space layer's cache does not)."""
     kinds = (KVCache, QuantizedRowKVCache)
     return bool(cache) and all(type(c) in kinds and c.keys is not None for c in cache)
-
-
-def _packing_metadata(cache: list[Any]) -> dict[str, str] | None:
-    packing = packing_of(cache[0])
-    if packing is None or packing.dtype is None:
-        return None
-    return {
-        "kv_bits": str(packing.bits),
-        "kv_group_size": str(packing.group_size),
-        "kv_dtype": str(packing.dtype).rsplit(".", 1)[-1],
-    }
-
-
-def _new_layer(metadata: dict[str, str]) -> KVCache:
-    """An empty cache of the kind a segment's metadata says (packed, for quantized KV)."""
-    if "kv_bits" not in metadata:
-        return KVCache()
-    dtype = getattr(mx, metadata["kv_dtype"])
-    return QuantizedRowKVCache(
-        Packing(int(metadata["kv_bits"]), int(metadata["kv_group_size"]), dtype)
-    )
 
 
 class DiskPrefixStore:
@@ -347,7 +248,7 @@ class DiskPrefixStore:
         spent = 0
         while len(read.cache) < len(read.layers) and (budget_bytes is None or spent < budget_bytes):
             k, v = read.layers[len(read.cache)]
-            layer = _new_layer(read.kind)
+            layer = new_layer(read.kind)
             layer.keys, layer.values = (
                 mx.array(a).view(mx.bfloat16) if a.dtype == np.uint16 else mx.array(a)
                 for a in (k, v)
@@ -381,7 +282,7 @@ class DiskPrefixStore:
         if not (self.writable and len(tokens) >= MIN_TOKENS and writable_cache(cache)):
             return
         dtype = DTYPES.get(cache[0].keys.dtype)
-        packing = _packing_metadata(cache)
+        packing = packing_metadata(cache)
         if dtype is None or (packing is None and dtype == "U32"):
             return
         ids = np.asarray(tokens, dtype=np.int32)
@@ -463,14 +364,14 @@ class DiskPrefixStore:
         """The segment's arrays (numpy; bfloat16 as its bits in uint16) and metadata, checked;
         None (the file removed, with a log line) where they are not what its metadata says."""
         try:
-            arrays, metadata = _load_safetensors(segment.path)
+            arrays, metadata = load_safetensors(segment.path)
             problem = self._mismatch(metadata)
             if problem is None and (
                 metadata.get("parent") != segment.parent
-                or not np.array_equal(_tokens_of(metadata["tokens"]), segment.tokens)
+                or not np.array_equal(tokens_of(metadata["tokens"]), segment.tokens)
             ):
                 problem = "its tokens are not those of its index entry"
-            if problem is None and _checksum(arrays) != metadata.get("checksum"):
+            if problem is None and checksum(arrays) != metadata.get("checksum"):
                 problem = "its arrays do not match their checksum (corrupt)"
             if problem is None and any(a.shape[2] != len(segment.tokens) for a in arrays.values()):
                 problem = "its KV does not hold as many positions as its tokens"
@@ -500,7 +401,7 @@ class DiskPrefixStore:
                 metadata = read_header(path).get("__metadata__", {})
                 problem = self._mismatch(metadata)
                 if problem is None:
-                    tokens = _tokens_of(metadata["tokens"])
+                    tokens = tokens_of(metadata["tokens"])
                     key = segment_key(metadata["parent"], tokens)
                     if path.name != self._name(key):
                         problem = "its name is not its tokens' hash"
@@ -590,14 +491,14 @@ class DiskPrefixStore:
             "fingerprint": self.fingerprint,
             "parent": piece.parent,
             "start": str(piece.start),
-            "tokens": _tokens_text(piece.tokens),
-            "checksum": _checksum(arrays),
+            "tokens": tokens_text(piece.tokens),
+            "checksum": checksum(arrays),
             **(job.packing or {}),
         }
         final = self.folder / self._name(piece.key)
         temp = self.folder / f".tmp-{os.getpid()}-{next(self._temp_names)}{SUFFIX}"
         try:
-            _save_safetensors(temp, arrays, job.dtype, metadata)
+            save_safetensors(temp, arrays, job.dtype, metadata)
             os.replace(temp, final)
         except OSError as error:
             temp.unlink(missing_ok=True)
