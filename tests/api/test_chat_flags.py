@@ -8,7 +8,8 @@ import pytest
 
 from mlxserve.chat.templates import CHATML
 from mlxserve.chat.tool_calls import parser_names
-from mlxserve.cli import build_parser, chat_settings, main
+from mlxserve.cli import build_parser, main
+from mlxserve.flag_settings import chat_settings
 from mlxserve.settings import ChatSettings
 
 from .test_chat import CLOCK, THINKING, USER, WEATHER

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from mlxserve.cli import main, read_api_key
+from mlxserve.cli import main
+from mlxserve.flag_values import read_api_key
 
 from ..helpers import error_of, start_serve, wait_healthy
 from ..live_server import free_port
