@@ -11,7 +11,6 @@ turn with the other models' engines; the model's life is `ModelSlot`'s, a sequen
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import queue
@@ -46,6 +45,7 @@ from .scheduling.inbox import Inbox
 from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .scheduling.thread import EngineThread
+from .sequences.disk_reads import DiskReads
 from .sequences.followers import Follower, Followers
 from .sequences.image_prefill import ImagePrefills
 from .sequences.live import LiveSequences
@@ -166,9 +166,8 @@ class Engine(AdmittedWork):
         self._followers = Followers()
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
         AdmittedWork.__init__(self)
-        self._reading: dict[int, Group] = {}  # groups waiting for a read from disk, by id
+        self._disk_reads = DiskReads()  # groups waiting for their prefixes from disk
         self._images = ImagePrefills()  # groups waiting for their images' prefill
-        self._adopting: collections.deque[Prefetched] = collections.deque()  # reads to take in
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -408,7 +407,7 @@ class Engine(AdmittedWork):
     @property
     def idle(self) -> bool:
         """Nothing to do until a message comes (or the idle unload is due)."""
-        return not self._busy and self.slot.pending is None and not self._adopting
+        return not self._busy and self.slot.pending is None and not self._disk_reads.adopting
 
     def idle_wait(self) -> float | None:
         return self.slot.idle_wait(self._busy)
@@ -442,7 +441,7 @@ class Engine(AdmittedWork):
             return True
         if not running:
             return False
-        if self._busy or self._reading:  # no model change under a read from disk either
+        if self._busy or self._disk_reads.reading:  # no model change under a read either
             slot.last_work = time.monotonic()
         elif slot.pending is not None:
             slot.apply_change()
@@ -507,8 +506,7 @@ class Engine(AdmittedWork):
             self.embedder.fail_all("the server is shutting down")
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
-        for group in self._reading.values():
-            group.fail("the server is shutting down", unavailable=True)
+        self._disk_reads.fail_all("the server is shutting down")
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.prefixes.close()
         self.slot.state = "stopped"
@@ -612,7 +610,8 @@ class Engine(AdmittedWork):
             elif isinstance(message, Cancel):
                 self._cancel(message.group_id)
             elif isinstance(message, Prefetched):
-                self._prefetched(message)
+                self._disk_reads.arrived(message)
+                self._adopt()
             elif isinstance(message, EmbedJob):
                 self.slot.last_work = time.monotonic()
                 if self.embedder is None:
@@ -795,9 +794,7 @@ class Engine(AdmittedWork):
         )
 
     def _cancel(self, group_id: int) -> None:
-        reading = self._reading.pop(group_id, None)
-        if reading is not None:
-            self.stats.cancelled_sequences += len(reading.requests)
+        self.stats.cancelled_sequences += self._disk_reads.drop_group(group_id)
         self.stats.cancelled_sequences += self._images.drop_group(group_id)
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
         self.stats.cancelled_sequences += self._failed.forget_group(group_id)
@@ -829,7 +826,7 @@ class Engine(AdmittedWork):
             except ModelLoadError as error:
                 group.fail(str(error))
                 return
-        if not group.disk_read and self._read_from_disk(group):
+        if not group.disk_read and self._disk_reads.start(group, self.prefixes, self._inbox.put):
             return  # admitted once its prefixes are in memory; the batch steps on meanwhile
         if not group.images_read:
             group.images_read = True
@@ -868,43 +865,10 @@ class Engine(AdmittedWork):
             self.live.add(group.group_id, seq)
         self.stats.active_sequences = len(self.live)
 
-    def _read_from_disk(self, group: Group) -> bool:
-        """Start reading, on the disk cache's own thread, what it holds of the group's prompts
-        beyond memory (a long prompt's KV takes a while to read, which the streams in the batch
-        would wait through). Whether the group waits for a read."""
-        group.disk_read = True
-        prompts = {r.prompt_ids for r in group.requests if r.cache_prompt and not r.prompt_logprobs}
-        for prompt in prompts:
-
-            def done(read, group_id: int = group.group_id) -> None:
-                self._inbox.put(Prefetched(group_id, read))
-
-            group.reading += self.prefixes.prefetch(list(prompt), done)
-        if group.reading:
-            self._reading[group.group_id] = group
-        return group.reading > 0
-
-    def _prefetched(self, message: Prefetched) -> None:
-        """A prefix read from disk: to adopt into memory (a cancelled group's too: it was read),
-        a step's share at a time (`_adopt`)."""
-        self._adopting.append(message)
-        self._adopt()
-
     def _adopt(self) -> None:
-        """Adopt the oldest prefix read from disk into memory, a step's share of it, or all of
-        them while no stream waits; a group whose prefixes are all in is admitted."""
-        while self._adopting:
-            message = self._adopting[0]
-            if not self.prefixes.adopt(message.read, everything=not self.has_live_sequences):
-                return
-            self._adopting.popleft()
-            group = self._reading.get(message.group_id)
-            if group is None:
-                continue
-            group.reading -= 1
-            if not group.reading:
-                del self._reading[message.group_id]
-                self._admit(group)
+        """What the disk cache read for waiting groups, into memory: a step's share, or all of
+        it while no stream waits; a group whose prefixes are all in is admitted."""
+        self._disk_reads.adopt(self.prefixes, lambda: not self.has_live_sequences, self._admit)
 
     def _shares_prefill(self, request: GenerationRequest) -> bool:
         """Whether later choices of the same prompt should wait for this one's prefill."""

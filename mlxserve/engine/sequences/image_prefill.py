@@ -3,7 +3,7 @@ streams in the batch step between the passes (a large image's prompt, read in on
 for all of it).
 
 A group whose requests carry images the prefix cache does not hold waits here, as a group whose
-prefixes are read from disk waits (engine.py `_read_from_disk`). Each engine turn runs one pass of
+prefixes are read from disk waits (sequences/disk_reads.py). Each engine turn runs one pass of
 the oldest job: the vision tower a block at a time, then the language model over as many of the
 prompt's tokens as fit the time a prompt chunk may take beside the streams, at what a token cost
 in the passes before (mlx-vlm's language model runs them, at a cost of its own). A finished
