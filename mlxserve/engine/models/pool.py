@@ -286,9 +286,7 @@ class ModelPool:
 
     def _least_recently_used(self, besides: Engine) -> Engine | None:
         """The idle, unpinned resident model used longest ago, not a base an adapter in
-        memory, on its way (or `besides`) stands on."""
-        besides_adapter = self.adapters.get(besides.model_name)
-        standing_on = {besides_adapter.base} if besides_adapter is not None else set()
+        memory or on its way (`besides`, when an adapter, among them) stands on."""
         candidates = [
             r
             for name, r in self._residents.items()
@@ -296,7 +294,6 @@ class ModelPool:
             and _holds_memory(r.engine)
             and r.engine.state == "ready"
             and name not in self.pinned
-            and name not in standing_on
             and not self._stood_on(name)
             and r.engine.idle_for_eviction
         ]
