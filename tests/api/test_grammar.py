@@ -16,6 +16,9 @@ import pytest
 from ..helpers import BatchSizes, complete, stream_chunks, streamed_texts, texts
 
 SEEDS = 20
+# SmolLM2's batch of REAL_SEEDS: a step of seconds on a slow VM whose other cores run other tests
+REAL_SEEDS = 10
+REAL_MODEL_TIMEOUT_S = 900
 PERSON = {
     "type": "object",
     "properties": {
@@ -359,14 +362,15 @@ def test_compiled_grammars_are_cached(server, http):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(REAL_MODEL_TIMEOUT_S)
 def test_a_real_model_follows_a_schema(smollm2_server):
     import httpx
 
-    with httpx.Client(base_url=smollm2_server.url, timeout=300) as http:
+    with httpx.Client(base_url=smollm2_server.url, timeout=REAL_MODEL_TIMEOUT_S) as http:
         result = complete(
             http,
             prompt="A pet record as JSON:\n",
-            n=SEEDS,
+            n=REAL_SEEDS,
             seed=11,
             max_tokens=120,
             temperature=0.8,
@@ -375,4 +379,4 @@ def test_a_real_model_follows_a_schema(smollm2_server):
     stopped, cut = finished_outputs(result)
     for text in stopped:
         jsonschema.validate(json.loads(text), PERSON)
-    assert len(stopped) >= 18, f"{cut} of {SEEDS} hit max_tokens"
+    assert len(stopped) >= REAL_SEEDS - 1, f"{cut} of {REAL_SEEDS} hit max_tokens"
