@@ -151,8 +151,13 @@ class EngineSupervisor:
         command += ["--front-pid", str(os.getpid())]
         # under what `mlxserve serve` would re-execute itself with, for MLX's CPU backend
         process = subprocess.Popen(command, stdin=subprocess.PIPE, env=cpu_environment(os.environ))
-        process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
-        process.stdin.close()
+        try:
+            process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
+        except BrokenPipeError:  # it died before it read them: a death like any other, below
+            pass
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.close()
         self._process, self.pid = process, process.pid
         self._spawned_at = time.monotonic()
         self._exited = exited = concurrent.futures.Future()

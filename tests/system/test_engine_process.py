@@ -276,6 +276,27 @@ def test_a_crash_loop_backs_off_and_says_why(tiny_model):
     assert "died 3 times in a row (last: exit code 3); next start in 2 s" in error
 
 
+def test_an_engine_process_gone_before_it_reads_its_settings_is_restarted(tiny_model):
+    """The settings go to the engine process's stdin: one that dies before it reads them (here
+    they outgrow the pipe's buffer, so the write meets a closed pipe every time) is a death
+    like any other, restarted, not the end of the supervision (CI's loaded VM met it)."""
+    from mlxserve.ipc.supervisor import EngineSupervisor
+    from mlxserve.settings import Settings
+
+    async def restarted() -> int:
+        command = (sys.executable, "-c", "import sys; sys.exit(3)")
+        settings = Settings(model=str(tiny_model), api_key="k" * (1 << 20))
+        supervisor = EngineSupervisor(settings, command=command)
+        await supervisor.start()
+        deadline = time.monotonic() + 120
+        while supervisor.restarts < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await supervisor.close()
+        return supervisor.restarts
+
+    assert asyncio.run(restarted()) >= 2
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` runs (not ended, nor a zombie left for init to reap)."""
     try:
