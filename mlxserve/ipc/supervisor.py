@@ -67,7 +67,10 @@ def import_tokenizer_modules() -> None:
     importlib.import_module("mlx_lm.tokenizer_utils")
 
 
-def signal_text(returncode: int) -> str:
+def signal_text(returncode: int | str) -> str:
+    """How an engine process ended: its signal or exit code (or why it could not start)."""
+    if isinstance(returncode, str):
+        return returncode
     if returncode < 0:
         with contextlib.suppress(ValueError):
             return signal.Signals(-returncode).name
@@ -114,7 +117,7 @@ class EngineSupervisor:
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._process: subprocess.Popen | None = None
-        self._exited: concurrent.futures.Future | None = None  # its return code, once it ends
+        self._exited: concurrent.futures.Future | None = None  # exit code, or why no start
         self._loop: asyncio.AbstractEventLoop | None = None  # start's: every socket's thread
         self._started = asyncio.Event()
         self._stopping = False
@@ -150,7 +153,13 @@ class EngineSupervisor:
         command.append(logging.getLevelName(logging.getLogger().getEffectiveLevel()))
         command += ["--front-pid", str(os.getpid())]
         # under what `mlxserve serve` would re-execute itself with, for MLX's CPU backend
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, env=cpu_environment(os.environ))
+        try:
+            process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, env=cpu_environment(os.environ)
+            )
+        except OSError as error:  # out of memory or of processes: a death, started again later
+            self._could_not_start(error)
+            return
         try:
             process.stdin.write(msgspec.json.encode(self.settings, enc_hook=str))
         except BrokenPipeError:  # it died before it read them: a death like any other, below
@@ -165,6 +174,13 @@ class EngineSupervisor:
             target=lambda: exited.set_result(process.wait()), name="engine-watch", daemon=True
         ).start()
         log.info("engine process %d started", self.pid)
+
+    def _could_not_start(self, error: OSError) -> None:
+        log.error("the engine process could not start: %s", error)
+        self._process, self.pid = None, None
+        self._spawned_at = time.monotonic()
+        self._exited = concurrent.futures.Future()
+        self._exited.set_result(f"could not start: {error.strerror or error}")
 
     async def _watch(self) -> None:
         while True:

@@ -297,6 +297,28 @@ def test_an_engine_process_gone_before_it_reads_its_settings_is_restarted(tiny_m
     assert asyncio.run(restarted()) >= 2
 
 
+def test_an_engine_process_that_cannot_start_is_tried_again_and_says_why(tiny_model):
+    """No process at all (out of memory or processes; here a command that is not there): a
+    death like any other, tried again with the crash loop's back-off, the reason shown."""
+    from mlxserve.ipc.supervisor import EngineSupervisor
+    from mlxserve.settings import Settings
+
+    async def not_started() -> tuple[int, str | None]:
+        command = ("/nonexistent/mlxserve-engine",)
+        supervisor = EngineSupervisor(Settings(model=str(tiny_model)), command=command)
+        pool = await supervisor.start()
+        deadline = time.monotonic() + 60
+        while "died 2 times" not in (pool.default.error or "") and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        restarts, error = supervisor.restarts, pool.default.error
+        await supervisor.close()
+        return restarts, error
+
+    restarts, error = asyncio.run(not_started())
+    assert restarts == 1, (restarts, error)
+    assert "(last: could not start: No such file or directory)" in error, error
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` runs (not ended, nor a zombie left for init to reap)."""
     try:
