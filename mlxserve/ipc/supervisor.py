@@ -134,10 +134,10 @@ class EngineSupervisor:
         self._from_engine = self._context.socket(zmq.PULL)
         self._from_engine.setsockopt(zmq.LINGER, 0)
         self._from_engine.bind(self._from_engine_address)
-        self._tasks.append(asyncio.create_task(self._receive()))
+        self._tasks.append(supervised(self._receive()))
         if self._process is None:
             self.spawn()
-        self._tasks.append(asyncio.create_task(self._watch()))
+        self._tasks.append(supervised(self._watch()))
         # What unpickling the model's tokenizer imports (transformers: most of a second), on
         # a thread while the engine process starts, rather than after its model is ready.
         self._tasks.append(asyncio.create_task(asyncio.to_thread(import_tokenizer_modules)))
@@ -415,6 +415,20 @@ class EngineSupervisor:
         view = default.view
         if view.state == "error" and not view.loads and self.generation == 1:
             self._fatal(view.error or "the model failed to load")
+
+
+def supervised(work) -> asyncio.Task:
+    """A task of the supervision's own: should it ever end by an exception, the log says so at
+    once (an asyncio task's exception is otherwise logged only when the task is collected)."""
+    task = asyncio.create_task(work)
+    task.add_done_callback(log_failure)
+    return task
+
+
+def log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        log.error("the engine supervisor's %s ended", task.get_coro().__qualname__, exc_info=error)
 
 
 async def handed_over(queues: list[asyncio.Queue], timeout: float) -> None:

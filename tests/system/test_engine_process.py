@@ -319,6 +319,23 @@ def test_an_engine_process_that_cannot_start_is_tried_again_and_says_why(tiny_mo
     assert "(last: could not start: No such file or directory)" in error, error
 
 
+def test_a_supervision_task_that_fails_says_so_in_the_log_at_once(caplog):
+    from mlxserve.ipc.supervisor import supervised
+
+    async def broken() -> None:
+        raise RuntimeError("a message the supervision could not read")
+
+    async def run_it() -> None:
+        task = supervised(broken())
+        await asyncio.sleep(0.05)
+        assert task.done()
+
+    asyncio.run(run_it())
+    [record] = [r for r in caplog.records if r.name == "mlxserve.ipc"]
+    assert record.levelname == "ERROR" and "supervisor's" in record.getMessage()
+    assert "broken" in record.getMessage() and "could not read" in str(record.exc_info[1])
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` runs (not ended, nor a zombie left for init to reap)."""
     try:
