@@ -8,6 +8,7 @@ import math
 import httpx
 import pytest
 
+from ..conftest import SLOW_TEST_TIMEOUT_S
 from ..device_numerics import needs_batch_invariance
 from ..helpers import BatchSizes, complete, texts
 
@@ -109,7 +110,7 @@ def repeated_ngrams(tokens: list[str], n: int) -> int:
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_server):
-    with httpx.Client(base_url=smollm2_server.url, timeout=600) as http:
+    with httpx.Client(base_url=smollm2_server.url, timeout=SLOW_TEST_TIMEOUT_S) as http:
         yield http
 
 

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from ..conftest import SLOW_TEST_TIMEOUT_S
 from ..helpers import complete
 
 # A real model's chat over hundreds of tokens: once, in the CPU pass. What it checks (template,
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def smollm2(smollm2_server):
-    with httpx.Client(base_url=smollm2_server.url, timeout=600) as http:
+    with httpx.Client(base_url=smollm2_server.url, timeout=SLOW_TEST_TIMEOUT_S) as http:
         yield http
 
 

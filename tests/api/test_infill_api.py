@@ -247,7 +247,7 @@ def test_models_without_fim_tokens_refuse_infill_by_name(server, http):
 
 @pytest.mark.slow  # SmolLM2's load, in the portable pass (test_engine_models.py)
 def test_smollm2_has_no_fim_tokens_so_suffix_is_a_400(smollm2_server):
-    with httpx.Client(base_url=smollm2_server.url, timeout=60) as client:
+    with httpx.Client(base_url=smollm2_server.url, timeout=300) as client:
         response = client.post("/v1/completions", json={"prompt": "def f(", "suffix": ")\n"})
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "fim_not_supported"
