@@ -252,26 +252,40 @@ def test_abort_inside_the_engine_step(tiny_model, tmp_path, monkeypatch):
             assert generated(http, "Once", 2) == 2
 
 
-def test_a_crash_loop_backs_off_and_says_why(tiny_model):
-    """An engine process that dies at once, again and again, is started again later each time,
-    and the default model's error says so."""
-    from mlxserve.ipc.supervisor import EngineSupervisor
-    from mlxserve.settings import Settings
+EXITS_AT_ONCE = (sys.executable, "-c", "import sys; sys.exit(3)")
 
-    async def crash_loop() -> tuple[int, str | None]:
-        command = (sys.executable, "-c", "import sys; sys.exit(3)")
-        supervisor = EngineSupervisor(Settings(model=str(tiny_model)), command=command)
+
+def supervise_until(settings, command, done, wait_s: float) -> tuple[int, str | None]:
+    """A supervisor of `command` (no front) run until `done(supervisor)` or `wait_s`: its
+    restarts and the default model's error then."""
+    from mlxserve.ipc.supervisor import EngineSupervisor
+
+    async def run() -> tuple[int, str | None]:
+        supervisor = EngineSupervisor(settings, command=command)
         pool = await supervisor.start()
-        # a generous bound: each start is a Python process's start, seconds on a loaded VM
-        deadline = time.monotonic() + 120
-        # started again at once, then after 1 s; the third death waits 2 s
-        while "died 3 times" not in (pool.default.error or "") and time.monotonic() < deadline:
+        deadline = time.monotonic() + wait_s
+        while not done(supervisor) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         restarts, error = supervisor.restarts, pool.default.error
         await supervisor.close()
         return restarts, error
 
-    restarts, error = asyncio.run(crash_loop())
+    return asyncio.run(run())
+
+
+def died(times: int):
+    return lambda supervisor: f"died {times} times" in (supervisor.pool.default.error or "")
+
+
+def test_a_crash_loop_backs_off_and_says_why(tiny_model):
+    """An engine process that dies at once, again and again, is started again later each time,
+    and the default model's error says so."""
+    from mlxserve.settings import Settings
+
+    # started again at once, then after 1 s; the third death waits 2 s. A generous bound:
+    # each start is a Python process's start, seconds on a loaded VM.
+    settings = Settings(model=str(tiny_model))
+    restarts, error = supervise_until(settings, EXITS_AT_ONCE, died(3), 120)
     assert restarts == 2, (restarts, error)
     assert "died 3 times in a row (last: exit code 3); next start in 2 s" in error
 
@@ -280,41 +294,20 @@ def test_an_engine_process_gone_before_it_reads_its_settings_is_restarted(tiny_m
     """The settings go to the engine process's stdin: one that dies before it reads them (here
     they outgrow the pipe's buffer, so the write meets a closed pipe every time) is a death
     like any other, restarted, not the end of the supervision (CI's loaded VM met it)."""
-    from mlxserve.ipc.supervisor import EngineSupervisor
     from mlxserve.settings import Settings
 
-    async def restarted() -> int:
-        command = (sys.executable, "-c", "import sys; sys.exit(3)")
-        settings = Settings(model=str(tiny_model), api_key="k" * (1 << 20))
-        supervisor = EngineSupervisor(settings, command=command)
-        await supervisor.start()
-        deadline = time.monotonic() + 120
-        while supervisor.restarts < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await supervisor.close()
-        return supervisor.restarts
-
-    assert asyncio.run(restarted()) >= 2
+    settings = Settings(model=str(tiny_model), api_key="k" * (1 << 20))
+    restarts, _ = supervise_until(settings, EXITS_AT_ONCE, lambda s: s.restarts >= 2, 120)
+    assert restarts >= 2
 
 
 def test_an_engine_process_that_cannot_start_is_tried_again_and_says_why(tiny_model):
     """No process at all (out of memory or processes; here a command that is not there): a
     death like any other, tried again with the crash loop's back-off, the reason shown."""
-    from mlxserve.ipc.supervisor import EngineSupervisor
     from mlxserve.settings import Settings
 
-    async def not_started() -> tuple[int, str | None]:
-        command = ("/nonexistent/mlxserve-engine",)
-        supervisor = EngineSupervisor(Settings(model=str(tiny_model)), command=command)
-        pool = await supervisor.start()
-        deadline = time.monotonic() + 60
-        while "died 2 times" not in (pool.default.error or "") and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        restarts, error = supervisor.restarts, pool.default.error
-        await supervisor.close()
-        return restarts, error
-
-    restarts, error = asyncio.run(not_started())
+    command = ("/nonexistent/mlxserve-engine",)
+    restarts, error = supervise_until(Settings(model=str(tiny_model)), command, died(2), 60)
     assert restarts == 1, (restarts, error)
     assert "(last: could not start: No such file or directory)" in error, error
 
