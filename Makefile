@@ -18,16 +18,16 @@ serve: $(VENV)/.installed
 XDIST := -n logical --dist loadgroup
 TEST_ENV := OPENBLAS_NUM_THREADS=1
 # The engine's own process (supervision, kills, aborts): platform-independent, so it runs once.
-# Its bound (every stream's 503 within 2 s of the engine's death) is the front's latency, so it
-# runs alone, after the two passes: beside them, four workers on two cores measured 2.1-2.5 s.
 ENGINE_PROCESS_TESTS := tests/system/test_engine_process.py
 
-# Every tier, and beside it the engine and API tiers again as a Mac's GPU runs them
-# (test-portable): together they keep both cores of a small machine busy to the end. Each
-# pass's output comes out whole when it ends. Then the engine process's tests, alone.
+# Every tier, then the engine and API tiers again as a Mac's GPU runs them (test-portable), then
+# the engine process's tests: one pass at a time, a worker a core. Never two passes side by
+# side: MLX's CPU backend hands each op to a thread of its own, and with more busy threads than
+# cores each hand-off waits for a time slice (docs/benchmarks.md, "Slow machines").
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-tiers test-portable
+	$(MAKE) --no-print-directory test-tiers
+	$(MAKE) --no-print-directory test-portable
 	$(MAKE) --no-print-directory test-engine-process
 
 test-tiers: $(VENV)/.installed-dev

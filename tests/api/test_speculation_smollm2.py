@@ -33,7 +33,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     and a stop string inside a step's kept drafts ends it where it ends without them."""
     tokenizer = smollm2_engine.loaded.tokenizer
     shared_model(model)
-    # the engine is shared: the costs other tests' steps timed (beside the other pass's work)
+    # the engine is shared: the costs other tests' steps timed (beside whatever else ran)
     # must not decide whether these rows draft
     monkeypatch.setattr(smollm2_engine.generator.planner, "costs", FlatPassCosts())
     text = Path(ngram.__file__).read_text()[:800]
