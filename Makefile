@@ -22,8 +22,8 @@ ENGINE_PROCESS_TESTS := tests/system/test_engine_process.py
 
 # Every tier, then the engine and API tiers again as a Mac's GPU runs them (test-portable), then
 # the engine process's tests: one pass at a time, a worker a core. Never two passes side by
-# side: MLX's CPU backend hands each op to a thread of its own, and with more busy threads than
-# cores each hand-off waits for a time slice (docs/benchmarks.md, "Slow machines").
+# side: on a 2-core VM each took many times as long beside the other (docs/benchmarks.md, "Slow
+# machines").
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory test-tiers
