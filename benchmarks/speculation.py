@@ -248,11 +248,12 @@ def main() -> int:
             if not args.skip_c16:  # and a batch of 16's shapes
                 c16_rate(client, url, texts, 16, **off)
             for run in range(args.runs):
+                # which side goes first: swapped each run
+                ab = (("on", {}), ("off", off)) if run % 2 == 0 else (("off", off), ("on", {}))
                 for name in names:
                     before = drafted_counts(client, url)
                     sides = {}
-                    order = (("on", {}), ("off", off))
-                    for side, extra in order if run % 2 == 0 else order[::-1]:
+                    for side, extra in ab:
                         fields = {**WORKLOAD_FIELDS.get(name, {}), **extra}
                         sides[side] = stream_chat(
                             client, url, texts[name], args.max_tokens, **fields
@@ -276,7 +277,6 @@ def main() -> int:
                     # slower one whichever side it was (a warm-up), which alternating runs
                     # only moved from one side's ratio to the other's
                     rates: dict[str, list[float]] = {"on": [], "off": []}
-                    ab = order if run % 2 == 0 else order[::-1]
                     for side, extra in (*ab, *ab[::-1]):
                         rates[side].append(
                             c16_rate(client, url, texts, args.max_tokens // 2, **extra)
