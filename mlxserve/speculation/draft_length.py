@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 WIDTHS = (0, 2, 4, 8, 16)  # drafted tokens a pass may carry
 PRIOR_ACCEPTANCE = 0.5  # a row's acceptance before it has drafted
-SMOOTHING = 0.3  # weight of a pass's outcome in a row's acceptance
+PRIOR_TOKENS = 2.0  # drafts the prior counts for in a row's acceptance
+DECAY = 0.5  # weight each verify pass leaves the row's earlier ones
 RECOVERY = 0.05  # pull towards the prior of each step a row had drafts but was not let draft
 MAX_BACKOFF = 6  # the recovery halves for each pass in a row whose drafts were all refused
 PRIOR_WEIGHT = 16  # drafts the prior counts for in a draft model's pair prior
@@ -26,11 +28,36 @@ def expected_tokens(acceptance: float, drafted: int) -> float:
     return sum(acceptance**i for i in range(drafted + 1))
 
 
-def updated_acceptance(acceptance: float, drafted: int, kept: int) -> float:
-    """A row's acceptance after a pass (unchanged by a pass without drafts)."""
-    if drafted == 0:
-        return acceptance
-    return (1 - SMOOTHING) * acceptance + SMOOTHING * kept / drafted
+@dataclass
+class Acceptance:
+    """A row's chance that a draft is kept, given the one before it was: its kept drafts over
+    kept drafts and refusals, the latest passes weighted most. A pass that kept every draft
+    refused none: the copy it follows may run on, so a few such passes let the row draft wide
+    (a mean of each pass's kept share rose by a fixed step a pass, and a row copying a file
+    verified 2, 4, 8 drafts, all kept, before it tried 16)."""
+
+    kept: float
+    refused: float
+
+    @classmethod
+    def starting_at(cls, rate: float) -> Acceptance:
+        return cls(rate * PRIOR_TOKENS, (1 - rate) * PRIOR_TOKENS)
+
+    @property
+    def rate(self) -> float:
+        total = self.kept + self.refused
+        return self.kept / total if total > 0 else PRIOR_ACCEPTANCE
+
+    def record(self, drafted: int, kept: int) -> None:
+        """A verify pass's outcome (a pass without drafts changes nothing)."""
+        if drafted:
+            self.kept = DECAY * self.kept + kept
+            self.refused = DECAY * self.refused + (kept < drafted)
+
+    def move_to(self, rate: float) -> None:
+        """The rate set to `rate`, the weight of what it has seen kept."""
+        total = self.kept + self.refused or PRIOR_TOKENS
+        self.kept, self.refused = rate * total, (1 - rate) * total
 
 
 def pair_prior(drafted: int, accepted: int) -> float:

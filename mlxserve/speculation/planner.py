@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from .draft_length import (
     PRIOR_ACCEPTANCE,
     WIDTHS,
+    Acceptance,
     choose_width,
     pair_prior,
     recovered_acceptance,
-    updated_acceptance,
 )
 from .ngram import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramDrafter
 from .pass_costs import PassCosts
@@ -40,9 +40,20 @@ class RowDrafts:
 
     limit: int
     drafter: NgramDrafter | None = None
-    acceptance: float = PRIOR_ACCEPTANCE
     prior: float = PRIOR_ACCEPTANCE  # where its acceptance starts, and recovers to
     misses: int = 0  # its last verify passes in a row that kept none of its drafts
+    kept: Acceptance = field(init=False)  # how often its drafts are kept, from `prior` on
+
+    def __post_init__(self) -> None:
+        self.kept = Acceptance.starting_at(self.prior)
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept.rate
+
+    @acceptance.setter
+    def acceptance(self, rate: float) -> None:
+        self.kept.move_to(rate)
 
 
 @dataclass
@@ -73,7 +84,7 @@ class DraftPlanner:
             prior = PRIOR_ACCEPTANCE
             if self.model is not None:  # the pair's agreement so far; prompt lookup's is the text's
                 prior = pair_prior(self.totals.drafted, self.totals.accepted)
-            self.rows[uid] = RowDrafts(limit, acceptance=prior, prior=prior)
+            self.rows[uid] = RowDrafts(limit, prior=prior)
 
     def drafting(self, uid: int) -> bool:
         return uid in self.rows
@@ -162,7 +173,7 @@ class DraftPlanner:
             row = self.rows.get(uid)
             if row is None or not count:
                 continue
-            row.acceptance = updated_acceptance(row.acceptance, count, accepted)
+            row.kept.record(count, accepted)
             row.misses = 0 if accepted else row.misses + 1
             totals.drafted += count
             totals.accepted += accepted

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from mlxserve.speculation.draft_length import (
+    Acceptance,
     choose_width,
     expected_tokens,
     measured_costs,
-    updated_acceptance,
 )
 
 # Medians of the three runs in docs/benchmarks.md: rows -> {drafted tokens: pass time / plain}
@@ -48,11 +48,32 @@ def test_rows_with_nothing_to_draft_do_not_pay_for_a_wide_pass():
 
 
 def test_acceptance_follows_what_rows_keep():
-    acceptance = 0.5
+    acceptance = Acceptance.starting_at(0.5)
     for _ in range(20):
-        acceptance = updated_acceptance(acceptance, drafted=4, kept=4)
-    assert acceptance > 0.99
-    assert updated_acceptance(0.7, drafted=0, kept=0) == 0.7
+        acceptance.record(drafted=4, kept=4)
+    assert acceptance.rate > 0.99
+    before = acceptance.rate
+    acceptance.record(drafted=0, kept=0)
+    assert acceptance.rate == before
+    for _ in range(20):
+        acceptance.record(drafted=4, kept=0)
+    assert acceptance.rate < 0.01
+
+
+def test_passes_that_keep_every_draft_widen_the_next_at_once():
+    """A row copying its prompt keeps all it drafts, pass after pass: after a pass of 2 and
+    one of 8, all kept, it drafts 16 (a mean of each pass's kept share stayed at 8)."""
+    acceptance = Acceptance.starting_at(0.5)
+    widths = []
+    for _ in range(3):
+        width = choose_width([acceptance.rate], [16], MEASURED)
+        widths.append(width)
+        acceptance.record(drafted=width, kept=width)
+    assert widths == [2, 8, 16]
+    # the copy ends: passes that keep nothing narrow it again
+    for _ in range(2):
+        acceptance.record(drafted=widths[-1], kept=0)
+    assert choose_width([acceptance.rate], [16], MEASURED) < widths[-1]
 
 
 def test_costs_are_interpolated_between_and_beyond_measured_points():
