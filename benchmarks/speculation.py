@@ -277,17 +277,22 @@ def main() -> int:
                     # slower one whichever side it was (a warm-up), which alternating runs
                     # only moved from one side's ratio to the other's
                     rates: dict[str, list[float]] = {"on": [], "off": []}
+                    before = drafted_counts(client, url)
                     for side, extra in (*ab, *ab[::-1]):
                         rates[side].append(
                             c16_rate(client, url, texts, args.max_tokens // 2, **extra)
                         )
+                    drafted, kept = (a - b for a, b in zip(drafted_counts(client, url), before))
                     sides = {side: sum(each) / len(each) for side, each in rates.items()}
                     ratio = sides["on"] / sides["off"]
                     ratios.setdefault("c16", []).append(ratio)
+                    each = {side: " / ".join(f"{r:.1f}" for r in rates[side]) for side in rates}
                     rows.append(
                         (
                             f"run {run + 1} c16: tok/s with drafts, without",
-                            f"{sides['on']:.1f}, {sides['off']:.1f} = {ratio:.2f}x",
+                            f"{sides['on']:.1f}, {sides['off']:.1f} = {ratio:.2f}x (with: "
+                            f"{each['on']}; without: {each['off']}; drafted {drafted:.0f}, "
+                            f"kept {kept:.0f})",
                         )
                     )
                 print_table(rows[-len(names) - 1 :])
