@@ -42,12 +42,22 @@ from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
 from .requests import INVALID_IMAGE, GenerationEvent, GenerationRequest, RunningSlot, token_rounds
 from .scheduling.inbox import Inbox
-from .scheduling.messages import Add, Cancel, Group, ModelChanged, Prefetched, Stop, posted_together
+from .scheduling.messages import (
+    Add,
+    Cancel,
+    Group,
+    ImagesRead,
+    ModelChanged,
+    Prefetched,
+    Stop,
+    posted_together,
+)
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .scheduling.thread import EngineThread
 from .sequences.disk_reads import DiskReads
 from .sequences.followers import Follower, Followers
 from .sequences.image_prefill import ImagePrefills
+from .sequences.image_reads import ImageReads
 from .sequences.live import LiveSequences
 from .sequences.starting import start_sequence
 from .sequences.state import SequenceState, read_logprob_rows
@@ -168,6 +178,7 @@ class Engine(AdmittedWork):
         AdmittedWork.__init__(self)
         self._disk_reads = DiskReads()  # groups waiting for their prefixes from disk
         self._images = ImagePrefills()  # groups waiting for their images' prefill
+        self._image_reads = ImageReads()  # ...and before it, for the model's processor
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -441,7 +452,7 @@ class Engine(AdmittedWork):
             return True
         if not running:
             return False
-        if self._busy or self._disk_reads.reading:  # no model change under a read either
+        if self._busy or self._disk_reads.reading or self._image_reads.reading:  # nor under a read
             slot.last_work = time.monotonic()
         elif slot.pending is not None:
             slot.apply_change()
@@ -507,6 +518,9 @@ class Engine(AdmittedWork):
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
         self._disk_reads.fail_all("the server is shutting down")
+        for group in self._image_reads.take_all():
+            group.fail("the server is shutting down", unavailable=True)
+        self._image_reads.close()  # its read in flight finishes first: it evaluates on MLX
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.prefixes.close()
         self.slot.state = "stopped"
@@ -527,7 +541,7 @@ class Engine(AdmittedWork):
     def _model_unloaded(self) -> None:
         if self.embedder is not None:
             self.embedder.fail_all(f"{self.model_name} was unloaded")
-        for group in self._images.take_all():
+        for group in [*self._images.take_all(), *self._image_reads.take_all()]:
             group.fail(f"{self.model_name} was unloaded")
         self.generator = self.embedder = None
         self.prefixes.reset()
@@ -592,7 +606,7 @@ class Engine(AdmittedWork):
             if isinstance(message, Stop):
                 running = False
                 break
-            if isinstance(message, Add | Cancel | Prefetched | EmbedJob):
+            if isinstance(message, Add | Cancel | Prefetched | EmbedJob | ImagesRead):
                 messages.append(message)
         if self.lockstep is not None:
             prefill = self.generator.prefill_step_size if self.generator is not None else None
@@ -612,6 +626,8 @@ class Engine(AdmittedWork):
             elif isinstance(message, Prefetched):
                 self._disk_reads.arrived(message)
                 self._adopt()
+            elif isinstance(message, ImagesRead):
+                self._images_arrived(message)
             elif isinstance(message, EmbedJob):
                 self.slot.last_work = time.monotonic()
                 if self.embedder is None:
@@ -796,6 +812,7 @@ class Engine(AdmittedWork):
     def _cancel(self, group_id: int) -> None:
         self.stats.cancelled_sequences += self._disk_reads.drop_group(group_id)
         self.stats.cancelled_sequences += self._images.drop_group(group_id)
+        self.stats.cancelled_sequences += self._image_reads.drop_group(group_id)
         self.stats.cancelled_sequences += self._followers.drop_group(group_id)
         self.stats.cancelled_sequences += self._failed.forget_group(group_id)
         members = self.live.group(group_id)
@@ -810,7 +827,7 @@ class Engine(AdmittedWork):
             seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
         for f in self._followers.take_all():
             f.group.post(GenerationEvent(index=f.index, error=message, unavailable=unavailable))
-        for group in self._images.take_all():
+        for group in [*self._images.take_all(), *self._image_reads.take_all()]:
             group.fail(message, unavailable)
         self.live.clear()
         if self.slot.loaded is not None:
@@ -828,6 +845,11 @@ class Engine(AdmittedWork):
                 return
         if not group.disk_read and self._disk_reads.start(group, self.prefixes, self._inbox.put):
             return  # admitted once its prefixes are in memory; the batch steps on meanwhile
+        vision = self.slot.loaded.vision
+        if not group.images_processed and vision is not None and self.lockstep is None:
+            group.images_processed = True
+            if self._image_reads.start(group, vision, self._inbox.put):
+                return  # admitted once the processor has read its images (`_images_arrived`)
         if not group.images_read:
             group.images_read = True
             try:
@@ -864,6 +886,19 @@ class Engine(AdmittedWork):
                 seq.cached_tokens = 0
             self.live.add(group.group_id, seq)
         self.stats.active_sequences = len(self.live)
+
+    def _images_arrived(self, message: ImagesRead) -> None:
+        loaded = self.slot.loaded
+        group = self._image_reads.arrived(message, None if loaded is None else loaded.vision)
+        if group is None:
+            return
+        if message.error is not None:
+            group.fail(
+                f"the model's processor could not read the images: {message.error}",
+                code=INVALID_IMAGE,
+            )
+            return
+        self._admit(group)
 
     def _adopt(self) -> None:
         """What the disk cache read for waiting groups, into memory: a step's share, or all of

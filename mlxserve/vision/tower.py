@@ -52,7 +52,7 @@ class Prefilled:
 # Shifts remembered, by the key up to a prompt's last image: a prompt found in the prefix cache
 # is not prefilled again, and its row needs the shift its first prefill measured
 KNOWN_SHIFTS = 4096
-PREPARED_KEPT = 8  # prompts with images as the processor gave them, the latest
+PREPARED_KEPT = 16  # prompts with images as the processor gave them, the latest
 HANDED_KEPT = 8  # prefills waiting for their sequences to start, where the prefix cache is off
 
 
@@ -100,19 +100,31 @@ class VisionTower:
 
     def prepare(self, prompt: str, images: list[bytes]) -> Prepared:
         """`prompt` (the chat template's text, one placeholder an image) with `images`
-        (encoded: PNG, JPEG, ...) through the model's processor; the last few are remembered
-        (a request's prompt is prepared when it waits for its prefill, and again when it
-        starts)."""
-        asked = (prompt, tuple(hashlib.sha256(data).digest() for data in images))
-        if asked in self._prepared:
-            return self._prepared[asked]
-        prepared = self._prepare(prompt, images)
+        (encoded: PNG, JPEG, ...) through the model's processor, or as it was read before (the
+        engine reads a request's images on a thread of its own, `read`, then prepares its
+        prefill and its sequence from what it read)."""
+        asked = _asked(prompt, images)
+        prepared = self._prepared.get(asked)
+        if prepared is None:
+            prepared = self.read(prompt, images)
+            self._keep(asked, prepared)
+        return prepared
+
+    def has_read(self, prompt: str, images: tuple[bytes, ...]) -> bool:
+        return _asked(prompt, images) in self._prepared
+
+    def keep(self, prompt: str, images: tuple[bytes, ...], prepared: Prepared) -> None:
+        """What `read` made of `prompt` and `images`, for `prepare` to return."""
+        self._keep(_asked(prompt, images), prepared)
+
+    def _keep(self, asked: tuple, prepared: Prepared) -> None:
         self._prepared[asked] = prepared
         while len(self._prepared) > PREPARED_KEPT:
             self._prepared.pop(next(iter(self._prepared)))
-        return prepared
 
-    def _prepare(self, prompt: str, images: list[bytes]) -> Prepared:
+    def read(self, prompt: str, images: list[bytes]) -> Prepared:
+        """The processor's reading of `prompt` with `images`, its arrays evaluated: on any
+        thread (each thread evaluates on a stream of its own)."""
         from mlx_vlm.utils import prepare_inputs
         from PIL import Image
 
@@ -124,6 +136,7 @@ class VisionTower:
             image_token_index=self.image_token_id,
             add_special_tokens=False,
         )
+        mx.eval([value for value in inputs.values() if isinstance(value, mx.array)])
         tokens = inputs["input_ids"][0].tolist()
         key, end = _keyed(tokens, self.image_token_id, images)
         return Prepared(tokens, inputs, key, end)
@@ -303,6 +316,11 @@ def _vision_of(vlm: nn.Module) -> nn.Module | None:
     """The model's vision tower, where it has one under a name mlx-vlm's families use."""
     vision = getattr(vlm, "vision_tower", None) or getattr(vlm, "vision_model", None)
     return vision if isinstance(vision, nn.Module) else None
+
+
+def _asked(prompt: str, images) -> tuple:
+    """What `prepare` remembers a prompt with images by."""
+    return (prompt, tuple(hashlib.sha256(data).digest() for data in images))
 
 
 def _images_key(prepared: Prepared) -> int:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..requests import GenerationEvent, GenerationRequest
@@ -55,6 +55,7 @@ class Group:
     sink: Sink | None = None
     disk_read: bool = False  # its prompts' prefixes on disk were looked for (engine thread)
     reading: int = 0  # of those, being read now (engine thread)
+    images_processed: bool = False  # its prompts' images went through the processor
     images_read: bool = False  # its prompts' images were prefilled, or found prefilled before
     images_prefilled: bool = False  # ...prefilled for it: its sequences report none cached
 
@@ -103,6 +104,16 @@ class Prefetched:
 
     group_id: int
     read: Any  # prefix_disk.Read, or None where nothing could be read
+
+
+@dataclass(frozen=True)
+class ImagesRead:
+    """A group's prompts with images through the model's processor (sequences/image_reads.py):
+    (prompt, images, vision.tower.Prepared) each, or why they could not be read."""
+
+    group_id: int
+    read: list = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
