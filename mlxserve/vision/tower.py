@@ -67,7 +67,7 @@ class VisionTower:
         self._handed: dict[tuple[int, ...], Prefilled] = {}  # HANDED_KEPT of them
         # While a prefill's graph is built: each of the vision tower's blocks' outputs, in order
         self.recording: list[mx.array] | None = None
-        _record_blocks(self)
+        self.language_layers = _record_blocks(self)
         vision = _vision_of(vlm)
         self.vision_module = None if vision is None else type(vision).__module__
 
@@ -178,9 +178,11 @@ class PrefillJob:
     """A prompt with images prefilled a pass at a time: first the images' embeddings, half a
     block of the vision tower a pass (the whole graph is built lazily, then evaluated up to each
     block's attention's output, its rows a chunk a pass for a large image (attention_rows.py),
-    and the block's in turn), then the language model over the
-    prompt's embeddings in passes of the tokens each `advance` allows, positions as the family
-    places them. `result` once done."""
+    and the block's in turn), then the language model over the prompt's embeddings, positions
+    as the family places them, a chunk of the tokens each `advance` allows at a time, each
+    chunk's graph built once and evaluated up to the output of as many of its layers as the
+    pass allows (a pass of the whole model over a few tokens cost more than a decode step: a
+    pass of a few layers over many tokens fits beside one). `result` once done."""
 
     def __init__(self, tower: VisionTower, prepared: Prepared, cache: list) -> None:
         self.tower = tower
@@ -190,16 +192,35 @@ class PrefillJob:
         self.features = None
         self.blocks: list[mx.array] = []  # the vision tower's block outputs not yet evaluated
         self.embedded = False
+        # the language model's chunk under way: its layers' outputs not yet evaluated (the
+        # cache's state last), and the token after it
+        self.layers: list = []
+        self.states: list = []  # ...and its cache's state after them
+        self.chunk_end = 0
+        self.last_pass: tuple[int, int] | None = None  # a language pass's (layers, tokens)
         self.result: Prefilled | None = None
 
     @property
     def total(self) -> int:
         return len(self.prepared.tokens) - 1
 
-    def advance(self, tokens: int) -> bool:
-        """One pass: the images' embeddings, or up to `tokens` of the prompt. Whether done."""
+    @property
+    def chunk_tokens(self) -> int:
+        """The tokens of the language model's chunk under way (0: none is)."""
+        return self.chunk_end - self.done_tokens if self.layers else 0
+
+    @property
+    def layer_count(self) -> int:
+        """The language model's layers a chunk is evaluated by (1: the whole model at once,
+        where its layers were not found)."""
+        return len(self.tower.language_layers) or 1
+
+    def advance(self, tokens: int, layers: int | None = None) -> bool:
+        """One pass: the images' embeddings, or the language model over the prompt in chunks
+        of up to `tokens`, `layers` of its layers a pass (None: all of them). Whether done."""
         inputs = self.prepared.inputs
         ids = inputs["input_ids"]
+        self.last_pass = None
         if self.features is None:
             extra = {
                 k: v
@@ -222,17 +243,34 @@ class PrefillJob:
             mx.eval(self.features.inputs_embeds)
             self.embedded = True
             return self._finish() if self.total <= 0 else False
-        start, end = self.done_tokens, min(self.total, self.done_tokens + max(1, tokens))
-        kwargs = _pass_inputs(self.features, start, end)
-        self.tower.vlm.language_model(
-            ids[:, start:end],
-            inputs_embeds=self.features.inputs_embeds[:, start:end],
-            cache=self.cache,
-            **kwargs,
-        )
-        mx.eval([c.state for c in self.cache])
-        self.done_tokens = end
-        return self._finish() if end >= self.total else False
+        if not self.layers:
+            self._build_chunk(ids, min(self.total, self.done_tokens + max(1, tokens)))
+        count = len(self.layers) if layers is None else max(1, layers)
+        now, self.layers = self.layers[:count], self.layers[count:]
+        mx.eval(now[-1] if self.layers else [now[-1], self.states])  # the earlier ones with it
+        self.last_pass = (len(now), self.chunk_end - self.done_tokens)
+        if self.layers:
+            return False
+        self.done_tokens = self.chunk_end
+        return self._finish() if self.done_tokens >= self.total else False
+
+    def _build_chunk(self, ids: mx.array, end: int) -> None:
+        """The language model's graph over the prompt's tokens from `done_tokens` to `end`,
+        each layer's output recorded; the cache's state after them."""
+        start = self.done_tokens
+        self.tower.recording = []
+        try:
+            self.tower.vlm.language_model(
+                ids[:, start:end],
+                inputs_embeds=self.features.inputs_embeds[:, start:end],
+                cache=self.cache,
+                **_pass_inputs(self.features, start, end),
+            )
+        finally:
+            recorded, self.tower.recording = self.tower.recording, None
+        self.states = [c.state for c in self.cache]
+        self.layers = recorded or [self.states]
+        self.chunk_end = end
 
     def _finish(self) -> bool:
         deltas = getattr(self.features, "rope_deltas", None)
@@ -268,29 +306,12 @@ def _pass_inputs(features, start: int, end: int) -> dict:
 ATTENTION_NAMES = ("attn", "self_attn", "attention")  # a vision block's attention, by family
 
 
-def _record_blocks(tower: VisionTower) -> None:
-    """The vision tower's patch embedding, each of its blocks (its longest list of modules) and
-    each block's attention record their outputs on `tower.recording` while that is a list, in
-    the order they are called: what a prefill evaluates a pass at a time."""
-    vision = _vision_of(tower.vlm)
-    if vision is None:
-        return
-    lists = [
-        value
-        for _, module in vision.named_modules()
-        for value in module.values()
-        if isinstance(value, list)
-        and value
-        and all(isinstance(v, nn.Module) and type(v) is type(value[0]) for v in value)
-    ]  # lists of one kind of module: the blocks (not an MLP's Linear, GELU, Linear)
-    if not lists:
-        return
-    # the patch embedding first (a pass of its own), then each block
-    embedding = [
-        m
-        for m in (getattr(vision, n, None) for n in ("patch_embed", "embeddings"))
-        if isinstance(m, nn.Module)
-    ]
+def _record_blocks(tower: VisionTower) -> list[nn.Module]:
+    """The vision tower's patch embedding, each of its blocks (its longest list of modules),
+    each block's attention and each of the language model's layers record their outputs on
+    `tower.recording` while that is a list, in the order they are called: what a prefill
+    evaluates a pass at a time. The language model's layers (none where they are not found:
+    its chunks are then evaluated whole)."""
 
     def __call__(self, *args, **kwargs):
         out = super(type(self), self).__call__(*args, **kwargs)  # the block's own class's
@@ -300,7 +321,21 @@ def _record_blocks(tower: VisionTower) -> None:
                 tower.recording.append(first)
         return out
 
-    blocks = max(lists, key=len)
+    language = getattr(tower.vlm, "language_model", None)
+    layers = _longest_module_list(language) if isinstance(language, nn.Module) else []
+    for layer in layers:
+        with_call(layer, "Recorded", __call__)
+    vision = _vision_of(tower.vlm)
+    blocks = [] if vision is None else _longest_module_list(vision)
+    if not blocks:
+        return layers
+    # the patch embedding first (a pass of its own), then each block
+    embedding = [
+        m
+        for m in (getattr(vision, n, None) for n in ("patch_embed", "embeddings"))
+        if isinstance(m, nn.Module)
+    ]
+
     # a block's attention a pass of its own before the rest of the block: half a block's time
     attentions = [
         getattr(block, name)
@@ -310,6 +345,21 @@ def _record_blocks(tower: VisionTower) -> None:
     ]
     for module in [*embedding[:1], *blocks, *attentions]:
         with_call(module, "Recorded", __call__)
+    return layers
+
+
+def _longest_module_list(root: nn.Module) -> list[nn.Module]:
+    """`root`'s longest list of modules of one kind (a tower's blocks, a language model's
+    layers; not an MLP's Linear, GELU, Linear), or []."""
+    lists = [
+        value
+        for _, module in root.named_modules()
+        for value in module.values()
+        if isinstance(value, list)
+        and value
+        and all(isinstance(v, nn.Module) and type(v) is type(value[0]) for v in value)
+    ]
+    return max(lists, key=len) if lists else []
 
 
 def _vision_of(vlm: nn.Module) -> nn.Module | None:

@@ -118,22 +118,29 @@ def test_decoding_in_the_batch_equals_mlx_vlm(vision_model):
     assert largest_difference(batch_logits(tower, language, text, other), expected) > 1e-3
 
 
-def test_a_prefill_in_passes_equals_one_in_one_go(vision_model):
-    """The vision tower a block a pass, then passes of 7 tokens (the image's run cut across
-    them, its positions sliced alike), leave the KV one pass leaves: the next token's logits
-    agree."""
+@pytest.mark.parametrize("layers", [None, 1])
+def test_a_prefill_in_passes_equals_one_in_one_go(vision_model, layers):
+    """The vision tower a block a pass, then chunks of 7 tokens (the image's run cut across
+    them, its positions sliced alike), each the whole language model in a pass or one of its
+    layers a pass, leave the KV one pass leaves: the next token's logits agree."""
     _, language, tower = vision_model
     prepared = tower.prepare(prompt(tower), [checkerboard_png()])
     whole = tower.prefill(prepared, lambda: make_prompt_cache(language))
     job = tower.prefill_in_passes(prepared, lambda: make_prompt_cache(language))
-    passes, image_passes = 0, 0
-    while not job.advance(7):
+    passes, image_passes, language_passes = 0, 0, []
+    while not job.advance(7, layers):
         passes += 1
-        image_passes += job.done_tokens == 0
+        image_passes += job.done_tokens == 0 and job.last_pass is None
+        if job.last_pass is not None:
+            language_passes.append(job.last_pass)
     # the graph built; the patch embedding; each of the tower's blocks' attention, then the
     # rest of the block; the merge
     assert image_passes == 1 + 1 + 2 * tower.vlm.config.vision_config.depth + 1
-    assert passes >= image_passes + 3 and job.result.rope_shift == whole.rope_shift
+    chunks = -(-job.total // 7)
+    per_chunk = 1 if layers is None else -(-len(tower.language_layers) // layers)
+    assert len(language_passes) + 1 == chunks * per_chunk  # the last returned done
+    assert job.layer_count == len(tower.language_layers) == len(language.layers) > 1
+    assert job.result.rope_shift == whole.rope_shift
     assert next_logits_gap(language, job.result, whole) < 1e-4
 
 

@@ -4,9 +4,10 @@ for all of it).
 
 A group whose requests carry images the prefix cache does not hold waits here, as a group whose
 prefixes are read from disk waits (sequences/disk_reads.py). Each engine turn runs one pass of
-the oldest job: the vision tower a block at a time, then the language model over as many of the
-prompt's tokens as fit the time a prompt chunk may take beside the streams, at what a token cost
-in the passes before (mlx-vlm's language model runs them, at a cost of its own). A finished
+the oldest job: the vision tower a block at a time, then the language model (mlx-vlm's, at a
+cost of its own) over the prompt, as many of its layers over as many of the prompt's tokens as
+fit the time a prompt chunk may take beside the streams, at what a layer cost a token in the
+passes before. A finished
 prompt's KV goes into the prefix cache under its images' key, and the group is admitted: its
 sequences start from that KV as from any prefix. Where the prefix cache is off, or the request
 asks it not to keep the prompt (`cache_prompt: false`), the KV is handed to the sequence that
@@ -27,7 +28,7 @@ from ..scheduling.messages import Group
 from ..scheduling.pacing import MAX_CHUNK
 
 log = logging.getLogger("mlxserve.engine")
-TIMED_PASSES = 8  # a token's cost is the median over the language model's last passes
+TIMED_PASSES = 8  # a layer's cost a token is the median over the language model's last passes
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ImagePrefills:
     def __init__(self) -> None:
         self._jobs: deque[_Job] = deque()
         self._waiting: dict[int, int] = {}  # group id -> its jobs not done
-        self._token_costs: deque[float] = deque(maxlen=TIMED_PASSES)  # seconds a token
+        self._layer_costs: deque[float] = deque(maxlen=TIMED_PASSES)  # seconds a layer a token
         self._ready: list[Group] = []  # prefilled, admitted at the next turn
 
     def __len__(self) -> int:
@@ -71,9 +72,9 @@ class ImagePrefills:
         return group.group_id in self._waiting
 
     def step(self, budget_s: float | None, first: int, prefixes: PrefixKeeper) -> list[Group]:
-        """One pass of the oldest job: as many prompt tokens as fit `budget_s` at the cost a
-        token took in the passes before (`first`, the calibrated chunk, before any was timed,
-        and at least half of it; None: no bound); the
+        """One pass of the oldest job: as many layers over as many prompt tokens as fit
+        `budget_s` at the cost a layer took a token in the passes before (before any was timed:
+        the whole model over `first`, the calibrated chunk, fits it; None: no bound); the
         groups whose jobs are all done (to admit now). A job that raises fails its group. A group
         whose last pass ran is admitted at the next turn, in place of a pass: the step it joins
         in reads its last token beside the decode, and the two in one turn held the streams
@@ -84,28 +85,24 @@ class ImagePrefills:
         if not self._jobs:
             return []
         job = self._jobs[0]
-        tokens = MAX_CHUNK
+        tokens, layers = MAX_CHUNK, None
         if budget_s is not None:
-            costs = sorted(self._token_costs)
-            fits = int(budget_s / costs[len(costs) // 2]) if costs else first
-            # not under half the calibrated chunk: a pass has a cost of its own whatever its
-            # tokens, which a cost a token taken from short passes overstates, and shorter
-            # passes would then shrink it again
-            tokens = max(fits, first // 2, 1)
-        before, started = job.run.done_tokens, time.perf_counter()
+            tokens, layers = self._pass_size(job.run, budget_s, first)
+        started = time.perf_counter()
         try:
-            done = job.run.advance(tokens)
+            done = job.run.advance(tokens, layers)
         except Exception as error:
             log.exception("prefilling a prompt with images failed")
             self.drop_group(job.group.group_id)
             job.group.fail(f"reading the images failed: {type(error).__name__}: {error}")
             return []
         took = time.perf_counter() - started
-        if job.run.done_tokens > before:  # a pass of the language model: what a token costs
-            self._token_costs.append(took / (job.run.done_tokens - before))
+        if job.run.last_pass is not None:  # a pass of the language model: what a layer costs
+            passed, over = job.run.last_pass
+            self._layer_costs.append(took / (passed * over))
         log.debug(
-            "image prefill pass: %d prompt tokens, %.1f ms (budget %s)",
-            job.run.done_tokens - before,
+            "image prefill pass: %s layers x prompt tokens, %.1f ms (budget %s)",
+            job.run.last_pass,
             took * 1000,
             "none" if budget_s is None else f"{budget_s * 1000:.1f} ms",
         )
@@ -124,6 +121,14 @@ class ImagePrefills:
         del self._waiting[group_id]
         self._ready.append(job.group)
         return []
+
+    def _pass_size(self, run, budget_s: float, first: int) -> tuple[int, int]:
+        """(the tokens of a new chunk, the layers of this pass) that fit `budget_s`: a chunk as
+        long as one layer over it fits, then as many of its layers as fit."""
+        costs = sorted(self._layer_costs)
+        layer_s = costs[len(costs) // 2] if costs else budget_s / (max(1, first) * run.layer_count)
+        tokens = run.chunk_tokens or max(1, min(MAX_CHUNK, int(budget_s / layer_s)))
+        return tokens, max(1, int(budget_s / (layer_s * tokens)))
 
     def drop_group(self, group_id: int) -> int:
         """Forget a cancelled (or failed) group's jobs; its requests' count."""
