@@ -68,6 +68,10 @@ log = logging.getLogger("mlxserve.engine")
 
 # mlx-lm keeps freed buffers for reuse; return them to the system now and then.
 CLEAR_CACHE_EVERY = 256
+# MLX's cache of freed buffers is dropped at those steps only past this: dropped, the batch's next
+# buffers are new pages, which stalled a stream's step at a prompt's join (docs/benchmarks.md,
+# vision.py); a long prompt's chunks leave far more than the batch's steps reuse
+RELEASE_CACHE_BYTES = 256 << 20
 READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
 
 
@@ -733,7 +737,10 @@ class Engine(AdmittedWork):
         rounds = token_rounds(live)
         stats.peak_batch = max(stats.peak_batch, len(rounds[0]) if rounds else 0)
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:
-            self.policy.release_freed_memory(trim=True)
+            # MLX's cache only when it holds much: the batch's next buffers are then new pages
+            self.policy.release_freed_memory(
+                trim=True, clear_cache=mx.get_cache_memory() > RELEASE_CACHE_BYTES
+            )
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:
                 self.prefixes.keep(seq.keyed(r.all_tokens), r.prompt_cache)

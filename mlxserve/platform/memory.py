@@ -37,8 +37,10 @@ def limit_malloc_arenas(count: int = 2) -> None:
         _LIBC.mallopt(M_ARENA_MAX, count)
 
 
-def release_freed_memory(trim: bool = True) -> None:
-    """Drop MLX's cache of freed buffers, then (`trim`) return free malloc pages to the system."""
-    mx.clear_cache()
+def release_freed_memory(trim: bool = True, clear_cache: bool = True) -> None:
+    """Drop MLX's cache of freed buffers (`clear_cache`), then (`trim`) return free malloc pages
+    to the system."""
+    if clear_cache:
+        mx.clear_cache()
     if trim and _LIBC is not None:
         _LIBC.malloc_trim(0)

@@ -92,11 +92,12 @@ class PlatformPolicy:
 
             limit_malloc_arenas()
 
-    def release_freed_memory(self, trim: bool = True) -> None:
-        """MLX's cache of freed buffers back to the system, and (`trim`, CPU) malloc's pages."""
+    def release_freed_memory(self, trim: bool = True, clear_cache: bool = True) -> None:
+        """MLX's cache of freed buffers back to the system (`clear_cache`), and (`trim`, CPU)
+        malloc's pages."""
         from .memory import release_freed_memory
 
-        release_freed_memory(trim=trim and self.cpu_tricks)
+        release_freed_memory(trim=trim and self.cpu_tricks, clear_cache=clear_cache)
 
 
 def current_policy() -> PlatformPolicy:

@@ -373,3 +373,37 @@ def test_qwen_families_decode_as_mlx_lm(monkeypatch, family, name, layers_per_pa
     assert carrier.carried_tokens > 0
     if name in CARRIED_JOINS:
         assert carrier.joins_carried == CARRIED_JOINS[name]
+
+
+def test_a_prompts_last_token_goes_through_every_layer_in_one_pass(tiny_lm, monkeypatch):
+    """A chunk of a few tokens (a short prompt, its last token joining) is not spread over passes
+    at the pacer's layers a pass: it costs the pass a row or two, and spread, it held the
+    prompt's first token for as many steps. Its tokens are still mlx-lm's."""
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._prompt)
+    rng = random.Random(11)
+    stream, short = _prompt(rng, 10), _prompt(rng, 3)
+
+    def first_token_step(one_pass_tokens: int):
+        monkeypatch.setattr(mixed_batch, "ONE_PASS_TOKENS", one_pass_tokens)
+        generator, carrier = mixed_generator(tiny_lm, 16)
+        carrier.layers_per_pass = 1  # of the tiny model's two
+        steps = [0]
+
+        def next_step(generator: BatchGenerator):
+            steps[0] += 1
+            result = generator.next()
+            if any(r.uid == 1 for r in result[1]) and len(steps) == 1:
+                steps.append(steps[0])
+            return result
+
+        tokens, _ = decode_all(generator, {0: ([stream], [30]), 3: ([short], [4])}, next_step)
+        return steps[1], tokens
+
+    at_once, tokens = first_token_step(mixed_batch.ONE_PASS_TOKENS)
+    spread, same = first_token_step(0)
+    assert at_once < spread and tokens == same
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", mixed_batch._mlx_lm_prompt)
+    plain, _ = decode_all(
+        BatchGenerator(tiny_lm, prefill_step_size=16), {0: ([stream], [30]), 3: ([short], [4])}
+    )
+    assert tokens == plain

@@ -59,6 +59,11 @@ _mlx_lm_prompt = PromptProcessingBatch.prompt
 # mlx-lm's modules whose layers `mixed_forward` runs: a norm, attention (Qwen3's with its
 # per-head q and k norms), a norm and an MLP, each added to its input
 FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+# A chunk of this few tokens (a prompt's last one, joining) goes through every layer in the pass
+# that carries it, whatever the pacer's layers a pass: it costs the pass a few rows, where spread
+# over passes it held its prompt's join for as many steps (a prompt with images, its last token
+# alone, joined 10 steps later at 3 layers a pass)
+ONE_PASS_TOKENS = 4
 
 
 def language_of(model):
@@ -347,6 +352,8 @@ class MixedBatches:
             self.idle_tokens += self._run_alone()
             return True
         self._layers_per_pass = max(1, min(self.layers_per_pass or self.layers, self.layers))
+        if sum(map(len, chunk)) <= ONE_PASS_TOKENS:
+            self._layers_per_pass = self.layers
         self._hold_prompts(batch, math.ceil(self.layers / self._layers_per_pass) - 1)
         return True
 
