@@ -25,7 +25,8 @@ would repeat itself, not the prompt). /metrics gives drafted and accepted tokens
 alternates which side goes first.
 
     python benchmarks/speculation.py [--model PATH] [--max-tokens 200] [--runs 3]
-                                     [--skip-mlx-lm] [--skip-c16] [--draft-layers N]
+                                     [--skip-mlx-lm] [--skip-c16 | --only-c16]
+                                     [--draft-layers N]
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-mlx-lm", action="store_true")
     parser.add_argument("--skip-c16", action="store_true")
+    parser.add_argument(
+        "--only-c16", action="store_true", help="the batch of 16 alone (no single streams)"
+    )
     parser.add_argument("--skip-mlxserve", action="store_true", help="mlx_lm.server's rows alone")
     parser.add_argument(
         "--mlx-lm-tokens", type=int, help="mlx_lm.server's answers' length (default: --max-tokens)"
@@ -231,6 +235,8 @@ def main() -> int:
     if args.draft_layers:
         draft_flags = ["--draft-model", draft_model(model, args.draft_layers)]
         names = ("edit", "chat", "json")
+    if args.only_c16:
+        names = ()
     off = {"num_draft_tokens": 0}
     ratios: dict[str, list[float]] = {}
     rows: list[tuple[str, str]] = []
@@ -243,7 +249,8 @@ def main() -> int:
             httpx.Client(timeout=limits) as client,
         ):
             url = f"http://127.0.0.1:{server.port}"
-            for name in names:  # warm: prompts in the prefix cache, the schema compiled
+            # warm: prompts in the prefix cache, the schema compiled
+            for name in names or ("edit", "fill", "chat"):
                 stream_chat(client, url, texts[name], 8, **WORKLOAD_FIELDS.get(name, {}))
             if not args.skip_c16:  # and a batch of 16's shapes
                 c16_rate(client, url, texts, 16, **off)
