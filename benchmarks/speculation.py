@@ -16,7 +16,8 @@ Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's c
   keys and punctuation the grammar forces: drafted from the grammar even where the lookup finds
   nothing;
 - `c16`: sixteen streams at once, a mixed workload (edits, chats, sampled chats), tokens/s of
-  the whole batch; each side twice in a run (A B B A), its two rates' mean.
+  the whole batch; each side twice in a run (A B B A), its two rates' mean, after a batch not
+  counted.
 
 Per single stream: decode tokens/s (usage's tokens - 1 over first content chunk to last), the
 ratio with drafts over without, whether the texts are identical, and how much of the output
@@ -283,6 +284,9 @@ def main() -> int:
                     # each side twice, A B B A: a batch of 16 measured first in a run was the
                     # slower one whichever side it was (a warm-up), which alternating runs
                     # only moved from one side's ratio to the other's
+                    # and before them a batch not counted: the first batch of 16 after the
+                    # single streams ran slower whichever side it was (its KV in new pages)
+                    c16_rate(client, url, texts, args.max_tokens // 2, **ab[0][1])
                     rates: dict[str, list[float]] = {"on": [], "off": []}
                     before = drafted_counts(client, url)
                     for side, extra in (*ab, *ab[::-1]):
