@@ -285,7 +285,7 @@ def main() -> int:
                     # slower one whichever side it was (a warm-up), which alternating runs
                     # only moved from one side's ratio to the other's
                     # and before them a batch not counted: the first batch of 16 after the
-                    # single streams ran slower whichever side it was (its KV in new pages)
+                    # single streams ran slower whichever side it was
                     c16_rate(client, url, texts, args.max_tokens // 2, **ab[0][1])
                     rates: dict[str, list[float]] = {"on": [], "off": []}
                     before = drafted_counts(client, url)

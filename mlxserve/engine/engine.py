@@ -631,7 +631,9 @@ class Engine(AdmittedWork):
                 self._disk_reads.arrived(message)
                 self._adopt()
             elif isinstance(message, ImagesRead):
-                self._images_arrived(message)
+                vision = None if self.slot.loaded is None else self.slot.loaded.vision
+                if (group := self._image_reads.arrived(message, vision)) is not None:
+                    self._admit(group)
             elif isinstance(message, EmbedJob):
                 self.slot.last_work = time.monotonic()
                 if self.embedder is None:
@@ -856,7 +858,7 @@ class Engine(AdmittedWork):
         if not group.images_processed and vision is not None and self.lockstep is None:
             group.images_processed = True
             if self._image_reads.start(group, vision, self._inbox.put):
-                return  # admitted once the processor has read its images (`_images_arrived`)
+                return  # admitted once the processor has read its images (ImagesRead)
         if not group.images_read:
             group.images_read = True
             try:
@@ -893,19 +895,6 @@ class Engine(AdmittedWork):
                 seq.cached_tokens = 0
             self.live.add(group.group_id, seq)
         self.stats.active_sequences = len(self.live)
-
-    def _images_arrived(self, message: ImagesRead) -> None:
-        loaded = self.slot.loaded
-        group = self._image_reads.arrived(message, None if loaded is None else loaded.vision)
-        if group is None:
-            return
-        if message.error is not None:
-            group.fail(
-                f"the model's processor could not read the images: {message.error}",
-                code=INVALID_IMAGE,
-            )
-            return
-        self._admit(group)
 
     def _adopt(self) -> None:
         """What the disk cache read for waiting groups, into memory: a step's share, or all of

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from ..requests import INVALID_IMAGE
 from ..scheduling.messages import Group, ImagesRead
 
 log = logging.getLogger("mlxserve.engine")
@@ -62,9 +63,16 @@ class ImageReads:
 
     def arrived(self, message: ImagesRead, vision) -> Group | None:
         """A group's images read: the tower keeps them, for its prefill and its sequences; the
-        group (to admit), or None where it was cancelled or failed meanwhile."""
+        group (to admit), or None where it was cancelled meanwhile, or its images could not be
+        read (it is failed)."""
         group = self._reading.pop(message.group_id, None)
         if group is None or vision is None:
+            return None
+        if message.error is not None:
+            group.fail(
+                f"the model's processor could not read the images: {message.error}",
+                code=INVALID_IMAGE,
+            )
             return None
         for prompt, images, prepared in message.read:
             vision.keep(prompt, images, prepared)
