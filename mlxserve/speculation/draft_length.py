@@ -33,8 +33,8 @@ class Acceptance:
     """A row's chance that a draft is kept, given the one before it was: its kept drafts over
     kept drafts and refusals, the latest passes weighted most. A pass that kept every draft
     refused none: the copy it follows may run on, so a few such passes let the row draft wide
-    (a mean of each pass's kept share rose by a fixed step a pass, and a row copying a file
-    verified 2, 4, 8 drafts, all kept, before it tried 16)."""
+    (a mean of each pass's kept share rose by a fixed step a pass, so a row copying a file took
+    several passes of drafts all kept before it drafted wide)."""
 
     kept: float
     refused: float
