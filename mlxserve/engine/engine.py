@@ -72,6 +72,9 @@ CLEAR_CACHE_EVERY = 256
 # buffers are new pages, which stalled a stream's step at a prompt's join (docs/benchmarks.md,
 # vision.py); a long prompt's chunks leave far more than the batch's steps reuse
 RELEASE_CACHE_BYTES = 256 << 20
+# ...and malloc's free pages go back to the system every this many steps (on the CPU): trimmed
+# every 256, a prompt's join beside a stream took 20-40 MiB of new pages, a 300-600 ms step here
+TRIM_EVERY = 4096
 READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
 
 
@@ -739,9 +742,11 @@ class Engine(AdmittedWork):
         rounds = token_rounds(live)
         stats.peak_batch = max(stats.peak_batch, len(rounds[0]) if rounds else 0)
         if stats.decode_steps % CLEAR_CACHE_EVERY == 0:
-            # MLX's cache only when it holds much: the batch's next buffers are then new pages
+            # MLX's cache only when it holds much, malloc's free pages seldom: what either gives
+            # back, the batch's next buffers take as new pages
             self.policy.release_freed_memory(
-                trim=True, clear_cache=mx.get_cache_memory() > RELEASE_CACHE_BYTES
+                trim=stats.decode_steps % TRIM_EVERY == 0,
+                clear_cache=mx.get_cache_memory() > RELEASE_CACHE_BYTES,
             )
         for r, seq in live:
             if r.finish_reason is not None and seq.request.cache_prompt:

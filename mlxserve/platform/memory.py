@@ -15,7 +15,13 @@ import sys
 
 import mlx.core as mx
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter
+M_ARENA_MAX = -8  # glibc's mallopt parameters
+M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1
+# Blocks up to this size come from malloc's heap, not a mapping of their own: a freed KV buffer's
+# pages are then reused, where a new mapping is new pages (slow to touch on some VMs)
+MMAP_THRESHOLD = 64 << 20
+TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept, up to this, for the next blocks
 
 
 def _glibc():
@@ -32,9 +38,12 @@ _LIBC = _glibc()
 
 
 def limit_malloc_arenas(count: int = 2) -> None:
-    """At most `count` malloc arenas for the threads started from now on."""
+    """At most `count` malloc arenas for the threads started from now on, and large blocks kept
+    in them once freed (returned to the system by `release_freed_memory`'s trim)."""
     if _LIBC is not None:
         _LIBC.mallopt(M_ARENA_MAX, count)
+        _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def release_freed_memory(trim: bool = True, clear_cache: bool = True) -> None:
