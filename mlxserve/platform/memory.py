@@ -2,8 +2,10 @@
 
 MLX's CPU backend, numpy, the tokenizers and llguidance allocate through malloc from several
 threads. glibc gives each thread its own arena and keeps what is freed there, so RSS grew over a
-long soak (scripts/soak.py). Two arenas and a trim whenever MLX's buffer cache is cleared keep it
-flat. Elsewhere (macOS) only MLX's cache is cleared.
+long soak (scripts/soak.py). Two arenas and a trim now and then (the engine's) keep it flat. What
+a trim gives back, the next large blocks take as new pages, slow to touch on some VMs: large
+blocks stay in malloc's heap once freed, and trims are seldom. Elsewhere (macOS) only MLX's
+cache is cleared.
 
 The same under `--distributed`.
 """
