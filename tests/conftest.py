@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(items):
 
     The tests on SmolLM2 run one after the other: the engine tier's first, then the server's,
     the long stream's last, so that the minute it streams in the background (begun with the
-    SmolLM2 server, see smollm2_server and long_stream) passes while the others run."""
+    SmolLM2 engine, see smollm2_engine and long_stream) passes while the others run."""
     on_smollm2 = [item for item in items if "smollm2_engine" in item.fixturenames]
     on_smollm2.sort(
         key=lambda item: (
@@ -225,13 +225,17 @@ def faults(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def smollm2_engine():
+def smollm2_engine(request):
     """SmolLM2-135M's engine, loaded once for the engine tier's tests on it and the SmolLM2
     server alike: in the portable pass a load takes ~45 s of a core (its prefill timing runs
-    MLX's quantized kernels)."""
+    MLX's quantized kernels). Where the session runs the long stream, that starts now, beside
+    every test on SmolLM2 (its minute is longer than the server's tests alone)."""
     from mlxserve.engine import Engine
 
-    engine = Engine(str(shared_model(SMOLLM2))).start()
+    path = shared_model(SMOLLM2)
+    if any(item.originalname == LONG_STREAM_TEST for item in request.session.items):
+        request.getfixturevalue("long_stream")
+    engine = Engine(str(path)).start()
     assert engine.wait_ready(300), engine.error
     yield engine
     engine.stop()
@@ -241,20 +245,16 @@ def smollm2_engine():
 def smollm2_server(live_servers, smollm2_engine, request):
     """SmolLM2-135M from ../shared/models, served once for every test that needs a real model:
     a load (float32 widening, calibration) takes seconds of both cores, and several modules use
-    it. Where the session runs the long stream, that starts now, beside the tests that follow.
-    The model is the fixture's parameter so that its name is in these tests' ids, where
+    it. The model is the fixture's parameter so that its name is in these tests' ids, where
     pytest_xdist_make_scheduler finds them."""
-    live = live_servers.shared(shared_model(request.param), engine=smollm2_engine)
-    if any(item.originalname == LONG_STREAM_TEST for item in request.session.items):
-        request.getfixturevalue("long_stream")
-    return live
+    return live_servers.shared(shared_model(request.param), engine=smollm2_engine)
 
 
 @pytest.fixture(scope="session")
 def long_stream(live_servers, tiny_model) -> Iterator[BackgroundStream]:
     """A stream of LONG_STREAM_SECONDS, from a server of its own whose engine waits before each
     step (a slow model, as a wrapper around the engine's step: the minute costs no CPU). Begun
-    with the SmolLM2 server (smollm2_server), so that it runs beside the tests on it."""
+    with the SmolLM2 engine (smollm2_engine), so that it runs beside the tests on it."""
     with live_servers.own(tiny_model) as live:
         engine, step = live.engine, live.engine.step
 

@@ -236,22 +236,22 @@ def test_a_lora_adapter_is_a_model_on_its_base_weights(live_server, tiny_model, 
 
 
 def test_keep_alive_and_idle_unload_are_per_model(live_server, tiny_model, tiny_models_dir):
-    """Ollama's keep_alive 0 unloads the model it names, and only that one; --idle-unload
-    frees each model after its own idle time, and a request loads it again."""
-    # tiny's idle unload outlasts tiny2's request and unload on a loaded machine
+    """Ollama's keep_alive 0 unloads the model it names, and only that one; a request's
+    keep_alive is its model's own idle time, and --idle-unload frees each other model after
+    the server's, and a request loads it again."""
     live = live_server(
-        tiny_model, own=True, models=(str(tiny_models_dir / "tiny2"),), idle_unload_s=20.0
+        tiny_model, own=True, models=(str(tiny_models_dir / "tiny2"),), idle_unload_s=2.0
     )
     client = ollama.Client(host=live.url)
     with httpx.Client(base_url=live.url, timeout=60) as http:
-        assert wait_until(lambda: in_memory(http) == {"tiny", "tiny2"}, 60)
-        greedy(http, "tiny")
+        client.generate(model="tiny", prompt="", keep_alive="10m")  # loaded, for ten minutes
         client.generate(model="tiny2", prompt="", keep_alive=0)
         assert wait_until(lambda: in_memory(http) == {"tiny"}, 60)
         assert [m["name"] for m in http.get("/api/ps").json()["models"]] == ["tiny:latest"]
-        assert wait_until(lambda: not in_memory(http), 120)  # tiny's own idle unload
         assert greedy(http, "tiny2")["model"] == "tiny2"  # loaded again on request
-        assert in_memory(http) == {"tiny2"}
+        # tiny2's idle unload, after the server's two seconds; tiny's ten minutes hold
+        assert wait_until(lambda: "tiny2" not in in_memory(http), 60)
+        assert in_memory(http) == {"tiny"}
 
 
 def test_a_pinned_model_is_not_unloaded_for_being_idle(live_server, tiny_model, tiny_models_dir):

@@ -36,7 +36,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     # the engine is shared: the costs other tests' steps timed (beside whatever else ran)
     # must not decide whether these rows draft
     monkeypatch.setattr(smollm2_engine.generator.planner, "costs", FlatPassCosts())
-    text = Path(ngram.__file__).read_text()[:800]
+    text = Path(ngram.__file__).read_text()[:480]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Repeat this code exactly.\n\n```python\n{text}```"}],
         add_generation_prompt=True,
@@ -45,7 +45,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     before = drafted(smollm2_engine)
     on, off = run_apart(
         smollm2_engine,
-        [request(prompt, 56, stop=stop), request(prompt, 56, stop=stop, num_draft_tokens=0)],
+        [request(prompt, 40, stop=stop), request(prompt, 40, stop=stop, num_draft_tokens=0)],
     )
     assert ids(on) == ids(off)
     made, kept = (a - b for a, b in zip(drafted(smollm2_engine), before))
@@ -55,7 +55,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     stop = StopSpec(strings=(ending,))
     on, off = run_apart(
         smollm2_engine,
-        [request(prompt, 56, stop=stop), request(prompt, 56, stop=stop, num_draft_tokens=0)],
+        [request(prompt, 40, stop=stop), request(prompt, 40, stop=stop, num_draft_tokens=0)],
     )
     assert "".join(e.text for e in on) == "".join(e.text for e in off)
     assert on[-1].finish_reason == off[-1].finish_reason == "stop"
@@ -68,7 +68,7 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
         add_generation_prompt=True,
     )
     steps = record_steps(smollm2_engine, monkeypatch)
-    (scout,) = run_apart(smollm2_engine, [request(prompt, 56, stop=StopSpec(), cache_prompt=False)])
+    (scout,) = run_apart(smollm2_engine, [request(prompt, 16, stop=StopSpec(), cache_prompt=False)])
     out = ids(scout)
     (uid,) = {uid for uid, tokens in steps if tokens == out[: len(tokens)]}
     seen: list[int] = []
@@ -83,8 +83,8 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     on, off = run_apart(
         smollm2_engine,
         [
-            request(prompt, 56, stop=stop),
-            request(prompt, 56, stop=stop, num_draft_tokens=0, cache_prompt=False),
+            request(prompt, 16, stop=stop),
+            request(prompt, 16, stop=stop, num_draft_tokens=0, cache_prompt=False),
         ],
     )
     assert ids(on) == ids(off) and on[-1].finish_reason == "stop"
@@ -92,8 +92,8 @@ def test_a_code_edit_on_smollm2_drafts_and_its_text_is_as_without(
     cached, fresh = run_apart(
         smollm2_engine,
         [
-            request(longer, 16, num_draft_tokens=0, logprobs=0),
-            request(longer, 16, cache_prompt=False, logprobs=0),
+            request(longer, 8, num_draft_tokens=0, logprobs=0),
+            request(longer, 8, cache_prompt=False, logprobs=0),
         ],
     )
     assert cached[-1].cached_tokens == len(ids(on)) + len(prompt) + 1
