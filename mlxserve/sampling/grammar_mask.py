@@ -49,13 +49,15 @@ class GrammarMask:
     ) -> tuple[list[int], mx.array | None]:
         """For a verify pass after the row's tokens (`unseen`: those the mask has not been
         called with) and `current` (the pass's first token): the leading `drafts` the grammar
-        allows, or the tokens it forces where there are none, at most `most`; and the mask
-        after each, (drafts, vocabulary) booleans. The matcher is left after `unseen`."""
+        allows, or the tokens it forces where `drafts` do not start with them (those are kept
+        whatever the model says), at most `most`; and the mask after each, (drafts, vocabulary)
+        booleans. The matcher is left after `unseen`."""
         self._consume(unseen)
         matcher = self.matcher
         if self.failed or matcher.is_stopped() or matcher.try_consume_tokens([current]) != 1:
             return [], None
-        candidates = (drafts or matcher.compute_ff_tokens())[:most]
+        forced = matcher.compute_ff_tokens()
+        candidates = (forced if drafts[: len(forced)] != forced else drafts)[:most]
         kept: list[int] = []
         masks = allocate_token_bitmask(max(1, len(candidates)), self.bitmask.shape[1] * 32)
         for token in candidates:

@@ -108,17 +108,28 @@ class ModelDrafter:
         out = mx.stack(drafted, axis=1).tolist()
         self.known = [seq + row[: width - 1] for seq, row in zip(rows, out)]
         self.fed = [len(seq) + width - 1 for seq in rows]
-        self._last = ([len(seq) for seq in rows], width)
+        self._last = ([len(seq) for seq in rows], width, out)
         return dict(zip(self.uids, out))
 
-    def record(self, kept: dict[int, int]) -> None:
+    def record(
+        self, kept: dict[int, int], verified: dict[int, Sequence[int]] | None = None
+    ) -> None:
         """The target's verdict on the last drafts: `kept[uid]` drafts of each row (rows not
-        named kept none). Each row's KV keeps its sequence and those drafts."""
+        named kept none; a step that verified none, none). `verified[uid]`: the drafts the
+        target verified, where they may not be the model's own (a grammar's: the ones it
+        allows, or the tokens it forces). Each row's KV keeps its sequence and the drafts that
+        were both its own and kept."""
         if self._last is None:
             return
-        lengths, width = self._last
+        lengths, width, drafted = self._last
         self._last = None
-        keep = [min(kept.get(uid, 0), width - 1) for uid in self.uids]
+        keep = []
+        for uid, own in zip(self.uids, drafted):
+            count = min(kept.get(uid, 0), width - 1)
+            if verified is not None:
+                theirs = verified.get(uid, ())
+                count = next((i for i in range(count) if own[i] != theirs[i]), count)
+            keep.append(count)
         roll_back(self.cache, [width - 1 - k for k in keep])
         self.fed = [length + k for length, k in zip(lengths, keep)]
 

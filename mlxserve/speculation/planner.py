@@ -165,11 +165,13 @@ class DraftPlanner:
             out.append(row.drafter.draft(min(width, row.limit, left)))
         return out
 
-    def record(self, uids: Sequence[int], drafted: Sequence[int], kept: Sequence[int]) -> None:
+    def record(
+        self, uids: Sequence[int], drafts: Sequence[Sequence[int]], kept: Sequence[int]
+    ) -> None:
         """A verify pass's outcome: each row's drafts, and how many it kept."""
         totals = self.totals
         totals.passes += 1
-        for uid, count, accepted in zip(uids, drafted, kept):
+        for uid, count, accepted in zip(uids, map(len, drafts), kept):
             row = self.rows.get(uid)
             if row is None or not count:
                 continue
@@ -180,7 +182,13 @@ class DraftPlanner:
             before = self.verdicts.get(uid, (0, 0))
             self.verdicts[uid] = (before[0] + count, before[1] + accepted)
         if self.model is not None:
-            self.model.record(dict(zip(uids, kept)))
+            self.model.record(dict(zip(uids, kept)), dict(zip(uids, drafts)))
+
+    def not_verified(self) -> None:
+        """The drafts of the last `drafts` call go to no verify pass (a grammar allowed none of
+        them): the draft model's KV lets them go."""
+        if self.model is not None:
+            self.model.record({})
 
     def take_verdicts(self) -> dict[int, tuple[int, int]]:
         """Each row's (drafted, kept) tokens since the last call."""

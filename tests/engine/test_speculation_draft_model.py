@@ -9,6 +9,7 @@ KV) run in every test; the model as its own draft agrees always."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ from mlxserve.speculation.pass_costs import FlatPassCosts
 from .test_speculation_engine import (
     PROMPTS,
     drafted,
+    grammar_request,
     ids,
+    one_key_schema,
     record_steps,
     request,
     run_apart,
@@ -121,6 +124,49 @@ def test_the_model_as_its_own_draft_has_every_draft_kept(self_drafting, referenc
     assert made == kept > 0
 
 
+def greedy_agreement(model: Path, draft: Path, text: str) -> float:
+    """The share of `text`'s positions where the draft's greedy next token is the model's."""
+    import mlx.core as mx
+    import mlx_lm
+
+    target, tokenizer = mlx_lm.load(str(model))
+    drafter, _ = mlx_lm.load(str(draft))
+    tokens = mx.array(tokenizer.encode(text)[:256])[None]
+    agreed = mx.argmax(target(tokens), axis=-1) == mx.argmax(drafter(tokens), axis=-1)
+    return agreed.astype(mx.float32).mean().item()
+
+
+@pytest.fixture
+def float_or_4bit(request) -> Path:
+    """The tiny model as its parameter names it (a fixture): float, or quantized."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.mark.parametrize("float_or_4bit", ["tiny_model", "tiny_model_4bit"], indirect=True)
+def test_a_fitted_head_drafts_the_models_tokens_more_often_and_exactly(float_or_4bit, tmp_path):
+    """make_draft_model.py --fit-head: on text it was not fitted on (this file), the cut
+    model's greedy token is the model's more often through the fitted head than through the
+    model's own; an engine drafting with it (its head untied; quantized as the model's
+    embedding is) emits the tokens it emits without drafts."""
+    model = float_or_4bit
+    plain = truncate(model, tmp_path / "plain", layers=1)
+    fitted = truncate(model, tmp_path / "fitted", layers=1, fit_head=True)
+    text = Path(__file__).read_text()
+    own, fit = (greedy_agreement(model, d, text) for d in (plain, fitted))
+    assert fit > own, (fit, own)
+    engine = drafting_engine(model, fitted)
+    try:
+        before = drafted(engine)
+        asked = [request(p, max_tokens=n) for p, n in zip(PROMPTS, (30, 17))]
+        plain = [request(p, max_tokens=n, num_draft_tokens=0) for p, n in zip(PROMPTS, (30, 17))]
+        results = run_apart(engine, [*asked, *plain])
+        assert [ids(e) for e in results[:2]] == [ids(e) for e in results[2:]]
+        made, kept = (a - b for a, b in zip(drafted(engine), before))
+        assert made >= kept > 0
+    finally:
+        engine.stop()
+
+
 def test_a_draft_model_with_another_tokenizer_is_refused_at_load(tiny_model, tiny_coder):
     settings = SpeculationSettings(draft_tokens=4, draft_model=str(tiny_coder))
     engine = Engine(str(tiny_model), speculation=settings).start()
@@ -161,6 +207,53 @@ def test_the_draft_kv_holds_each_rows_kept_tokens_through_joins_refusals_and_cat
     del sequences[2]  # the row leaves the batch
     sequences[3] = list(PROMPTS[3])  # and another joins it
     drafts_are_greedy(5)
+
+
+def test_the_draft_kv_keeps_only_its_own_drafts_the_target_kept_or_none_unverified(
+    tiny_lm, reference
+):
+    """A grammar's drafts are not always the model's: it cuts them (the tokens it allows) or
+    replaces them (the tokens it forces), and a step whose drafts it refuses all verifies
+    none. The draft KV then keeps only the model's own drafts the target kept; each row's next
+    drafts are still the model's greedy tokens after its sequence."""
+    drafter = ModelDrafter(tiny_lm)
+    sequences = {0: list(PROMPTS[0]), 1: list(PROMPTS[1])}
+
+    def drafts_are_greedy(width: int) -> dict[int, list[int]]:
+        found = drafter.drafts(list(sequences), list(sequences.values()), width)
+        assert found == {u: reference(sequences[u], width) for u in sequences}
+        return found
+
+    found = drafts_are_greedy(4)
+    forced = [found[0][0], found[0][1] + 1, 5]  # the second is not the model's own
+    before = [len(sequences[0]), len(sequences[1])]
+    drafter.record({0: 3, 1: 2}, {0: forced, 1: found[1][:2]})
+    assert drafter.fed == [before[0] + 1, before[1] + 2]  # its KV: its own drafts, kept
+    sequences[0] += forced + [21]
+    sequences[1] += found[1][:2] + [22]
+    drafts_are_greedy(4)
+    before = [len(sequences[0]), len(sequences[1])]
+    drafter.record({})  # refused by the grammar: no verify pass
+    assert drafter.fed == before
+    sequences[0] += [23]  # a plain step
+    sequences[1] += [24]
+    drafts_are_greedy(3)
+
+
+def test_grammar_rows_draft_from_a_draft_model_and_write_as_without(engine):
+    """A regex that turns the tiny model from its 1s after six (its drafts refused there, the
+    step plain), and a schema whose long key the grammar forces (its tokens verified in place
+    of the model's drafts), each alone and beside another row: each text is the one without
+    drafts."""
+    key = "the_only_property_this_object_may_have"
+    for kind, text in (("regex", "(1{6}x{6})+"), ("json_schema", one_key_schema(key))):
+        constrained = grammar_request(engine, kind, text, max_tokens=24)
+        (plain,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
+        (alone,) = run_apart(engine, [constrained])
+        beside = run_apart(engine, [constrained, request(PROMPTS[1])])
+        for drafting in (alone, beside[0]):
+            assert ids(drafting) == ids(plain), kind
+            assert drafting[-1].timings.draft_tokens > 0, kind
 
 
 def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, reference):

@@ -37,7 +37,7 @@ def drafting_steps(planner: DraftPlanner, steps: int, kept_at=()) -> list[int]:
             (drafts,) = planner.drafts([0], [tokens], [current], width, [10**6])
             kept = len(drafts) if any(at <= step for at in kept_at) else 0
             kept_at = [at for at in kept_at if at > step]
-            planner.record([0], [len(drafts)], [kept])
+            planner.record([0], [drafts], [kept])
             tried.append(step)
         tokens = tokens + [current]
     return tried

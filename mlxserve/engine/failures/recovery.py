@@ -140,6 +140,7 @@ class FailedSteps:
         groups = {id(s): live.group_of(s) for s in live.all()}
         suspects = [s for uid in in_pass if (s := live.get(uid)) is not None]
         log.error("a step failed (%d rows in the failing pass): %r", len(suspects), error)
+        log.debug("the failed step's traceback", exc_info=error)
         culprit, out = self.bisection.failed(suspects)
         cause = f"generation failed: the model's pass failed: {type(error).__name__}: {error}"
         # Decode rows out first: pausing one reads what the failed step left (a pass that failed

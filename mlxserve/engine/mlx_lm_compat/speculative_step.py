@@ -53,7 +53,10 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
         drafts[row], masks = grammar.drafted(unseen, current[row], drafts[row], most)
         if masks is not None:
             batch.draft_masks[row] = masks
-    return drafts if any(drafts) else None
+    if not any(drafts):
+        planner.not_verified()
+        return None
+    return drafts
 
 
 def _grammar_of(processors):
@@ -107,7 +110,7 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     mx.eval(current, current_logprobs, kept)
     kept_rows = kept.tolist()
     roll_back_rows(batch.prompt_cache, [width - k for k in kept_rows])
-    planner.record(batch.uids, [len(d) for d in drafts], kept_rows)
+    planner.record(batch.uids, drafts, kept_rows)
     tokens, token_logprobs = [], []
     for row, (token, draft, count) in enumerate(zip(current.tolist(), drafts, kept_rows)):
         emitted = [token, *draft[:count]]
