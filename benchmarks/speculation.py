@@ -2,9 +2,10 @@
 default) and without (`num_draft_tokens: 0`, the same server), side by side in one run, and
 mlx_lm.server beside them (the edit, and 16 streams). Drafts come from prompt lookup, or with
 `--draft-layers N` from a draft model, the model cut to its first N layers
-(scripts/make_draft_model.py), which mlx_lm.server gets too (`--draft-model`; it then runs one
-request at a time, and a prompt it has cached comes back empty, so each of its requests is
-made unique; `--mlx-lm-tokens` keeps its answers short).
+(scripts/make_draft_model.py; `--draft-fit`: with a head fitted to the model's last layer),
+which mlx_lm.server gets too (`--draft-model`; it then runs one request at a time, and a prompt
+it has cached comes back empty, so each of its requests is made unique; `--mlx-lm-tokens`
+keeps its answers short).
 
 Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's chat template:
 
@@ -16,8 +17,8 @@ Workloads, greedy, streamed through `POST /v1/chat/completions` on the model's c
   keys and punctuation the grammar forces: drafted from the grammar even where the lookup finds
   nothing;
 - `c16`: sixteen streams at once, a mixed workload (edits, chats, sampled chats), tokens/s of
-  the whole batch; each side twice in a run (A B B A), its two rates' mean, after a batch not
-  counted.
+  the whole batch; each side twice in a run (A B B A; `--c16-rounds N`: that N times), its
+  rates' mean, after a batch not counted.
 
 Per single stream: decode tokens/s (usage's tokens - 1 over first content chunk to last), the
 ratio with drafts over without, whether the texts are identical, and how much of the output
@@ -27,7 +28,8 @@ alternates which side goes first.
 
     python benchmarks/speculation.py [--model PATH] [--max-tokens 200] [--runs 3]
                                      [--skip-mlx-lm] [--skip-c16 | --only-c16]
-                                     [--draft-layers N]
+                                     [--c16-rounds N]
+                                     [--draft-layers N [--draft-fit]]
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--only-c16", action="store_true", help="the batch of 16 alone (no single streams)"
     )
+    parser.add_argument(
+        "--c16-rounds", type=int, default=1, help="A B B A rounds of the batch of 16 a run"
+    )
     parser.add_argument("--skip-mlxserve", action="store_true", help="mlx_lm.server's rows alone")
     parser.add_argument(
         "--mlx-lm-tokens", type=int, help="mlx_lm.server's answers' length (default: --max-tokens)"
@@ -86,17 +91,21 @@ def parse_args() -> argparse.Namespace:
         type=int,
         help="draft with the model's first N layers (a draft model) in place of prompt lookup",
     )
+    parser.add_argument(
+        "--draft-fit", action="store_true", help="the draft model's head fitted (--fit-head)"
+    )
     return parser.parse_args()
 
 
-def draft_model(model: str, layers: int) -> str:
-    """The model cut to its first `layers` layers, built once into build/."""
+def draft_model(model: str, layers: int, fit: bool) -> str:
+    """The model cut to its first `layers` layers (with a fitted head), built once into build/."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from make_draft_model import truncate
 
-    out = REPO_ROOT / "build" / "drafts" / f"{Path(model).name}-{layers}-layers"
+    name = f"{Path(model).name}-{layers}-layers" + ("-fitted" if fit else "")
+    out = REPO_ROOT / "build" / "drafts" / name
     if not (out / "model.safetensors").exists():
-        truncate(Path(model), out, layers)
+        truncate(Path(model), out, layers, fit)
     return str(out)
 
 
@@ -234,7 +243,7 @@ def main() -> int:
     names = ("edit", "fill", "chat", "json")
     draft_flags: list[str] = []
     if args.draft_layers:
-        draft_flags = ["--draft-model", draft_model(model, args.draft_layers)]
+        draft_flags = ["--draft-model", draft_model(model, args.draft_layers, args.draft_fit)]
         names = ("edit", "chat", "json")
     if args.only_c16:
         names = ()
@@ -289,7 +298,7 @@ def main() -> int:
                     c16_rate(client, url, texts, args.max_tokens // 2, **ab[0][1])
                     rates: dict[str, list[float]] = {"on": [], "off": []}
                     before = drafted_counts(client, url)
-                    for side, extra in (*ab, *ab[::-1]):
+                    for side, extra in (*ab, *ab[::-1]) * args.c16_rounds:
                         rates[side].append(
                             c16_rate(client, url, texts, args.max_tokens // 2, **extra)
                         )
