@@ -59,8 +59,11 @@ class ModelDrafter:
         self.uids: list[int] = []
         self.known: list[list[int]] = []  # per row: its tokens so far, drafts not yet judged too
         self.fed: list[int] = []  # per row: how many of `known` the draft KV holds
+        # its own drafts the target verified, and kept: the pair's agreement (a grammar's
+        # forced tokens, always kept, are not the draft model's)
+        self.judged = self.agreed = 0
         self.cache: list[BatchKVCache] | None = None
-        self._last: tuple[list[int], int] | None = None  # per row: sequence length; width
+        self._last: tuple | None = None  # per row: sequence length; width; per row: drafts
         self.joined = 0  # rows that read their prompt in this step (its time is no pass cost)
 
     def forget(self, uids: Sequence[int]) -> None:
@@ -117,19 +120,23 @@ class ModelDrafter:
         """The target's verdict on the last drafts: `kept[uid]` drafts of each row (rows not
         named kept none; a step that verified none, none). `verified[uid]`: the drafts the
         target verified, where they may not be the model's own (a grammar's: the ones it
-        allows, or the tokens it forces). Each row's KV keeps its sequence and the drafts that
-        were both its own and kept."""
+        allows, or the tokens it forces); None: its own. Each row's KV keeps its sequence
+        and the drafts that were both its own and kept."""
         if self._last is None:
             return
         lengths, width, drafted = self._last
         self._last = None
         keep = []
         for uid, own in zip(self.uids, drafted):
-            count = min(kept.get(uid, 0), width - 1)
+            count = kept.get(uid, 0)
+            judged = count  # of its own drafts, those the target verified
             if verified is not None:
                 theirs = verified.get(uid, ())
-                count = next((i for i in range(count) if own[i] != theirs[i]), count)
-            keep.append(count)
+                judged = next((i for i, t in enumerate(theirs) if own[i] != t), len(theirs))
+                count = min(count, judged)
+            self.judged += judged
+            self.agreed += count
+            keep.append(min(count, width - 1))
         roll_back(self.cache, [width - 1 - k for k in keep])
         self.fed = [length + k for length, k in zip(lengths, keep)]
 

@@ -83,7 +83,7 @@ class DraftPlanner:
         if limit > 0:
             prior = PRIOR_ACCEPTANCE
             if self.model is not None:  # the pair's agreement so far; prompt lookup's is the text's
-                prior = pair_prior(self.totals.drafted, self.totals.accepted)
+                prior = pair_prior(self.model.judged, self.model.agreed)
             self.rows[uid] = RowDrafts(limit, prior=prior)
 
     def drafting(self, uid: int) -> bool:

@@ -244,12 +244,17 @@ def test_grammar_rows_draft_from_a_draft_model_and_write_as_without(engine):
     """A regex that turns the tiny model from its 1s after six (its drafts refused there, the
     step plain), and a schema whose long key the grammar forces (its tokens verified in place
     of the model's drafts), each alone and beside another row: each text is the one without
-    drafts."""
+    drafts. The forced tokens, all kept, do not count as the pair agreeing (a new row's prior
+    is how often the draft model's own drafts were kept)."""
     key = "the_only_property_this_object_may_have"
+    pair = engine.generator.planner.model
     for kind, text in (("regex", "(1{6}x{6})+"), ("json_schema", one_key_schema(key))):
         constrained = grammar_request(engine, kind, text, max_tokens=24)
         (plain,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
+        agreed = pair.agreed
         (alone,) = run_apart(engine, [constrained])
+        if kind == "json_schema":
+            assert pair.agreed - agreed < alone[-1].timings.draft_accepted
         beside = run_apart(engine, [constrained, request(PROMPTS[1])])
         for drafting in (alone, beside[0]):
             assert ids(drafting) == ids(plain), kind

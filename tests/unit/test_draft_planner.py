@@ -4,17 +4,23 @@ never agrees must not cost a wide pass every few steps)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlxserve.speculation.pass_costs import DraftModelPassCosts, PassCosts
 from mlxserve.speculation.planner import DraftPlanner, DraftTotals
 
 from .test_draft_length import MEASURED
 
 
+@dataclass
 class DraftModelStandIn:
     """What the planner reads of a draft model (speculation/draft_model.py) when it only
-    chooses widths: no drafts are asked of it here."""
+    chooses widths: no drafts are asked of it here. `judged`, `agreed`: its own drafts the
+    model verified, and kept."""
 
-    joined = 0
+    judged: int = 0
+    agreed: int = 0
+    joined: int = 0
 
 
 class MeasuredCosts(PassCosts):
@@ -61,16 +67,17 @@ def test_a_kept_pass_ends_the_backoff():
 
 
 def test_a_draft_models_rows_start_from_the_pairs_agreement_so_far():
-    """A draft model's agreement is the pair's: a pair that has kept 2 of 200 drafts does not
-    try a wide pass at each new request's start; prompt lookup's rows start from the prior."""
+    """A draft model's agreement is the pair's: a pair whose own drafts were kept 2 of 200
+    does not try a wide pass at each new request's start, whatever else was drafted and kept
+    (a grammar's forced tokens: the totals); prompt lookup's rows start from the prior."""
     poor = DraftPlanner(
-        costs=MeasuredCosts(), model=DraftModelStandIn(), totals=DraftTotals(200, 2)
+        costs=MeasuredCosts(), model=DraftModelStandIn(200, 2), totals=DraftTotals(400, 202)
     )
     poor.admit(0)
     assert poor.rows[0].acceptance < 0.1
     assert poor.width([0], [[1, 2, 3]], [100]) == 0
     good = DraftPlanner(
-        costs=MeasuredCosts(), model=DraftModelStandIn(), totals=DraftTotals(200, 180)
+        costs=MeasuredCosts(), model=DraftModelStandIn(200, 180), totals=DraftTotals(200, 180)
     )
     good.admit(0)
     assert good.rows[0].acceptance > 0.8 and good.width([0], [[1, 2, 3]], [100]) > 0
