@@ -132,7 +132,8 @@ class ModelDrafter:
             judged = count  # of its own drafts, those the target verified
             if verified is not None:
                 theirs = verified.get(uid, ())
-                judged = next((i for i, t in enumerate(theirs) if own[i] != t), len(theirs))
+                pairs = list(zip(own, theirs))
+                judged = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
                 count = min(count, judged)
             self.judged += judged
             self.agreed += count

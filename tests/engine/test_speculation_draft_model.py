@@ -237,7 +237,10 @@ def test_the_draft_kv_keeps_only_its_own_drafts_the_target_kept_or_none_unverifi
     assert drafter.fed == before
     sequences[0] += [23]  # a plain step
     sequences[1] += [24]
-    drafts_are_greedy(3)
+    found = drafts_are_greedy(3)
+    before = [len(sequences[0]), len(sequences[1])]
+    drafter.record({0: 6}, {0: found[0] + [7, 8, 9]})  # forced tokens past its own, all kept
+    assert drafter.fed == [before[0] + 2, before[1]]  # a pass's KV holds width - 1 drafts
 
 
 def test_grammar_rows_draft_from_a_draft_model_and_write_as_without(engine):
