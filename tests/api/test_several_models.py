@@ -244,11 +244,14 @@ def test_keep_alive_and_idle_unload_are_per_model(live_server, tiny_model, tiny_
     )
     client = ollama.Client(host=live.url)
     with httpx.Client(base_url=live.url, timeout=60) as http:
-        client.generate(model="tiny", prompt="", keep_alive="10m")  # loaded, for ten minutes
+        # both loaded (a load request waits for a load under way), for ten minutes
+        client.generate(model="tiny", prompt="", keep_alive="10m")
+        client.generate(model="tiny2", prompt="", keep_alive="10m")
         client.generate(model="tiny2", prompt="", keep_alive=0)
         assert wait_until(lambda: in_memory(http) == {"tiny"}, 60)
         assert [m["name"] for m in http.get("/api/ps").json()["models"]] == ["tiny:latest"]
-        assert greedy(http, "tiny2")["model"] == "tiny2"  # loaded again on request
+        # loaded again on request, with the server's idle time (its own went with it)
+        assert greedy(http, "tiny2")["model"] == "tiny2"
         # tiny2's idle unload, after the server's two seconds; tiny's ten minutes hold
         assert wait_until(lambda: "tiny2" not in in_memory(http), 60)
         assert in_memory(http) == {"tiny"}
