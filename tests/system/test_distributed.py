@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from mlxserve.engine.stats import RATE_WINDOW_S
+from mlxserve.settings import SpeculationSettings
 from mlxserve.tiny_model import build_tiny_model
 
 from ..helpers import skip_for_missing, wait_healthy
@@ -293,7 +294,10 @@ def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
         assert f"pipeline parallel over {ranks} ranks ({whose};" in log
         if extra:
             assert "rank 0: layers 4-4; rank 1: layers 0-3" in log
-        with live_servers.own(three_heads[model]) as single:
+        # drafting off, as the ranks run: this random model's answers run into near-ties, where
+        # a verify pass's logits may round the other way (a run of .ci/run at 4765054)
+        off = SpeculationSettings(draft_tokens=0)
+        with live_servers.own(three_heads[model], speculation=off) as single:
             for stream in (False, True):
                 alone = answers(single.url, stream=stream)
                 assert_answered(alone)
