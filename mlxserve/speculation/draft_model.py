@@ -114,27 +114,22 @@ class ModelDrafter:
         self._last = ([len(seq) for seq in rows], width, out)
         return dict(zip(self.uids, out))
 
-    def record(
-        self, kept: dict[int, int], verified: dict[int, Sequence[int]] | None = None
-    ) -> None:
+    def record(self, kept: dict[int, int], verified: dict[int, Sequence[int]]) -> None:
         """The target's verdict on the last drafts: `kept[uid]` drafts of each row (rows not
         named kept none; a step that verified none, none). `verified[uid]`: the drafts the
-        target verified, where they may not be the model's own (a grammar's: the ones it
-        allows, or the tokens it forces); None: its own. Each row's KV keeps its sequence
-        and the drafts that were both its own and kept."""
+        target verified, which may not be the model's own (a grammar's: the ones it allows, or
+        the tokens it forces). Each row's KV keeps its sequence and the drafts that were both
+        its own and kept."""
         if self._last is None:
             return
         lengths, width, drafted = self._last
         self._last = None
         keep = []
         for uid, own in zip(self.uids, drafted):
-            count = kept.get(uid, 0)
-            judged = count  # of its own drafts, those the target verified
-            if verified is not None:
-                theirs = verified.get(uid, ())
-                pairs = list(zip(own, theirs))
-                judged = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
-                count = min(count, judged)
+            pairs = list(zip(own, verified.get(uid, ())))
+            # of its own drafts, those the target verified, and kept
+            judged = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
+            count = min(kept.get(uid, 0), judged)
             self.judged += judged
             self.agreed += count
             keep.append(min(count, width - 1))

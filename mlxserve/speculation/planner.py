@@ -188,7 +188,7 @@ class DraftPlanner:
         """The drafts of the last `drafts` call go to no verify pass (a grammar allowed none of
         them): the draft model's KV lets them go."""
         if self.model is not None:
-            self.model.record({})
+            self.model.record({}, {})
 
     def take_verdicts(self) -> dict[int, tuple[int, int]]:
         """Each row's (drafted, kept) tokens since the last call."""

@@ -195,12 +195,12 @@ def test_the_draft_kv_holds_each_rows_kept_tokens_through_joins_refusals_and_cat
 
     found = drafts_are_greedy(4)
     kept = {0: 0, 1: 2, 2: 4}
-    drafter.record(kept)
+    drafter.record(kept, found)
     for uid, count in kept.items():
         sequences[uid] += found[uid][:count] + [700 + uid]  # the target's own token after them
     sequences[1] += [5, 6, 7]  # plain steps the drafter did not see
     found = drafts_are_greedy(3)
-    drafter.record({0: 3, 1: 1})
+    drafter.record({0: 3, 1: 1}, found)
     sequences[0] += found[0] + [11]
     sequences[1] += found[1][:1] + [12]
     sequences[2] += [13]
@@ -233,7 +233,7 @@ def test_the_draft_kv_keeps_only_its_own_drafts_the_target_kept_or_none_unverifi
     sequences[1] += found[1][:2] + [22]
     drafts_are_greedy(4)
     before = [len(sequences[0]), len(sequences[1])]
-    drafter.record({})  # refused by the grammar: no verify pass
+    drafter.record({}, {})  # refused by the grammar: no verify pass
     assert drafter.fed == before
     sequences[0] += [23]  # a plain step
     sequences[1] += [24]
@@ -273,7 +273,7 @@ def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, ref
     prefixes = keeper.cache
     first = list(PROMPTS[0]) + [3]  # a prompt, and the step's first token
     found = drafter.drafts([0], [first], 4)
-    drafter.record({0: 2})
+    drafter.record({0: 2}, found)
     drafter.forget([0])  # leaves holding its sequence and the two drafts kept
     held = first + found[0][:2]
     later = held + [9, 10]
@@ -282,7 +282,7 @@ def test_a_joining_row_reads_only_what_the_draft_prefix_cache_lacks(tiny_lm, ref
     assert found == {1: reference(later, 3)}
     assert prefixes.reused_tokens - before == len(held)
 
-    drafter.record({1: 1})
+    drafter.record({1: 1}, found)
     later += found[1][:1] + [14]
     twin = list(PROMPTS[0]) + [4]  # the first row's prompt, another token after it
     before = prefixes.reused_tokens
