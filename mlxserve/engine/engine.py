@@ -73,7 +73,8 @@ CLEAR_CACHE_EVERY = 256
 # vision.py); a long prompt's chunks leave far more than the batch's steps reuse
 RELEASE_CACHE_BYTES = 256 << 20
 # ...and malloc's free pages go back to the system every this many steps (on the CPU): trimmed
-# every 256, a prompt's join beside a stream took 20-40 MiB of new pages, a 300-600 ms step here
+# at every cache release, a prompt's join beside a stream took its memory as new pages, a step
+# many times a decode step's (docs/benchmarks.md, vision.py)
 TRIM_EVERY = 4096
 READY_POLL_S = 0.05  # how often a request waiting for a load looks whether it is done
 
