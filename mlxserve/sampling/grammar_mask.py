@@ -46,16 +46,17 @@ class GrammarMask:
 
     def drafted(
         self, unseen: list[int], current: int, drafts: list[int], most: int
-    ) -> tuple[list[int], mx.array | None]:
+    ) -> tuple[list[int], mx.array | None, int]:
         """For a verify pass after the row's tokens (`unseen`: those the mask has not been
         called with) and `current` (the pass's first token): the leading `drafts` the grammar
         allows, or the tokens it forces where `drafts` do not start with them (those are kept
-        whatever the model says), at most `most`; and the mask after each, (drafts, vocabulary)
-        booleans. The matcher is left after `unseen`."""
+        whatever the model says), at most `most`; the mask after each, (drafts, vocabulary)
+        booleans; and how many of the drafts lead as the grammar's forced tokens. The matcher
+        is left after `unseen`."""
         self._consume(unseen)
         matcher = self.matcher
         if self.failed or matcher.is_stopped() or matcher.try_consume_tokens([current]) != 1:
-            return [], None
+            return [], None, 0
         forced = matcher.compute_ff_tokens()
         candidates = (forced if drafts[: len(forced)] != forced else drafts)[:most]
         kept: list[int] = []
@@ -70,8 +71,9 @@ class GrammarMask:
             kept.append(token)
         matcher.rollback(1 + len(kept))
         if not kept:
-            return [], None
-        return kept, mx.array(self._unpacked(masks[: len(kept)])[:, : self.only_eos.size])
+            return [], None, 0
+        masks = mx.array(self._unpacked(masks[: len(kept)])[:, : self.only_eos.size])
+        return kept, masks, min(len(forced), len(kept))
 
     def _consume(self, tokens: list[int]) -> None:
         self.consumed += len(tokens)

@@ -166,17 +166,26 @@ class DraftPlanner:
         return out
 
     def record(
-        self, uids: Sequence[int], drafts: Sequence[Sequence[int]], kept: Sequence[int]
+        self,
+        uids: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+        kept: Sequence[int],
+        forced: Sequence[int] | None = None,
     ) -> None:
-        """A verify pass's outcome: each row's drafts, and how many it kept."""
+        """A verify pass's outcome: each row's drafts, and how many it kept. `forced`: how many
+        of each row's drafts lead as its grammar's forced tokens, which are kept whatever the
+        model says: the totals count them, the row's acceptance (what its own drafts are
+        worth) does not."""
         totals = self.totals
         totals.passes += 1
-        for uid, count, accepted in zip(uids, map(len, drafts), kept):
+        forced = forced or [0] * len(uids)
+        for uid, count, accepted, given in zip(uids, map(len, drafts), kept, forced):
             row = self.rows.get(uid)
             if row is None or not count:
                 continue
-            row.kept.record(count, accepted)
-            row.misses = 0 if accepted else row.misses + 1
+            if count > given:
+                row.kept.record(count - given, max(0, accepted - given))
+                row.misses = 0 if accepted > given else row.misses + 1
             totals.drafted += count
             totals.accepted += accepted
             before = self.verdicts.get(uid, (0, 0))

@@ -269,8 +269,18 @@ def test_tokens_a_grammar_forces_ride_even_where_no_lookup_finds_drafts(engine, 
     constrained = grammar_request(engine, "json_schema", one_key_schema(key), max_tokens=20)
     (alone,) = run_apart(engine, [replace(constrained, num_draft_tokens=0)])
     steps = record_steps(engine, monkeypatch)
+    planner, verdicts = engine.generator.planner, []
+    record = planner.record
+
+    def recorded(uids, drafts, kept, forced=None):
+        verdicts.append((drafts[0], kept[0], forced and forced[0]))
+        record(uids, drafts, kept, forced)
+
+    monkeypatch.setattr(planner, "record", recorded)
     (drafting,) = run_apart(engine, [constrained])
     assert ids(drafting) == ids(alone)
     timings = drafting[-1].timings
     assert timings.draft_accepted == timings.draft_tokens > 0
     assert max(len(tokens) for _, tokens in steps) > 2
+    # the row's acceptance is its own drafts': the forced ones are told apart
+    assert any(drafts and forced == len(drafts) == kept for drafts, kept, forced in verdicts)

@@ -105,3 +105,25 @@ def test_a_draft_models_timed_costs_stay_what_they_were_timed():
             planner.rows[0].acceptance = 0.01  # never worth a pass: each step recovers
             assert planner.width([0], [[1, 2, 3, 1, 2, 3, 1, 2]], [100]) == 0
         assert (costs.relative_cost(1, 2) < 1.2) == drifts
+
+
+def test_a_grammars_forced_tokens_count_in_the_totals_not_in_the_rows_acceptance():
+    """Tokens a grammar forces are kept whatever the model says: a JSON row whose passes kept
+    every forced key and none of its own drafts has its own drafts' acceptance (it drafted
+    wide in the record's free text when they counted), while /metrics' totals count every
+    token the passes carried."""
+    planner = DraftPlanner(costs=MeasuredCosts())
+    planner.admit(0)
+    start = planner.rows[0].acceptance
+    planner.record([0], [[5, 6, 7, 8]], [4], [4])  # forced tokens only: all kept
+    assert planner.rows[0].acceptance == start and planner.rows[0].misses == 0
+    for _ in range(3):
+        planner.record([0], [[5, 6, 7, 8, 9, 10]], [4], [4])  # a key forced, own two refused
+    alone = DraftPlanner(costs=MeasuredCosts())
+    alone.admit(0)
+    for _ in range(3):
+        alone.record([0], [[9, 10]], [0])
+    assert planner.rows[0].acceptance == alone.rows[0].acceptance < start
+    assert planner.rows[0].misses == 3
+    assert (planner.totals.drafted, planner.totals.accepted) == (22, 16)
+    assert planner.take_verdicts() == {0: (22, 16)}

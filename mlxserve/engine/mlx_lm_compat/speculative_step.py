@@ -44,15 +44,16 @@ def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[i
         drafts = planner.drafts(batch.uids, batch.tokens, current, width, remaining)
     else:
         drafts = [[] for _ in batch.uids]
-    batch.draft_masks = {}
+    batch.draft_masks, batch.draft_forced = {}, {}
     for row, grammar in grammars.items():
         context = batch._token_context[row]
         unseen = context._buffer[grammar.consumed : context._size].tolist()
         # beyond the lookup's width, as many as the grammar forces (all of them are kept)
         most = min(planner.limit(batch.uids[row]), remaining[row])
-        drafts[row], masks = grammar.drafted(unseen, current[row], drafts[row], most)
+        drafts[row], masks, forced = grammar.drafted(unseen, current[row], drafts[row], most)
         if masks is not None:
             batch.draft_masks[row] = masks
+            batch.draft_forced[row] = forced
     if not any(drafts):
         planner.not_verified()
         return None
@@ -110,7 +111,8 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     mx.eval(current, current_logprobs, kept)
     kept_rows = kept.tolist()
     roll_back_rows(batch.prompt_cache, [width - k for k in kept_rows])
-    planner.record(batch.uids, drafts, kept_rows)
+    forced = [batch.draft_forced.get(row, 0) for row in range(rows)]
+    planner.record(batch.uids, drafts, kept_rows, forced)
     tokens, token_logprobs = [], []
     for row, (token, draft, count) in enumerate(zip(current.tolist(), drafts, kept_rows)):
         emitted = [token, *draft[:count]]
