@@ -4,8 +4,8 @@ HTTP handlers call `submit`, which hands a group of GenerationRequests to the en
 thread-safe inbox and yields GenerationEvents that the engine thread posts back onto the
 caller's event loop. Leaving the iterator early (a client that disconnects) cancels the group
 at the next step. Every engine's steps run on one `EngineThread` (scheduling/thread.py), in
-turn with the other models' engines; the model's life is `ModelSlot`'s, a sequence's state
-`SequenceState`'s, lock-step across ranks `LockStep`'s.
+turn with the other models' engines; the model's life is `ModelSlot`'s, a group's way into the
+batch `Admission`'s, a sequence's state `SequenceState`'s, lock-step across ranks `LockStep`'s.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .models.sources import ModelLoadError
 from .prefix.disk import default_budget_bytes as default_disk_budget_bytes
 from .prefix.keeper import PrefixKeeper
 from .prefix.memory import default_budget_bytes
-from .requests import INVALID_IMAGE, GenerationEvent, GenerationRequest, RunningSlot, token_rounds
+from .requests import GenerationEvent, GenerationRequest, RunningSlot, token_rounds
 from .scheduling.inbox import Inbox
 from .scheduling.messages import (
     Add,
@@ -54,12 +54,8 @@ from .scheduling.messages import (
 )
 from .scheduling.pacing import MAX_CHUNK, PrefillPacer, chunk_cost, spare_the_join
 from .scheduling.thread import EngineThread
-from .sequences.disk_reads import DiskReads
-from .sequences.followers import Follower, Followers
-from .sequences.image_prefill import ImagePrefills
-from .sequences.image_reads import ImageReads
+from .sequences.admission import Admission
 from .sequences.live import LiveSequences
-from .sequences.starting import start_sequence
 from .sequences.state import SequenceState, read_logprob_rows
 from .states import LOADING_STATES, EmbeddingFailed, EngineError
 from .stats import EngineStats, RateMeter
@@ -181,12 +177,9 @@ class Engine(AdmittedWork):
         self._started = False
         self._stopped = threading.Event()
         self.live = LiveSequences()
-        self._followers = Followers()
         self._failed = FailedSteps(self)  # rows held out of the batch after a step raised
         AdmittedWork.__init__(self)
-        self._disk_reads = DiskReads()  # groups waiting for their prefixes from disk
-        self._images = ImagePrefills()  # groups waiting for their images' prefill
-        self._image_reads = ImageReads()  # ...and before it, for the model's processor
+        self.admission = Admission(self)  # groups on their way into the batch
 
     # what clients see of the model: the slot's
     state = _slot_attribute("state")
@@ -398,7 +391,7 @@ class Engine(AdmittedWork):
     @property
     def _busy(self) -> bool:
         embedding = self.embedder is not None and len(self.embedder) > 0
-        return self.has_live_sequences or bool(self._followers) or embedding or bool(self._images)
+        return self.has_live_sequences or self.admission.busy or embedding
 
     # ---- the engine thread's turns (scheduling/thread.py) -------------------------------------
 
@@ -426,7 +419,7 @@ class Engine(AdmittedWork):
     @property
     def idle(self) -> bool:
         """Nothing to do until a message comes (or the idle unload is due)."""
-        return not self._busy and self.slot.pending is None and not self._disk_reads.adopting
+        return not self._busy and self.slot.pending is None and not self.admission.adopting
 
     def idle_wait(self) -> float | None:
         return self.slot.idle_wait(self._busy)
@@ -460,7 +453,7 @@ class Engine(AdmittedWork):
             return True
         if not running:
             return False
-        if self._busy or self._disk_reads.reading or self._image_reads.reading:  # nor under a read
+        if self._busy or self.admission.reading:  # nor under a read
             slot.last_work = time.monotonic()
         elif slot.pending is not None:
             slot.apply_change()
@@ -472,7 +465,7 @@ class Engine(AdmittedWork):
                 log.info("idle for %.0f s: unloading %s", slot.idle_unload_s, slot.source)
                 slot.unload()
                 return True
-        self._adopt()
+        self.admission.adopt()
         self._image_step()
         if self.embedder is not None:
             self._embed_step()
@@ -494,14 +487,10 @@ class Engine(AdmittedWork):
         """A pass of the oldest prompt with images waiting for its prefill: while streams run,
         no longer than a prompt chunk may take beside their decode step (`chunk_cost`); the
         groups it completes are admitted."""
-        if not self._images or self.generator is None:
+        if not self.admission.images or self.generator is None:
             return
         step_s = self.streaming_step_s() + self.others_streaming_s
-        budget_s = self.chunk_cost * step_s if step_s > 0 else None
-        first = self.slot.loaded.prefill_chunk
-        for group in self._images.step(budget_s, first, self.prefixes):
-            group.images_prefilled = True
-            self._admit(group)
+        self.admission.image_step(self.chunk_cost * step_s if step_s > 0 else None)
 
     def _embed_step(self) -> None:
         """A batch of the embedding jobs; while other models stream, no longer than their
@@ -525,10 +514,7 @@ class Engine(AdmittedWork):
             self.embedder.fail_all("the server is shutting down")
         if self._busy:  # stopped with work left (a drain's deadline): say so to every client
             self._fail_all("the server is shutting down", unavailable=True)
-        self._disk_reads.fail_all("the server is shutting down")
-        for group in self._image_reads.take_all():
-            group.fail("the server is shutting down", unavailable=True)
-        self._image_reads.close()  # its read in flight finishes first: it evaluates on MLX
+        self.admission.close("the server is shutting down")
         mx.synchronize()  # no work may outlive this thread's MLX stream (abort at exit)
         self.prefixes.close()
         self.slot.state = "stopped"
@@ -549,8 +535,7 @@ class Engine(AdmittedWork):
     def _model_unloaded(self) -> None:
         if self.embedder is not None:
             self.embedder.fail_all(f"{self.model_name} was unloaded")
-        for group in [*self._images.take_all(), *self._image_reads.take_all()]:
-            group.fail(f"{self.model_name} was unloaded")
+        self.admission.fail_images(f"{self.model_name} was unloaded")
         self.generator = self.embedder = None
         self.prefixes.reset()
 
@@ -628,16 +613,14 @@ class Engine(AdmittedWork):
         for message in messages:
             if isinstance(message, Add):
                 self.slot.last_work = time.monotonic()
-                self._admit(message.group)
+                self.admission.admit(message.group)
             elif isinstance(message, Cancel):
                 self._cancel(message.group_id)
             elif isinstance(message, Prefetched):
-                self._disk_reads.arrived(message)
-                self._adopt()
+                self.admission.disk_reads.arrived(message)
+                self.admission.adopt()
             elif isinstance(message, ImagesRead):
-                vision = None if self.slot.loaded is None else self.slot.loaded.vision
-                if (group := self._image_reads.arrived(message, vision)) is not None:
-                    self._admit(group)
+                self.admission.images_read(message)
             elif isinstance(message, EmbedJob):
                 self.slot.last_work = time.monotonic()
                 if self.embedder is None:
@@ -695,8 +678,8 @@ class Engine(AdmittedWork):
         self._report_progress(prompt_responses)
         for r in prompt_responses:
             if r.end_of_prompt:
-                self._keep_running_prompt(r.uid)
-                self._release_followers(r.uid)
+                self.admission.keep_running_prompt(r.uid)
+                self.admission.release_followers(r.uid)
         if responses:
             self._emit(responses)
         self._failed.passed()
@@ -807,28 +790,8 @@ class Engine(AdmittedWork):
                     self.prefixes.keep(keep[uid].keyed(tokens), cache)
         self.stats.finished_sequences += sum(self.live.forget(seq) for seq in sequences)
 
-    def _keep_running_prompt(self, uid: int) -> None:
-        """A prompt just prefilled is reusable before its sequence ends: any request sharing it
-        starts from a copy, taken a few layers per step, or at once when its waiting choices
-        (n, best_of) start from it now."""
-        seq = self.live.get(uid)
-        if not self.prefixes.enabled or seq is None or not seq.request.cache_prompt:
-            return
-        tokens = self.generator.running_tokens(uid)
-        if tokens is None:  # removed meanwhile
-            return
-        self.prefixes.copy_running_prompt(
-            self.generator.decode_batch,
-            uid,
-            seq.keyed(tokens),
-            now=self._followers.waiting_for(uid),
-        )
-
     def _cancel(self, group_id: int) -> None:
-        self.stats.cancelled_sequences += self._disk_reads.drop_group(group_id)
-        self.stats.cancelled_sequences += self._images.drop_group(group_id)
-        self.stats.cancelled_sequences += self._image_reads.drop_group(group_id)
-        self.stats.cancelled_sequences += self._followers.drop_group(group_id)
+        self.stats.cancelled_sequences += self.admission.drop_group(group_id)
         self.stats.cancelled_sequences += self._failed.forget_group(group_id)
         members = self.live.group(group_id)
         if members:
@@ -840,97 +803,8 @@ class Engine(AdmittedWork):
         self._failed.fail_all(message, unavailable)
         for seq in self.live.all():
             seq.post(GenerationEvent(index=seq.index, error=message, unavailable=unavailable))
-        for f in self._followers.take_all():
-            f.group.post(GenerationEvent(index=f.index, error=message, unavailable=unavailable))
-        for group in [*self._images.take_all(), *self._image_reads.take_all()]:
-            group.fail(message, unavailable)
+        self.admission.fail_all(message, unavailable)
         self.live.clear()
         if self.slot.loaded is not None:
             self.generator = self._new_generator()
         self.stats.active_sequences = 0
-
-    def _admit(self, group: Group) -> None:
-        if self._failed.defer(group):  # a culprit is sought among the rows in the batch
-            return
-        if self.slot.loaded is None:  # unloaded (idle) while this request was on its way
-            try:
-                self.slot.load(self.slot.source)
-            except ModelLoadError as error:
-                group.fail(str(error))
-                return
-        if not group.disk_read and self._disk_reads.start(group, self.prefixes, self._inbox.put):
-            return  # admitted once its prefixes are in memory; the batch steps on meanwhile
-        vision = self.slot.loaded.vision
-        if not group.images_processed and vision is not None and self.lockstep is None:
-            group.images_processed = True
-            if self._image_reads.start(group, vision, self._inbox.put):
-                return  # admitted once the processor has read its images (ImagesRead)
-        if not group.images_read:
-            group.images_read = True
-            try:
-                if self._images.start(group, self.slot.loaded, self.prefixes):
-                    return  # admitted once its images are prefilled, a pass a turn
-            except Exception as error:
-                log.exception("could not read a request's images")
-                group.fail(
-                    f"the model's processor could not read the images: {error}",
-                    code=INVALID_IMAGE,
-                )
-                return
-        sequences = []
-        leaders: dict[tuple[int, ...], SequenceState] = {}
-        try:
-            for index, request in enumerate(group.requests):
-                leader = leaders.get(request.prompt_ids)
-                if leader is not None and leader.uid is not None:
-                    # Same prompt as an earlier choice (n, best_of): start from its prefill.
-                    self._followers.wait(leader.uid, Follower(group, index, request))
-                    continue
-                seq = self._start_sequence(index, request, group.post)
-                sequences.append(seq)
-                if self._shares_prefill(request):
-                    leaders[request.prompt_ids] = seq
-        except Exception as error:
-            log.exception("could not start a sequence")
-            self._followers.drop_group(group.group_id)
-            self._remove([s for s in sequences if s.uid is not None])
-            group.fail(f"could not start generation: {error}")
-            return
-        for seq in sequences:
-            if group.images_prefilled:  # its KV was made for it, not found in the cache
-                seq.cached_tokens = 0
-            self.live.add(group.group_id, seq)
-        self.stats.active_sequences = len(self.live)
-
-    def _adopt(self) -> None:
-        """What the disk cache read for waiting groups, into memory: a step's share, or all of
-        it while no stream waits; a group whose prefixes are all in is admitted."""
-        self._disk_reads.adopt(self.prefixes, lambda: not self.has_live_sequences, self._admit)
-
-    def _shares_prefill(self, request: GenerationRequest) -> bool:
-        """Whether later choices of the same prompt should wait for this one's prefill."""
-        return (
-            self.prefixes.enabled
-            and request.cache_prompt
-            and not request.prompt_logprobs
-            and request.max_tokens > 0
-            and len(request.prompt_ids) > 1
-        )
-
-    def _release_followers(self, leader_uid: int) -> None:
-        """Start the choices that waited for the leader's prompt, now in the prefix cache."""
-        for f in self._followers.release(leader_uid):
-            try:
-                seq = self._start_sequence(f.index, f.request, f.group.post)
-            except Exception as error:
-                log.exception("could not start a sequence")
-                f.group.post(
-                    GenerationEvent(index=f.index, error=f"could not start generation: {error}")
-                )
-                continue
-            self.live.add(f.group.group_id, seq)
-        self.stats.active_sequences = len(self.live)
-
-    def _start_sequence(self, index: int, request: GenerationRequest, post) -> SequenceState:
-        self.stats.prompt_tokens += len(request.prompt_ids)
-        return start_sequence(index, request, post, self.slot.loaded, self.generator, self.prefixes)

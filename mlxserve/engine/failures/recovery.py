@@ -179,7 +179,7 @@ class FailedSteps:
         if not self.bisection.active and self.deferred:
             deferred, self.deferred = self.deferred, []
             for group in deferred:
-                self.engine._admit(group)
+                self.engine.admission.admit(group)
 
     def forget_group(self, group_id: int) -> int:
         """A cancelled request's rows held or deferred here; how many."""
@@ -205,7 +205,8 @@ class FailedSteps:
         engine.stats.failed_sequences += 1
         if engine.live.get(seq.uid) is seq:
             engine._remove([seq])
-        engine._release_followers(seq.uid)  # its choices start from the prefix cache, or anew
+        # its choices start from the prefix cache, or anew
+        engine.admission.release_followers(seq.uid)
 
     def _pause(self, seq: SequenceState, group_id: int) -> Held | None:
         """Decode row `seq` out of the batch; it sends the token it had sampled first (None if
@@ -249,7 +250,7 @@ class FailedSteps:
         except Exception as error:
             log.exception("could not start a sequence again")
             h.seq.post(GenerationEvent(index=h.seq.index, error=f"generation failed: {error}"))
-            engine._release_followers(h.old_uid)
+            engine.admission.release_followers(h.old_uid)
             return
         engine.live.add(h.group_id, h.seq)
-        engine._followers.move(h.old_uid, h.seq.uid)
+        engine.admission.followers.move(h.old_uid, h.seq.uid)
