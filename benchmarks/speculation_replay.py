@@ -14,15 +14,22 @@ could give, at the step times the engine measured.
      count, of those, that emits the most tokens per unit of step time: the best any choice of
      widths could do with these drafts.
 
+`--save-answers FILE` keeps the answers' tokens; `--answers FILE` replays those in place of the
+model's own, at this machine's step times: a real model's answers recorded here, replayed where
+only a random-weight stand-in of the same shape can run (`scripts/cuda/run.sh`), say what the
+same drafts would give at a GPU's step times.
+
 This script only prints; it asserts nothing.
 
     python benchmarks/speculation_replay.py [--model PATH] [--max-tokens 160] [--runs 3]
                                             [--workloads edit fill chat]
+                                            [--save-answers FILE] [--answers FILE]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +48,15 @@ def parse_args():
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", nargs="+", default=["edit", "fill", "chat"])
+    parser.add_argument(
+        "--save-answers", metavar="FILE", help="write the answers' tokens to FILE (JSON)"
+    )
+    parser.add_argument(
+        "--answers",
+        metavar="FILE",
+        help="replay FILE's answers (--save-answers's, from a real model on another machine) "
+        "at this machine's step times, in place of this model's own",
+    )
     return parser.parse_args()
 
 
@@ -109,15 +125,55 @@ def oracle(prompt: list[int], output: list[int], limit: int, cost) -> tuple[floa
     return (len(output) - 1) / spent, drafted, drafted
 
 
+def measure(model: str, asked: dict[str, list[int]], max_tokens: int, runs: int):
+    """Each workload's greedy answer, its ratios with drafts over without, and the engine's
+    step times by width at one row ({width: seconds})."""
+    from mlxserve.engine import Engine
+
+    engine = Engine(model).start()
+    if not engine.wait_ready(600):
+        raise SystemExit(f"the engine did not load: {engine.error}")
+    answers, ratios = {}, {}
+    try:
+        for name, prompt in asked.items():
+            asyncio.run(answer(engine, prompt, 8, True))  # its prompt into the prefix cache
+            for run in range(runs):
+                sides = {}
+                for drafts in (True, False) if run % 2 == 0 else (False, True):
+                    sides[drafts] = asyncio.run(answer(engine, prompt, max_tokens, drafts))
+                if sides[True][0] != sides[False][0]:
+                    raise SystemExit(f"{name}: the answers with and without drafts differ")
+                answers[name] = sides[False][0]
+                ratios.setdefault(name, []).append(sides[True][1] / sides[False][1])
+        measured = engine.pass_costs.measured()
+    finally:
+        engine.stop()
+    return answers, ratios, {width: s for (size, width), s in measured.items() if size == 1}
+
+
+def replayed(prompt: list[int], output: list[int], cost) -> dict[str, tuple[float, int, int]]:
+    """`replay`'s figures for the planner, each fixed width and the oracle."""
+    from mlxserve.speculation.pass_costs import FlatPassCosts, PassCosts
+    from mlxserve.speculation.planner import DEFAULT_DRAFT_TOKENS, DraftPlanner
+
+    class Measured(PassCosts):
+        def relative_cost(self, rows: int, width: int) -> float:
+            return cost(rows, width)
+
+    figures = {"planner": replay(prompt, output, DraftPlanner(costs=Measured()), cost)}
+    for width in FIXED_WIDTHS:
+        planner = DraftPlanner(draft_tokens=width, costs=FlatPassCosts())
+        figures[f"fixed {width}"] = replay(prompt, output, planner, cost)
+    figures["oracle"] = oracle(prompt, output, DEFAULT_DRAFT_TOKENS, cost)
+    return figures
+
+
 def main() -> int:
     args = parse_args()
     reexec_for_cpu()
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from mlxserve.engine import Engine
     from mlxserve.speculation.draft_length import measured_costs
-    from mlxserve.speculation.pass_costs import FlatPassCosts, PassCosts
-    from mlxserve.speculation.planner import DEFAULT_DRAFT_TOKENS, DraftPlanner
 
     model = args.model or default_model()
     tokenizer = load_tokenizer(Path(model))
@@ -128,28 +184,26 @@ def main() -> int:
         )
         for name in args.workloads
     }
-    engine = Engine(model).start()
-    if not engine.wait_ready(600):
-        raise SystemExit(f"the engine did not load: {engine.error}")
+    answers, ratios, steps = measure(model, asked, args.max_tokens, args.runs)
     rows: list[tuple[str, str]] = []
-    answers, ratios = {}, {}
-    try:
-        for name, prompt in asked.items():
-            asyncio.run(answer(engine, prompt, 8, True))  # its prompt into the prefix cache
-            for run in range(args.runs):
-                sides = {}
-                for drafts in (True, False) if run % 2 == 0 else (False, True):
-                    sides[drafts] = asyncio.run(answer(engine, prompt, args.max_tokens, drafts))
-                if sides[True][0] != sides[False][0]:
-                    raise SystemExit(f"{name}: the answers with and without drafts differ")
-                answers[name] = sides[False][0]
-                ratios.setdefault(name, []).append(sides[True][1] / sides[False][1])
-        measured = engine.pass_costs.measured()
-        steps = {width: s for (size, width), s in measured.items() if size == 1}
-    finally:
-        engine.stop()
-    if 0 not in steps:
-        raise SystemExit("no plain step was timed")
+    for name, output in answers.items():
+        rows.append(
+            (
+                f"{name}: measured ratio, {len(output)} tokens",
+                " / ".join(f"{r:.2f}x" for r in ratios[name])
+                + f" (median {statistics.median(ratios[name]):.2f}x)",
+            )
+        )
+    if args.save_answers:
+        recorded = {name: {"prompt": asked[name], "output": answers[name]} for name in answers}
+        Path(args.save_answers).write_text(json.dumps({"model": model, "answers": recorded}))
+    if args.answers:  # another machine's (a real model's) answers, at this machine's step times
+        loaded = json.loads(Path(args.answers).read_text())
+        rows.append(("answers replayed", f"{args.answers} ({loaded['model']})"))
+        asked = {name: a["prompt"] for name, a in loaded["answers"].items()}
+        answers = {name: a["output"] for name, a in loaded["answers"].items()}
+    if 0 not in steps or len(steps) < 2:
+        raise SystemExit(f"too few step widths were timed: {sorted(steps)}")
     relative = {width: s / steps[0] for width, s in sorted(steps.items()) if width}
     cost = measured_costs({1: relative})
     rows.append(
@@ -159,26 +213,8 @@ def main() -> int:
             + ", ".join(f"{w}: {r:.2f}x" for w, r in relative.items()),
         )
     )
-
-    class Measured(PassCosts):
-        def relative_cost(self, rows: int, width: int) -> float:
-            return cost(rows, width)
-
     for name, output in answers.items():
-        prompt = asked[name]
-        rows.append(
-            (
-                f"{name}: measured ratio, {len(output)} tokens",
-                " / ".join(f"{r:.2f}x" for r in ratios[name])
-                + f" (median {statistics.median(ratios[name]):.2f}x)",
-            )
-        )
-        figures = {"planner": replay(prompt, output, DraftPlanner(costs=Measured()), cost)}
-        for width in FIXED_WIDTHS:
-            planner = DraftPlanner(draft_tokens=width, costs=FlatPassCosts())
-            figures[f"fixed {width}"] = replay(prompt, output, planner, cost)
-        figures["oracle"] = oracle(prompt, output, DEFAULT_DRAFT_TOKENS, cost)
-        for label, (ratio, drafted, kept) in figures.items():
+        for label, (ratio, drafted, kept) in replayed(asked[name], output, cost).items():
             rows.append(
                 (f"{name}: replayed, {label}", f"{ratio:.2f}x; drafted {drafted}, kept {kept}")
             )

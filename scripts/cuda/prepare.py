@@ -5,7 +5,9 @@ That machine reaches no package index and takes 64 MiB of files in all, and mlx-
 card runs (sm_90: H100, H200), zeroes the others' bytes in place (the library's layout is
 untouched, so the loader sees the same file) and xz-packs it. The other wheels are the
 dependencies the machine's image lacks. The shared SmolLM2's config and tokenizer go along so
-`scripts/make_stand_in_model.py` can build a same-shape stand-in there.
+`scripts/make_stand_in_model.py` can build a same-shape stand-in there, with the real model's
+greedy answers to speculation's workloads (`benchmarks/speculation_replay.py --save-answers`),
+which run.sh replays at the card's own step times: the real weights do not fit.
 
     python scripts/cuda/prepare.py          # then: scripts/cuda/run.sh on the lent machine
 """
@@ -150,6 +152,13 @@ def keep_one_arch(library: Path, arch: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="the lent card's SM version")
+    parser.add_argument(
+        "--no-answers",
+        dest="answers",
+        action="store_false",
+        help="skip recording SmolLM2's greedy answers (a minute of this CPU), which run.sh "
+        "replays at the card's step times (issue 60)",
+    )
     args = parser.parse_args()
     out = ROOT / ".whl"
     shutil.rmtree(out, ignore_errors=True)
@@ -177,6 +186,14 @@ def main() -> None:
             "generation_config.json",
         ):
             shutil.copyfile(SHARED_SMOLLM2 / name, out / "smollm2" / name)
+        if args.answers:  # the real model's answers, for speculation_replay.py there
+            replay = ROOT / "benchmarks" / "speculation_replay.py"
+            subprocess.run(
+                [sys.executable, str(replay), "--model", str(SHARED_SMOLLM2), "--runs", "1"]
+                + ["--save-answers", str(out / "speculation_answers.json")],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f".whl: {total / 2**20:.1f} MiB ({zeroed / 2**20:.0f} MiB of other GPUs' kernels zeroed)")
 

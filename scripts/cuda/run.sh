@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On a lent NVIDIA machine (the device tool), from the repo root, after scripts/cuda/prepare.py:
 # install .whl/, then the portable pass and the benchmarks (benchmarks/: single stream,
-# concurrency, a repeated prompt, a prompt beside a stream, the limit, the gap curve) on MLX's
-# CUDA backend, the nearest we get to a Mac's GPU. Logs go to $OUT. Each step has its own time
-# limit (NAME_LIMIT=0 skips it) so one that hangs leaves the others their time. The demo model's
-# weights are too big to travel: send the tree without them (move them aside) and a random-weight
-# stand-in of it takes their place there.
+# concurrency, a repeated prompt, a prompt beside a stream, the limit, the gap curve, drafts
+# replayed) on MLX's CUDA backend, the nearest we get to a Mac's GPU. Logs go to $OUT. Each step
+# has its own time limit (NAME_LIMIT=0 skips it) so one that hangs leaves the others their time.
+# The demo model's weights are too big to travel: send the tree without them (move them aside)
+# and a random-weight stand-in of it takes their place there.
 set -uo pipefail
 OUT=${OUT:-/tmp/mlxserve-cuda}
 SITE=/tmp/site
@@ -78,4 +78,11 @@ step limit_in_process "${INPROC_LIMIT:-90}" python3 benchmarks/concurrency.py \
 # shellcheck disable=SC2086  # CURVE_GAPS: bounds, split on spaces
 TAIL=8 step curve "${CURVE_LIMIT:-150}" python3 benchmarks/prefill_beside_streams.py \
     --model /tmp/smollm2-stand-in --prompt-tokens 8000 --gaps ${CURVE_GAPS:-2 3 5 off}
+# issue 60: the real SmolLM2's answers (recorded by prepare.py) replayed at this card's step
+# times, timed on the stand-in (whose own answers loop: its ratios are a loop's, not a workload's)
+if [ -f .whl/speculation_answers.json ]; then
+    step speculation "${SPEC_LIMIT:-150}" python3 benchmarks/speculation_replay.py \
+        --model /tmp/smollm2-stand-in --runs 3 --max-tokens 400 \
+        --answers .whl/speculation_answers.json
+fi
 tar czf "$OUT/server_logs.tgz" /tmp/mlxserve-*.log 2>/dev/null
