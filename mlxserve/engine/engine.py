@@ -617,8 +617,7 @@ class Engine(AdmittedWork):
             elif isinstance(message, Cancel):
                 self._cancel(message.group_id)
             elif isinstance(message, Prefetched):
-                self.admission.disk_reads.arrived(message)
-                self.admission.adopt()
+                self.admission.prefetched(message)
             elif isinstance(message, ImagesRead):
                 self.admission.images_read(message)
             elif isinstance(message, EmbedJob):

@@ -91,6 +91,12 @@ class Admission:
         engine = self.engine
         self.disk_reads.adopt(engine.prefixes, lambda: not engine.has_live_sequences, self.admit)
 
+    def prefetched(self, message) -> None:
+        """A group's prefixes read from the disk cache (a Prefetched): into memory as `adopt`
+        takes them."""
+        self.disk_reads.arrived(message)
+        self.adopt()
+
     def images_read(self, message) -> None:
         """The processor's reading of a group's images (an ImagesRead): the group goes on."""
         loaded = self.engine.slot.loaded
