@@ -120,7 +120,7 @@ def oracle(prompt: list[int], output: list[int], limit: int, cost) -> tuple[floa
         count = kept_count(drafts, output[len(emitted) :])
         width = max(range(count + 1), key=lambda w: (w + 1) / cost(1, w))
         emitted += output[len(emitted) : len(emitted) + width + 1]
-        spent += cost(1, width) if width else 1.0
+        spent += cost(1, width)
         drafted += width
     return (len(output) - 1) / spent, drafted, drafted
 
