@@ -226,6 +226,21 @@ def error_chunk(message: str, unavailable: bool = False, code: str | None = None
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
+# Unicode's line breaks that JSON leaves raw: readers that split a stream with str.splitlines
+# (httpx's iter_lines, so the `ollama` client) would cut an event inside its text.
+_RAW_LINE_BREAKS = (("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def stream_json(payload: dict[str, Any]) -> str:
+    """One streamed object as compact JSON on one line for every reader: text as is (not
+    \\u-escaped) but for Unicode's line breaks (Go's encoding/json, so Ollama, escapes two)."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    for char, escaped in _RAW_LINE_BREAKS:
+        if char in data:
+            data = data.replace(char, escaped)
+    return data
+
+
 def sse(payload: dict[str, Any]) -> str:
-    """One server-sent event: compact JSON, text as is (not \\u-escaped)."""
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One server-sent event."""
+    return f"data: {stream_json(payload)}\n\n"

@@ -28,6 +28,26 @@ def test_stream_text_equals_the_non_streamed_text(http):
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
 
 
+def test_unicode_line_breaks_in_the_text_stay_inside_their_event(http):
+    """Readers that split a stream with str.splitlines (httpx's iter_lines, as here) would cut an
+    event at a raw U+2028, U+2029 or U+0085; they go out \\u-escaped, as Go (Ollama) sends the
+    first two. The constraint makes the model write all three."""
+    text = "a\u2028b\u0085c\u2029d"
+    schema = {"type": "string", "enum": [text]}
+    chunks = stream_chunks(http, prompt="x", max_tokens=40, json_schema=schema)
+    assert json.loads(streamed_texts(chunks)[0]) == text
+    events = []
+    body = {
+        "input": "x",
+        "max_output_tokens": 40,
+        "stream": True,
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}},
+    }
+    with http.stream("POST", "/v1/responses", json=body) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line[:6] == "data: "]
+    assert json.loads(events[-1]["response"]["output"][0]["content"][0]["text"]) == text
+
+
 def test_stream_with_n_and_several_prompts_finishes_every_choice(http):
     body = dict(prompt=["a = ", "b = "], n=2, max_tokens=8, seed=3, ignore_eos=True)
     chunks = stream_chunks(http, **body)

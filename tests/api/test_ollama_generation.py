@@ -134,6 +134,21 @@ def test_a_json_schema_format_shapes_the_answer(olla, name):
         assert isinstance(json.loads(free.response), dict)
 
 
+def test_unicode_line_breaks_in_the_text_reach_the_client_whole(olla, name):
+    """The `ollama` client splits its stream with httpx's iter_lines, that is str.splitlines: a
+    raw U+2028, U+2029 or U+0085 in a line's text cut it in two and the client failed to parse
+    it. The format makes the model write all three."""
+    text = "a\u2028b\u0085c\u2029d"
+    format = {"type": "string", "enum": [text]}
+    options = {"num_predict": 40}
+    parts = list(olla.generate(model=name, prompt="x", format=format, options=options, stream=True))
+    assert json.loads("".join(p.response for p in parts)) == text
+    whole = olla.chat(
+        model=name, messages=[{"role": "user", "content": "x"}], format=format, options=options
+    )
+    assert json.loads(whole.message.content) == text
+
+
 def test_seeded_options_repeat_their_answer(olla, name):
     def sample(seed: int) -> str:
         options = {"seed": seed, "temperature": 1.0, "num_predict": 12}

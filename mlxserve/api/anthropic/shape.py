@@ -4,8 +4,9 @@ that name their type on an `event:` line."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from ..responses import stream_json
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -42,5 +43,4 @@ def anthropic_error(body: dict[str, Any], status: int) -> dict[str, Any]:
 
 def event(payload: dict[str, Any]) -> str:
     """One server-sent event, its type on the `event:` line as Anthropic sends it."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {payload['type']}\ndata: {data}\n\n"
+    return f"event: {payload['type']}\ndata: {stream_json(payload)}\n\n"

@@ -4,7 +4,6 @@ reasoning in `thinking`; /api/chat puts both, and tool calls, in `message`."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from ...chat.output import AnswerSplitter, Delta, OutputSpec, split_answer
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
 from ...planning.plan import Plan
-from ..responses import SequenceResult, chat_logprobs, collect, note_usage
+from ..responses import SequenceResult, chat_logprobs, collect, note_usage, stream_json
 from .shape import rfc3339
 
 NDJSON_HEADERS = {"Content-Type": "application/x-ndjson"}
@@ -88,7 +87,7 @@ def ollama_call(call: ToolCall) -> dict[str, Any]:
 
 
 def line(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return stream_json(payload) + "\n"
 
 
 async def whole(events: AsyncIterator[GenerationEvent], reply: Reply) -> dict[str, Any]:
