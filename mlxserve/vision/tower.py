@@ -52,7 +52,7 @@ class Prefilled:
 # Shifts remembered, by the key up to a prompt's last image: a prompt found in the prefix cache
 # is not prefilled again, and its row needs the shift its first prefill measured
 KNOWN_SHIFTS = 4096
-PREPARED_KEPT = 16  # prompts with images as the processor gave them, the latest
+PREPARED_KEPT = 16  # prompts with images (and the images) as the processor gave them, the latest
 HANDED_KEPT = 8  # prefills waiting for their sequences to start, where the prefix cache is off
 
 
@@ -369,8 +369,10 @@ def _vision_of(vlm: nn.Module) -> nn.Module | None:
 
 
 def _asked(prompt: str, images) -> tuple:
-    """What `prepare` remembers a prompt with images by."""
-    return (prompt, tuple(hashlib.sha256(data).digest() for data in images))
+    """What `prepare` remembers a prompt with images by: the images themselves, not a digest.
+    The engine thread asks several times a request (`has_read`, `keep`, `prepare`); a bytes
+    object hashes once and keeps its hash, where a digest reads every byte each time."""
+    return (prompt, tuple(images))
 
 
 def _images_key(prepared: Prepared) -> int:
