@@ -25,7 +25,9 @@ interleaved `--repeats` times and the medians compared; each repeat's prompts ar
 engine in this process instead of a server, driven through `Engine.submit` as the front doors
 drive it (its own cost per step, without HTTP's); `--stagger-ms MS` there submits request i at
 i x MS ms, as a burst's requests reach a server spread out, each one's time to first token
-counted from its own submission; `--profile`: where the engine thread's time goes.
+counted from its own submission; `--profile`: where the engine thread's time goes;
+`--no-drafts`: the engine without prompt lookup, so that two runs show what drafting costs or
+gives a batch.
 
 This script only prints; it asserts nothing.
 
@@ -34,7 +36,7 @@ This script only prints; it asserts nothing.
     python benchmarks/concurrency.py --against batch-generator [--concurrency 16]
                                      [--max-tokens 128] [--repeats 3] [--temperature 0.8]
                                      [--clients processes|threads] [--switch-interval-ms 5]
-                                     [--in-process [--stagger-ms 30] [--profile]]
+                                     [--in-process [--stagger-ms 30] [--profile] [--no-drafts]]
 """
 
 from __future__ import annotations
@@ -122,6 +124,11 @@ def parse_args() -> argparse.Namespace:
         help="with --in-process: request i submitted i x this many ms after the first",
     )
     parser.add_argument(
+        "--no-drafts",
+        action="store_true",
+        help="with --in-process: the engine without prompt lookup (what drafting costs or gives)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="with --in-process: where the engine thread spends its time (stack_sampler.py)",
@@ -131,8 +138,8 @@ def parse_args() -> argparse.Namespace:
     levels, max_tokens = DEFAULTS[args.against]
     args.concurrency = args.concurrency or list(levels)
     args.max_tokens = args.max_tokens or max_tokens
-    if not args.in_process and (args.stagger_ms or args.profile):
-        parser.error("--stagger-ms and --profile go with --in-process")
+    if not args.in_process and (args.stagger_ms or args.profile or args.no_drafts):
+        parser.error("--stagger-ms, --profile and --no-drafts go with --in-process")
     if args.against == LIMIT and len(args.concurrency) > 1:
         parser.error(f"against {LIMIT}, one --concurrency")
     return args
@@ -364,7 +371,7 @@ def against_batch_generator(args: argparse.Namespace, path: str, sampling: dict 
     if args.in_process:
         from mlxserve.engine import Engine
 
-        engine = Engine(path).start()
+        engine = Engine(path, **({"speculation": None} if args.no_drafts else {})).start()
         if not engine.wait_ready(600):
             row_failed("batch limit", RuntimeError(f"the engine did not load: {engine.error}"))
             return 1
@@ -394,7 +401,7 @@ def against_batch_generator(args: argparse.Namespace, path: str, sampling: dict 
             engine.stop()
         if args.profile:
             print(sampler.report(), file=sys.stderr)
-        way = "in-process (no HTTP)"
+        way = "in-process (no HTTP" + (", no drafts)" if args.no_drafts else ")")
         if args.stagger_ms:
             way += f", requests {args.stagger_ms:g} ms apart"
     else:
