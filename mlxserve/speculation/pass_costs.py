@@ -18,6 +18,7 @@ from statistics import median
 WINDOW = 9  # a width's latest step times at a batch size; their median is its time
 PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured pass's cost per drafted token, over the plain step
 RECOVERY = 0.05  # pull towards the prior of each step a batch could have drafted and did not
+TRUSTED_SAMPLES = 3  # a width's timings vote on where the others recover once it has this many
 
 
 def bucket(rows: int) -> int:
@@ -42,20 +43,34 @@ class PassCosts:
 
     def recover(self, rows: int) -> None:
         """A step at `rows` rows that had drafts but drafted none: each width timed at that size
-        moves a little towards its prior, so a width once timed slow (a step that waited on
-        something else) is tried again, and timed again, some steps later."""
+        and dearer per draft than the others moves a little towards what they cost a draft, so
+        a width once timed slow (a step that waited on something else) is tried again, and
+        timed again, some steps later. Widths timed TRUSTED_SAMPLES times vote, and the prior
+        too: where no width has been timed that often, all move towards the prior; where every
+        width is as dear, none moves (a pull towards the prior alone had a batch of 16 on a
+        small model retry passes timed three times dearer than the prior, every few dozen
+        steps)."""
         size = bucket(rows)
         plain = self._time(size, 0)
         if plain is None or plain <= 0:
             return
-        for (at, width), samples in self._samples.items():
-            if at == size and width:
-                seconds = median(samples)
-                prior = plain * (1.0 + PRIOR_COST_PER_DRAFT * width * rows)
-                scale = (seconds + RECOVERY * (prior - seconds)) / seconds
-                moved = [t * scale for t in samples]  # every sample alike: the median moves
-                samples.clear()
-                samples.extend(moved)
+        timed = {
+            width: samples for (at, width), samples in self._samples.items() if at == size and width
+        }
+        per_draft = [
+            max(0.0, median(samples) / plain - 1.0) / width
+            for width, samples in timed.items()
+            if len(samples) >= TRUSTED_SAMPLES
+        ]
+        target = median([*per_draft, PRIOR_COST_PER_DRAFT * rows])
+        for width, samples in timed.items():
+            seconds, aim = median(samples), plain * (1.0 + target * width)
+            if aim >= seconds:
+                continue  # never dearer: a width is made dear only by its own timings
+            scale = (seconds + RECOVERY * (aim - seconds)) / seconds
+            moved = [t * scale for t in samples]  # every sample alike: the median moves
+            samples.clear()
+            samples.extend(moved)
 
     def relative_cost(self, rows: int, width: int) -> float:
         """A step of `width` drafts over the plain step, at `rows` rows (never under 1: a pass
