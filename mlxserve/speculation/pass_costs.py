@@ -17,7 +17,7 @@ from statistics import median
 
 WINDOW = 9  # a width's latest step times at a batch size; their median is its time
 PRIOR_COST_PER_DRAFT = 0.02  # an unmeasured pass's cost per drafted token, over the plain step
-RECOVERY = 0.05  # pull towards the prior of each step a batch could have drafted and did not
+RECOVERY = 0.05  # pull towards `recover`'s aim of each step a batch could have drafted and did not
 TRUSTED_SAMPLES = 3  # a width's timings vote on where the others recover once it has this many
 
 
