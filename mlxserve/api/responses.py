@@ -244,3 +244,9 @@ def stream_json(payload: dict[str, Any]) -> str:
 def sse(payload: dict[str, Any]) -> str:
     """One server-sent event."""
     return f"data: {stream_json(payload)}\n\n"
+
+
+def named_sse(payload: dict[str, Any]) -> str:
+    """One server-sent event named by its payload's type on an `event:` line, as Anthropic's
+    Messages stream and OpenAI's Responses stream send them."""
+    return f"event: {payload['type']}\ndata: {stream_json(payload)}\n\n"

@@ -12,8 +12,7 @@ from ...chat.output import AnswerSplitter, Delta, OutputSpec
 from ...chat.tool_calls import ToolCall
 from ...engine import EngineError, GenerationEvent
 from ...planning.plan import Plan
-from ..responses import SequenceResult, note_usage
-from .shape import event
+from ..responses import SequenceResult, named_sse, note_usage
 
 
 @dataclass
@@ -79,7 +78,7 @@ class Blocks:
         self.index += 1
         self.open = kind
         out.append(
-            event({"type": "content_block_start", "index": self.index, "content_block": block})
+            named_sse({"type": "content_block_start", "index": self.index, "content_block": block})
         )
         return out
 
@@ -87,10 +86,10 @@ class Blocks:
         if self.open is None:
             return []
         self.open = None
-        return [event({"type": "content_block_stop", "index": self.index})]
+        return [named_sse({"type": "content_block_stop", "index": self.index})]
 
     def _delta(self, delta: dict[str, Any]) -> str:
-        return event({"type": "content_block_delta", "index": self.index, "delta": delta})
+        return named_sse({"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def feed(self, delta: Delta) -> list[str]:
         out = []
@@ -125,13 +124,13 @@ async def stream(events: AsyncIterator[GenerationEvent], reply: Reply) -> AsyncI
     prompt = len(reply.plan.prompts[0].ids)
     start = {**reply.envelope(), "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {"input_tokens": prompt, "output_tokens": 0}
-    yield event({"type": "message_start", "message": start})
-    yield event({"type": "ping"})
+    yield named_sse({"type": "message_start", "message": start})
+    yield named_sse({"type": "ping"})
     try:
         async for item in events:
             if item.error:
                 kind = "overloaded_error" if item.unavailable else "api_error"
-                yield event({"type": "error", "error": {"type": kind, "message": item.error}})
+                yield named_sse({"type": "error", "error": {"type": kind, "message": item.error}})
                 return
             result.add(item)
             delta = splitter.feed(item.text, last=bool(item.finish_reason))
@@ -140,15 +139,15 @@ async def stream(events: AsyncIterator[GenerationEvent], reply: Reply) -> AsyncI
             if item.finish_reason:
                 for chunk in blocks.finish():
                     yield chunk
-                yield event(
+                yield named_sse(
                     {
                         "type": "message_delta",
                         "delta": reply.stop(result, blocks.calls > 0),
                         "usage": reply.usage(result),
                     }
                 )
-                yield event({"type": "message_stop"})
+                yield named_sse({"type": "message_stop"})
     except EngineError as error:
-        yield event({"type": "error", "error": {"type": "api_error", "message": str(error)}})
+        yield named_sse({"type": "error", "error": {"type": "api_error", "message": str(error)}})
     finally:
         note_usage(reply.plan, [result])

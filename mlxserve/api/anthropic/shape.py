@@ -1,12 +1,10 @@
 """Anthropic's wire details: its error shape, `{"type": "error", "error": {"type", "message"}}`,
-with its error types by status (the app's handlers use it on /v1/messages paths), and SSE events
-that name their type on an `event:` line."""
+with its error types by status (the app's handlers use it on /v1/messages paths). Its stream's
+events, each named on an `event:` line, are `responses.named_sse`'s."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from ..responses import stream_json
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -39,8 +37,3 @@ def anthropic_error(body: dict[str, Any], status: int) -> dict[str, Any]:
         if error["code"] == "prompt_too_long" or prompt >= context:
             message = f"prompt is too long: {prompt} tokens > {context} maximum"
     return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def event(payload: dict[str, Any]) -> str:
-    """One server-sent event, its type on the `event:` line as Anthropic sends it."""
-    return f"event: {payload['type']}\ndata: {stream_json(payload)}\n\n"

@@ -23,7 +23,7 @@ from ...planning.chat import prepare
 from ...planning.plan import Plan
 from ..dispatch import plan_on, ready_model, submit
 from ..parsing import read_json_object, validate
-from ..responses import SSE_HEADERS, SequenceResult, collect, note_usage, stream_json, usage
+from ..responses import SSE_HEADERS, SequenceResult, collect, named_sse, note_usage, usage
 from .responses_protocol import ResponsesRequest, ToolOrigin, chat_request
 
 blueprint = Blueprint("openai_responses", __name__)
@@ -261,7 +261,7 @@ async def stream_response(
 
     def send(event: dict[str, Any]) -> str:
         event = {"type": event["type"], "sequence_number": next(numbers), **event}
-        return f"event: {event['type']}\ndata: {stream_json(event)}\n\n"
+        return named_sse(event)
 
     try:
         yield send({"type": "response.created", "response": response})
