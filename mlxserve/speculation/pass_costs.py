@@ -55,16 +55,18 @@ class PassCosts:
         if plain is None or plain <= 0:
             return
         timed = {
-            width: samples for (at, width), samples in self._samples.items() if at == size and width
+            width: (samples, median(samples))
+            for (at, width), samples in self._samples.items()
+            if at == size and width
         }
         per_draft = [
-            max(0.0, median(samples) / plain - 1.0) / width
-            for width, samples in timed.items()
+            max(0.0, seconds / plain - 1.0) / width
+            for width, (samples, seconds) in timed.items()
             if len(samples) >= TRUSTED_SAMPLES
         ]
         target = median([*per_draft, PRIOR_COST_PER_DRAFT * rows])
-        for width, samples in timed.items():
-            seconds, aim = median(samples), plain * (1.0 + target * width)
+        for width, (samples, seconds) in timed.items():
+            aim = plain * (1.0 + target * width)
             if aim >= seconds:
                 continue  # never dearer: a width is made dear only by its own timings
             scale = (seconds + RECOVERY * (aim - seconds)) / seconds
