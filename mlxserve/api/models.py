@@ -10,6 +10,7 @@ from quart import Blueprint, current_app
 from ..chat.templates import chat_capabilities
 from ..engine import LOADING_STATES, EngineError
 from ..engine.states import NO_ROOM_RETRY_AFTER_S, NoRoom
+from ..planning.model_facts import SPECULATION
 from ..registry import ModelEntry, Registry
 from .errors import InvalidRequest, NotFound, ServiceUnavailable
 from .log_once import FirstSight
@@ -141,12 +142,22 @@ def model_card(entry: ModelEntry | None = None, name: str | None = None) -> dict
                 card["dimensions"] = loaded.dimensions
             else:
                 settings = current_app.config["SETTINGS"]
-                card["speculative"] = settings.speculative_for(card["default"])
+                card["speculative"] = speculative_for(loaded, settings, card["default"])
                 card.update(chat_capabilities(loaded.tokenizer, settings.chat))
                 card["vision"] = loaded.takes_images
+                card["cache_kinds"] = list(loaded.cache_kinds)
+                card["features_off"] = dict(loaded.features_off)
     if entry is not None:
         card.update({k: v for k, v in entry.card().items() if k != "id"})
     return card
+
+
+def speculative_for(loaded, settings, default_model: bool) -> dict | None:
+    """The server's drafting for this model, None where it is off for the server or for the
+    model's architecture (its `features_off` says why)."""
+    if SPECULATION in loaded.features_off:
+        return None
+    return settings.speculative_for(default_model)
 
 
 def _cards() -> list[dict]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from ..planning.model_facts import ROW_ISOLATION, SPECULATION
 from ..platform import current_policy
 from ..settings import DEFAULT_MAX_STREAM_GAP, SpeculationSettings
 from ..speculation.draft_model import ModelDrafter
@@ -527,6 +528,7 @@ class Engine(AdmittedWork):
         self._pacer = PrefillPacer(
             calibrated=loaded.prefill_chunk, cost=self.chunk_cost, pass_s=loaded.decode_step_s
         )
+        self.prefixes.positional = not loaded.keeps_checkpoints
         self.prefixes.open_disk(loaded)
         if loaded.draft is not None:
             self.prefixes.open_draft(loaded.draft_kv_share, loaded.draft)
@@ -546,7 +548,7 @@ class Engine(AdmittedWork):
         pass_tokens = self.policy.prompt_pass_tokens or MAX_CHUNK
         spec = self.speculation
         planner = None
-        if spec is not None:
+        if spec is not None and SPECULATION not in loaded.features_off:
             planner = DraftPlanner(
                 spec.draft_tokens,
                 spec.ngram_min,
@@ -635,7 +637,8 @@ class Engine(AdmittedWork):
         started = time.perf_counter()
         self.prefixes.advance_copies(generator.decode_batch)
         grown = generator.reserve_kv()
-        point = failed_step.checkpoint(generator) if self.lockstep is None else None
+        isolates = self.lockstep is None and ROW_ISOLATION not in self.slot.loaded.features_off
+        point = failed_step.checkpoint(generator) if isolates else None
         try:
             with generator.stats() as work:
                 prompt_responses, responses = generator.next()
@@ -676,6 +679,8 @@ class Engine(AdmittedWork):
         )
         self._report_progress(prompt_responses)
         for r in prompt_responses:
+            if r.end_of_segment and not r.end_of_prompt:
+                self.admission.keep_checkpoint(r.uid)
             if r.end_of_prompt:
                 self.admission.keep_running_prompt(r.uid)
                 self.admission.release_followers(r.uid)

@@ -53,6 +53,9 @@ class GenerationRequest:
     images: tuple[bytes, ...] = ()
     prompt_text: str = ""
     image_tokens: int = 0  # the tokens the images become (prompt_ids hold a placeholder each)
+    # Prompt positions a later prompt is likely to continue from (a chat's message ends): a
+    # model whose caches cannot be trimmed keeps its state there (prefix/checkpoints.py).
+    checkpoints: tuple[int, ...] = ()
 
 
 INVALID_IMAGE = "invalid_image"  # an error event's code: the model's processor refused an image

@@ -83,6 +83,8 @@ class FactsWire:
     judges_pairs: bool
     takes_images: bool
     image_tokens: ImageTokens | None
+    cache_kinds: tuple[str, ...]
+    features_off: dict[str, str]
 
     @classmethod
     def of(cls, facts: ModelFacts, tokenizer: bytes) -> FactsWire:

@@ -15,6 +15,7 @@ from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, temp
 from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
 from ..sampling.grammars import Constraint
 from ..settings import ChatSettings
+from .messages import Message
 from .model_facts import ModelFacts
 from .request import Chat, NamedTool, Request
 
@@ -87,9 +88,14 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     if _markers_are_special(tokenizer, output):
         options = replace(options, skip_special_tokens=False)  # else the tags vanish
     constraint = _constraint(chat, request.constraint, tools, output if forced else None)
+    ids = prompt_ids(tokenizer, text)
+    checkpoints = ()
+    if model.keeps_checkpoints and not images:
+        checkpoints = _message_ends(chat, ids, lambda c: prompt_ids(tokenizer, rendered(c)))
     prepared = replace(
         request,
-        prompt=prompt_ids(tokenizer, text),
+        prompt=ids,
+        checkpoints=checkpoints,
         stop=stop,
         output=options,
         constraint=constraint,
@@ -98,6 +104,40 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
         images_prompt=text if images else "",
     )
     return ChatPrompt(prepared, output, text)
+
+
+def _message_ends(chat: Chat, ids: list[int], tokens_of) -> tuple[int, ...]:
+    """Where, in the prompt `ids`, the system messages end and the last message ends (before
+    the generation prompt): the points a later turn of the same conversation, or another
+    conversation under the same system prompt, continues from, whatever the template does
+    after them (one that opens the thinking block, or drops earlier reasoning). mlx-lm's
+    server keeps the same two. A template that refuses either conversation marks none."""
+    ends = set()
+    ended = replace(chat, add_generation_prompt=False, continue_final_message=False)
+    system = next((i for i, m in enumerate(chat.messages) if m.role != "system"), 0)
+    candidates = [ended]
+    if system:
+        candidates.append(replace(ended, messages=(*chat.messages[:system], _EMPTY_USER)))
+    for candidate in candidates:
+        try:
+            shared = _common_prefix(tokens_of(candidate), ids)
+        except TemplateError:
+            continue
+        if 0 < shared < len(ids) - 1:
+            ends.add(shared)
+    return tuple(sorted(ends))
+
+
+_EMPTY_USER = Message(role="user", content="")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    shared = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        shared += 1
+    return shared
 
 
 def _places_every_image(text: str, chat: Chat, model: ModelFacts) -> bool:

@@ -14,6 +14,13 @@ from ..sampling.grammars import GrammarCompiler
 from ..sampling.token_healing import TokenTexts
 from ..vision.folder import ImageTokens
 
+PLAIN_KV = "kv"  # a layer's cache of one position a token, cut anywhere (cache_kinds.py)
+# Engine features a model's architecture may rule out (`ModelFacts.features_off`'s keys)
+SPECULATION = "speculation"
+DISK_PREFIXES = "prefix cache on disk"
+ROW_ISOLATION = "failed-row isolation"
+MIXED_BATCHES = "mixed batches"
+
 
 @dataclass
 class ModelFacts:
@@ -37,10 +44,18 @@ class ModelFacts:
     judges_pairs: bool = False  # a reranker that is a language model judging a prompt (yes_no.py)
     takes_images: bool = False  # a vision-language model served with its image side (vision/)
     image_tokens: ImageTokens | None = None  # how many tokens its images become
+    cache_kinds: tuple[str, ...] = ()  # what its layers keep (mlx_lm_compat/cache_kinds.py)
+    features_off: dict[str, str] = field(default_factory=dict)  # engine feature: why it is off
     _grammars: GrammarCompiler | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _token_texts: TokenTexts | None = field(default=None, repr=False)
     _image_placeholder: tuple[str | None] | None = field(default=None, repr=False)
+
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Its caches cannot be cut to a shared prefix (sliding windows, linear attention):
+        prompts are reused from snapshots taken where later ones may continue them."""
+        return bool(self.cache_kinds) and self.cache_kinds != (PLAIN_KV,)
 
     @property
     def grammars(self) -> GrammarCompiler:

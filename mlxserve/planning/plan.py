@@ -166,6 +166,8 @@ def _make_plan(body: Request, loaded, settings: Settings, grammar: str | None) -
                     images=body.images,
                     prompt_text=body.images_prompt,
                     image_tokens=body.image_tokens,
+                    # a prompt cut to fit the window: its message ends moved
+                    checkpoints=() if budget.truncated or cut else body.checkpoints,
                     report_timings=output.timings and output.stream,
                     report_progress=output.progress and output.stream,
                     healed=healed,

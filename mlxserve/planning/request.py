@@ -120,3 +120,4 @@ class Request:
     image_tokens: int = 0  # the tokens its images become in the model's prompt (counted)
     images_prompt: str = ""  # with images: the rendered prompt's text, which the model's
     # processor reads (it expands each image's placeholder)
+    checkpoints: tuple[int, ...] = ()  # a chat's message ends in its prompt's tokens

@@ -11,6 +11,7 @@ from ...chat.templates import template_text
 from ...engine import MAX_BATCH
 from ...versions import mlxserve_version
 from ..dispatch import ready_model
+from ..models import speculative_for
 from .completion import generation_settings
 from .protocol import NativeCompletionRequest
 
@@ -22,7 +23,7 @@ async def get_props():
     engine, loaded = await ready_model(request.args.get("model"))  # llama.cpp's router mode
     params = generation_settings(NativeCompletionRequest.model_validate({"prompt": ""}), loaded)
     n_ctx = params.pop("n_ctx")
-    speculative = current_app.config["SETTINGS"].speculative
+    speculative = speculative_for(loaded, current_app.config["SETTINGS"], default_model=True)
     if speculative is not None:  # llama.cpp's names for its draft lengths
         params["speculative.n_max"] = speculative["num_draft_tokens"]
         params["speculative.n_min"] = 0
@@ -50,5 +51,7 @@ async def get_props():
             loaded.tokenizer, current_app.config["SETTINGS"].chat.template
         ),
         "modalities": {"vision": False, "audio": False},
+        "cache_kinds": list(loaded.cache_kinds),  # ours: what the model's layers keep
+        "features_off": dict(loaded.features_off),  # ours: engine features off, and why
         "build_info": f"mlxserve {mlxserve_version()}",
     }

@@ -17,8 +17,10 @@ from ...planning.model_facts import ModelFacts
 from ...platform import PlatformPolicy, current_policy
 from ...registry import context_length_of
 from ...vision.folder import ImageTokens
+from ..mlx_lm_compat.cache_kinds import CacheLayout
 from ..mlx_lm_compat.quantized_kv import install as install_quantized_kv
 from ..prefix.fingerprint import model_fingerprint
+from .features import features_off_for
 from .naming import model_id_for, size_text
 from .sources import (
     ModelLoadError,
@@ -181,6 +183,10 @@ def load_model(
             raise ModelLoadError(f"{path_or_repo}: {error}") from error
         how_it_runs += ", KV {}-bit in groups of {}".format(*kv_quantization)
     vision = _vision_tower(folder, model, progress) if not sharded else None
+    layout = CacheLayout.of(model)
+    features_off = features_off_for(model, layout)
+    for feature, why in features_off.items():
+        log.info("%s: %s is off: %s", model_id_for(path_or_repo), feature, why)
     prefill_chunk, decode_step_s = LoadedModel.prefill_chunk, None
     if calibrate:
         progress.enter("calibrating", "timing a decode step and a prompt chunk on this machine")
@@ -205,6 +211,8 @@ def load_model(
         vision=vision,
         takes_images=vision is not None,
         image_tokens=ImageTokens.of_folder(folder) if vision else None,
+        cache_kinds=layout.kinds,
+        features_off=features_off,
     )
 
 

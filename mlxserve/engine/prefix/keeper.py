@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import trim_prompt_cache
 
+from ..mlx_lm_compat.cache_kinds import detached
 from ..stats import EngineStats
 from .disk import DiskPrefixStore
 from .memory import COPY_BUDGET_BYTES, PrefixCache, RunningPromptCopies
@@ -38,6 +39,9 @@ class PrefixKeeper:
         self.draft: PrefixKeeper | None = None  # the draft model's KV, if it has one
         self.disk: DiskPrefixStore | None = None
         self.copies = RunningPromptCopies()
+        # every layer keeps positions (cache_kinds.py): running prompts copied a few layers a
+        # step, entries on disk; else checkpoints of the whole state, in memory
+        self.positional = True
         self.reset()
 
     @property
@@ -72,7 +76,7 @@ class PrefixKeeper:
         """Start reading and writing the `loaded` model's entries on disk (none where there is
         no folder, no memory cache, or nothing to tell this model's KV from another's). `role`:
         what else its KV depends on (a draft's KV lies apart from the same model served)."""
-        if self.cache is None or self.disk_folder is None:
+        if self.cache is None or self.disk_folder is None or not self.positional:
             return
         fingerprint = loaded.fingerprint()
         if fingerprint is None:
@@ -165,11 +169,26 @@ class PrefixKeeper:
             for tokens, cache in self.copies.advance(decode_batch):
                 self.keep(tokens, cache)
 
+    @property
+    def checkpointing(self) -> bool:
+        """Prompts are kept as checkpoints of their state, at their segments' ends."""
+        return self.cache is not None and not self.positional
+
+    def keep_checkpoint(self, generator, uid: int, keyed) -> None:
+        """The state of row `uid`, whose prompt segment just ended, kept under its tokens
+        (`keyed`: the row's tokens as the cache keys them). Copied out of the batch now: the
+        row goes on from it."""
+        if not self.checkpointing:
+            return
+        for cache, tokens in generator.extract_cache([uid]).values():
+            with mx.stream(generation_stream):
+                self.keep(keyed(list(tokens)), detached(cache))
+
     def copy_running_prompt(self, decode_batch, uid: int, tokens: list[int], now: bool) -> None:
         """Start copying a prompt that just joined the decode batch; all at once when `now`
         (choices waiting for it start from it this step). Not where the cache holds it already
         (a prompt that started from the cache, but for its last token or two)."""
-        if self.cache is None:
+        if self.cache is None or not self.positional:  # kept as a checkpoint already
             return
         if not now and self.cache.covered(tokens) >= len(tokens) - 2:
             return

@@ -3,6 +3,8 @@
 A later prompt that shares any token prefix with a stored sequence (not only an exact repeat)
 starts from a copy of that KV, trimmed to the shared part. mlx-lm's `LRUPromptCache` does the
 trie search, the trimming and the byte-budgeted LRU eviction; this wraps it for one model.
+A cache that cannot be trimmed (a sliding window past its size, a linear-attention state) is
+a checkpoint: reused only by prompts that extend its tokens (`prefix/checkpoints.py`).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ class PrefixCache:
             if can_trim_prompt_cache(cache):
                 trim_prompt_cache(cache, 1)
                 rest = prompt[-1:]
-            else:
-                cache = None
+            else:  # a state cannot be cut: the checkpoint before the last token, if kept
+                cache, rest = self._lru.fetch_nearest_cache(MODEL_KEY, list(prompt[:-1]))
+                rest = [*rest, *prompt[-1:]] if cache is not None else rest
         if cache is not None:
             reused = len(prompt) - len(rest)
         if count:
@@ -71,7 +74,10 @@ class PrefixCache:
         search, as its `fetch_nearest_cache` makes it)."""
         found = self._lru._trie.search(MODEL_KEY, list(prompt))
         if found.exact is not None:
-            return len(prompt)
+            entry = self._lru._trie.get(MODEL_KEY, found.exact)
+            if can_trim_prompt_cache(entry.prompt_cache) or len(prompt) < 2:
+                return len(prompt)
+            return self.covered(prompt[:-1])
         shorter = len(found.shorter) if found.shorter is not None else 0
         if found.longer is not None and found.common_prefix > shorter:
             return found.common_prefix

@@ -146,6 +146,14 @@ class Admission:
             now=self.followers.waiting_for(uid),
         )
 
+    def keep_checkpoint(self, uid: int) -> None:
+        """A prompt segment of row `uid` was read: its state into the prefix cache, where the
+        model's caches are kept as checkpoints (prefix/checkpoints.py)."""
+        engine = self.engine
+        seq = engine.live.get(uid)
+        if seq is not None and seq.request.cache_prompt:
+            engine.prefixes.keep_checkpoint(engine.generator, uid, seq.keyed)
+
     def start_sequence(self, index: int, request: GenerationRequest, post) -> SequenceState:
         engine = self.engine
         engine.stats.prompt_tokens += len(request.prompt_ids)

@@ -8,6 +8,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..mlx_lm_compat import ServerBatchGenerator
 from ..models.host import LoadedModel
+from ..prefix.checkpoints import segments
 from ..prefix.keeper import PrefixKeeper
 from ..requests import GenerationEvent, GenerationRequest
 from .prompt_scoring import score_prompt
@@ -72,8 +73,13 @@ def insert_sequence(
     seq.guard = setup.guard
     if setup.sampler.keep_final:
         seq.sampler = setup.sampler
-    (seq.uid,) = generator.insert(
-        [prompt[len(cached_tokens) :]],
+    start = len(cached_tokens)
+    if prefixes.checkpointing and request.cache_prompt and not request.images:
+        pieces = segments(prompt, start, request.checkpoints)
+    else:
+        pieces = [prompt[start:]]
+    (seq.uid,) = generator.insert_segments(
+        [pieces],
         max_tokens=[max(request.max_tokens, 1)],
         caches=[cache] if cache is not None else None,
         all_tokens=[cached_tokens],

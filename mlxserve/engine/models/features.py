@@ -1,0 +1,29 @@
+"""Which engine features a model's architecture rules out, and why: said once at load (the log,
+`/props`, `/v1/models`), then read by the engine, never found out by a failing request."""
+
+from __future__ import annotations
+
+from ...planning.model_facts import DISK_PREFIXES, MIXED_BATCHES, ROW_ISOLATION, SPECULATION
+from ..mlx_lm_compat import mixed_batch
+from ..mlx_lm_compat.cache_kinds import CacheLayout
+
+
+def features_off_for(model, layout: CacheLayout) -> dict[str, str]:
+    """Feature name -> why it is off for `model`, whose layers keep `layout`'s caches."""
+    off: dict[str, str] = {}
+    if not layout.positional:
+        kinds = layout.describe()
+        off[SPECULATION] = f"rejected drafts cannot be taken back out of its {kinds} caches"
+        off[DISK_PREFIXES] = (
+            f"its {kinds} caches are reused from checkpoints of their state, kept in memory"
+        )
+        off[ROW_ISOLATION] = (
+            f"a pass that fails ends every sequence in flight: its {kinds} caches cannot be "
+            "put back as they were before the pass"
+        )
+    if not mixed_batch.supports(model):
+        off[MIXED_BATCHES] = (
+            "prompt chunks run in passes of their own beside the decode pass: the mixed pass "
+            f"knows {', '.join(m.rsplit('.', 1)[-1] for m in mixed_batch.FAMILIES)} layers only"
+        )
+    return off
