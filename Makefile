@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 MODEL ?=
 
-.PHONY: serve test test-tiers test-fast test-portable test-engine-process test-fuzz test-soak test-ranks test-clients clients lint bench install install-dev clean
+.PHONY: serve test test-tiers test-fast test-portable test-engine-process test-families test-fuzz test-soak test-ranks test-clients clients lint bench install install-dev clean
 
 serve: $(VENV)/.installed
 	$(BIN)/mlxserve serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL),)
@@ -31,12 +31,12 @@ test: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory test-engine-process
 
 test-tiers: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak and not ranks and not fuzz" \
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not clients and not soak and not ranks and not fuzz and not families" \
 		--ignore=$(ENGINE_PROCESS_TESTS)
 
 # The unit and engine tiers: no HTTP, under a minute.
 test-fast: $(VENV)/.installed-dev
-	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/unit tests/engine
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/unit tests/engine -m "not families"
 
 # MLXSERVE_PORTABLE=1: none of the CPU backend's own paths (mlxserve/platform), so quantized
 # weights stay quantized and attention is MLX's own, as on a Mac. Real models' own answers
@@ -45,11 +45,19 @@ test-fast: $(VENV)/.installed-dev
 # security, fuzzing, metrics, admin, admission): no token they check depends on the platform.
 test-portable: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) tests/engine tests/api \
-		-m "not slow and not http_only and not soak"
+		-m "not slow and not http_only and not soak and not families"
 
 # One worker: the module's tests share one front and its engine process.
 test-engine-process: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(ENGINE_PROCESS_TESTS) -m "not soak"
+
+FAMILY_TESTS := tests/engine/test_family_matrix.py tests/api/test_family_chat.py
+# The family matrix beyond one architecture a kind of cache (which make test runs): every
+# family's tiny model through batching, the prefix cache and drafts, on the CPU policy and as
+# a Mac's GPU runs it. A minute of both cores, so a tier of its own, after make test.
+test-families: $(VENV)/.installed-dev
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) $(FAMILY_TESTS) -m families
+	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(XDIST) $(FAMILY_TESTS) -m families
 
 # Generated requests (hypothesis, schemathesis) on every route from /openapi.json and on every
 # door's images: half a minute of one worker, so a tier of its own, after make test.

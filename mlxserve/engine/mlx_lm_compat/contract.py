@@ -7,6 +7,7 @@ class; data attributes on an empty instance built as mlx-lm builds them.
 from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
+from mlx_lm.models import nemotron_h
 from mlx_lm.models.cache import BatchKVCache, KVCache, LRUPromptCache, TokenBuffer
 
 REQUIRED: dict[str, list[tuple[str, str]]] = {
@@ -79,6 +80,8 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
         ("_buffer", "speculative_step.py: the tokens a grammar has not read"),
     ],
     "LRUPromptCache()": [("_trie", "prefix_cache.py: what a prompt would reuse, uncopied")],
+    "NemotronHMamba2Mixer": [("_ssm", "ssm_lengths.py: its state stops at each row's length")],
+    "nemotron_h": [("ssm_update", "ssm_lengths.py: given the rows' lengths")],
 }
 
 
@@ -99,6 +102,8 @@ def _owners() -> dict[str, object]:
         "KVCache()": KVCache(),
         "TokenBuffer()": TokenBuffer(),
         "LRUPromptCache()": LRUPromptCache(),
+        "NemotronHMamba2Mixer": nemotron_h.NemotronHMamba2Mixer,
+        "nemotron_h": nemotron_h,
     }
 
 
