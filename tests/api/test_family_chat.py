@@ -31,24 +31,27 @@ QUESTIONS = ("What does handler_3 return?", "And handler_7?", "Name one rule.", 
 REUSED_SHARE = 0.9
 
 
-# make test runs these; the rest of FAMILIES x templates are in the families tier
-EVERY_KIND = ("qwen3_5", "gemma3_text")
+# make test runs these two (one a kind of cache that keeps checkpoints, one a template each);
+# every other family x template pair is in the families tier
+IN_MAKE_TEST = {("qwen3_5", "qwen3-drops-thinking"), ("gemma3_text", "chatml")}
+TEMPLATES = {"chatml": None, "qwen3-drops-thinking": QWEN3_TEMPLATE}
 
 
-def templates():
-    yield pytest.param(None, id="chatml")
-    yield pytest.param(QWEN3_TEMPLATE, id="qwen3-drops-thinking")
+def family_templates():
+    for family in FAMILIES:
+        for name, template in TEMPLATES.items():
+            marks = () if (family, name) in IN_MAKE_TEST else pytest.mark.families
+            yield pytest.param(family, template, id=f"{family}-{name}", marks=marks)
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param(f, marks=() if f in EVERY_KIND else pytest.mark.families) for f in FAMILIES
-    ],
-)
-def family_folder(request, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.getbasetemp() / "families" / request.param
-    return build_tiny_family(request.param, folder)
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory):
+    """Each family's tiny model, built on first use."""
+
+    def folder(family: str) -> Path:
+        return build_tiny_family(family, tmp_path_factory.getbasetemp() / "families" / family)
+
+    return folder
 
 
 def chat_settings(template: Path | None) -> ChatSettings:
@@ -81,10 +84,11 @@ def openai_client(live) -> openai.OpenAI:
     return openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
-@pytest.mark.parametrize("template", templates())
+@pytest.mark.parametrize(("family", "template"), family_templates())
 def test_each_turn_reuses_the_last_one_and_answers_as_a_cold_server(
-    live_servers, family_folder, template
+    live_servers, family_folders, family, template
 ):
+    family_folder = family_folders(family)
     settings = chat_settings(template)
     thinking = template is not None
     with live_servers.own(family_folder, chat=settings) as warm:
@@ -100,7 +104,12 @@ def test_each_turn_reuses_the_last_one_and_answers_as_a_cold_server(
     assert all(a.usage.prompt_tokens_details.cached_tokens == 0 for a in cold_answers)
 
 
-def test_a_json_schema_answer_parses(live_servers, family_folder):
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=() if f == "qwen3_5" else pytest.mark.families) for f in FAMILIES],
+)
+def test_a_json_schema_answer_parses(live_servers, family_folders, family):
+    family_folder = family_folders(family)
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},

@@ -142,6 +142,16 @@ def test_a_prompt_sharing_part_of_another_resumes_from_the_mark_they_share(famil
     assert answer["cached"] >= 200, name
 
 
+def test_choices_of_one_prompt_start_from_the_first_ones_prefill(family):
+    """n / best_of: the second choice waits for the first one's prompt and starts from it."""
+    name, plain, full = family
+    prompt = LONG[50:250]
+    choices = run(full, [request(prompt), request(prompt)])
+    alone = tokens(run(plain, [request(prompt)]))[0]
+    assert choices[0]["tokens"] == choices[1]["tokens"] == alone
+    assert choices[1]["cached"] >= len(prompt) - 2, name
+
+
 def test_drafts_never_change_a_greedy_answer(family):
     name, plain, full = family
     skip_where_the_cpu_attention_moves_it(name, plain)
