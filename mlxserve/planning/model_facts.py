@@ -17,7 +17,6 @@ from ..vision.folder import ImageTokens
 PLAIN_KV = "kv"  # a layer's cache of one position a token, cut anywhere (cache_kinds.py)
 # Engine features a model's architecture may rule out (`ModelFacts.features_off`'s keys)
 SPECULATION = "speculation"
-DISK_PREFIXES = "prefix cache on disk"
 ROW_ISOLATION = "failed-row isolation"
 MIXED_BATCHES = "mixed batches"
 

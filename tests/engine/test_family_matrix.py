@@ -152,6 +152,23 @@ def test_choices_of_one_prompt_start_from_the_first_ones_prefill(family):
     assert choices[1]["cached"] >= len(prompt) - 2, name
 
 
+def test_a_restarted_engine_reads_a_long_prompt_back_from_disk(family, tmp_path):
+    """The disk tier: a plain-KV model's segments, another's checkpoints of its whole state."""
+    name, plain, _ = family
+    prompt = [(i * 11 + 5) % 900 + 20 for i in range(1100)]
+    disk = {"prefix_cache_dir": tmp_path, "prefix_cache_disk_bytes": 1 << 30}
+    for attempt in ("writes", "reads"):
+        engine = Engine(plain.model_source, thread=plain.thread, speculation=None, **disk)
+        engine.start()
+        assert engine.wait_ready(300), engine.error
+        answer = run(engine, [request(prompt)])[0]
+        engine.stop()  # what waits for the disk is written as it stops
+        if attempt == "writes":
+            assert answer["cached"] == 0
+    assert answer["cached"] >= len(prompt) - 1, name
+    assert answer["tokens"] == tokens(run(plain, [request(prompt)]))[0]
+
+
 def test_drafts_never_change_a_greedy_answer(family):
     name, plain, full = family
     skip_where_the_cpu_attention_moves_it(name, plain)

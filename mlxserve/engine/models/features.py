@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...planning.model_facts import DISK_PREFIXES, MIXED_BATCHES, ROW_ISOLATION, SPECULATION
+from ...planning.model_facts import MIXED_BATCHES, ROW_ISOLATION, SPECULATION
 from ..mlx_lm_compat import mixed_batch
 from ..mlx_lm_compat.cache_kinds import CacheLayout
 
@@ -14,9 +14,6 @@ def features_off_for(model, layout: CacheLayout) -> dict[str, str]:
     if not layout.positional:
         kinds = layout.describe()
         off[SPECULATION] = f"rejected drafts cannot be taken back out of its {kinds} caches"
-        off[DISK_PREFIXES] = (
-            f"its {kinds} caches are reused from checkpoints of their state, kept in memory"
-        )
         off[ROW_ISOLATION] = (
             f"a pass that fails ends every sequence in flight: its {kinds} caches cannot be "
             "put back as they were before the pass"

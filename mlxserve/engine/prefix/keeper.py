@@ -14,6 +14,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from ..mlx_lm_compat.cache_kinds import detached
 from ..stats import EngineStats
+from .checkpoint_files import CHECKPOINTS_FOLDER, CheckpointFiles
 from .disk import DiskPrefixStore
 from .memory import COPY_BUDGET_BYTES, PrefixCache, RunningPromptCopies
 
@@ -38,6 +39,7 @@ class PrefixKeeper:
         self.cache: PrefixCache | None = None
         self.draft: PrefixKeeper | None = None  # the draft model's KV, if it has one
         self.disk: DiskPrefixStore | None = None
+        self.checkpoint_files: CheckpointFiles | None = None  # a checkpointing model's, on disk
         self.copies = RunningPromptCopies()
         # every layer keeps positions (cache_kinds.py): running prompts copied a few layers a
         # step, entries on disk; else checkpoints of the whole state, in memory
@@ -76,13 +78,20 @@ class PrefixKeeper:
         """Start reading and writing the `loaded` model's entries on disk (none where there is
         no folder, no memory cache, or nothing to tell this model's KV from another's). `role`:
         what else its KV depends on (a draft's KV lies apart from the same model served)."""
-        if self.cache is None or self.disk_folder is None or not self.positional:
+        if self.cache is None or self.disk_folder is None:
             return
         fingerprint = loaded.fingerprint()
         if fingerprint is None:
             return
         if role:
             fingerprint = hashlib.sha256(f"{role}:{fingerprint}".encode()).hexdigest()
+        if not self.positional:
+            folder = self.disk_folder / CHECKPOINTS_FOLDER
+            try:
+                self.checkpoint_files = CheckpointFiles(folder, self.disk_budget_bytes, fingerprint)
+            except OSError as error:
+                log.warning("prefix cache: %s is not usable (%s); memory only", folder, error)
+            return
         try:
             self.disk = DiskPrefixStore(self.disk_folder, self.disk_budget_bytes, fingerprint)
         except OSError as error:
@@ -92,6 +101,9 @@ class PrefixKeeper:
         """Write what waits for the disk (a stopping server, a model unloading)."""
         if self.draft is not None:
             self.draft.close()
+        if self.checkpoint_files is not None:
+            self.checkpoint_files.write_waiting()
+            self.checkpoint_files = None
         if self.disk is not None:
             self.disk.close()
             self.disk = None
@@ -101,6 +113,8 @@ class PrefixKeeper:
         `everything` at once while no stream waits)."""
         if self.draft is not None:
             self.draft.hand_over(everything)
+        if everything and self.checkpoint_files is not None:
+            self.checkpoint_files.write_waiting()
         if self.disk is not None:
             self.disk.hand_over(None if everything else COPY_BUDGET_BYTES)
 
@@ -137,6 +151,8 @@ class PrefixKeeper:
         """(a private copy of the longest cached prefix's KV or None, its length): from memory,
         or from disk where its files give more."""
         cache, reused = self.cache.fetch(prompt, count=False)
+        if self.checkpoint_files is not None:
+            cache, reused = self._from_checkpoint_files(prompt, cache, reused)
         found = self.disk.best(prompt, reused) if self.disk is not None else None
         read = self.disk.load(*found) if found is not None else None
         if read is not None and read[1] > reused:
@@ -151,6 +167,17 @@ class PrefixKeeper:
         self._count()
         return cache, reused
 
+    def _from_checkpoint_files(self, prompt: list[int], cache, reused: int):
+        """The longest checkpoint on disk that gives more of `prompt` than memory did, taken
+        into memory (read on the engine thread: the request waits for it)."""
+        stored = self.checkpoint_files.best(prompt, reused)
+        loaded = self.checkpoint_files.load(stored) if stored is not None else None
+        if loaded is None:
+            return cache, reused
+        self.cache.store(prompt[: stored.length], loaded)
+        again, more = self.cache.fetch(prompt, count=False)
+        return (again, more) if more > reused else (cache, reused)
+
     def keep(self, tokens, cache) -> None:
         """Store `cache`, the KV of `tokens`; copied out of the batch's buffers now."""
         if self.cache is None or not tokens:
@@ -159,6 +186,8 @@ class PrefixKeeper:
             mx.async_eval([c.state for c in cache])
             if self.disk is not None:
                 self.disk.put(list(tokens), cache)
+        if self.checkpoint_files is not None:
+            self.checkpoint_files.put(list(tokens), cache)
         self.cache.store(list(tokens), cache)
         self._count()
 
@@ -209,3 +238,6 @@ class PrefixKeeper:
         if self.disk is not None:
             stats.prefix_disk_entries = self.disk.entries
             stats.prefix_disk_loads = self.disk.loaded
+        elif self.checkpoint_files is not None:
+            stats.prefix_disk_entries = self.checkpoint_files.entries
+            stats.prefix_disk_loads = self.checkpoint_files.loaded
