@@ -179,3 +179,25 @@ def test_drafts_never_change_a_greedy_answer(family):
         assert drafted[0]["drafted"] > 0, f"{name}: no drafts were verified"
     else:
         assert drafted[0]["drafted"] == 0, f"{name}: drafted, though it cannot roll back"
+
+
+def test_quantized_kv_packs_a_hybrids_attention_layers_and_leaves_its_states(tmp_path):
+    """--kv-bits on Qwen3.5: its attention layers' KV packed, its linear-attention states as
+    they are; batches and the prefix cache as without. gpt-oss's sinks are refused at load."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    folder = build_tiny_family("qwen3_5", tmp_path / "qwen3_5")
+    engine = Engine(str(folder), kv_bits=8, kv_group_size=32, speculation=None).start()
+    assert engine.wait_ready(300), engine.error
+    kinds = [type(c).__name__ for c in make_prompt_cache(engine.loaded.model)]
+    assert kinds == ["ArraysCache", "QuantizedRowKVCache"] * 2
+    alone = [tokens(run(engine, [request(p)]))[0] for p in (LONG, LONG[:40])]
+    assert tokens(run(engine, [request(LONG), request(LONG[:40])])) == alone
+    again = run(engine, [request(LONG)])[0]
+    assert again["tokens"] == alone[0] and again["cached"] == len(LONG) - 1
+    engine.stop()
+    sinks = build_tiny_family("gpt_oss", tmp_path / "gpt_oss")
+    refused = Engine(str(sinks), kv_bits=8, kv_group_size=32, speculation=None).start()
+    assert not refused.wait_ready(300)
+    assert "sinks" in refused.error
+    refused.stop()

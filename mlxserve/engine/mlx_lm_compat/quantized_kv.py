@@ -130,15 +130,25 @@ def backend_refusal(head_dim: int, bits: int, group_size: int) -> str | None:
 
 
 def install(model, bits: int, group_size: int) -> None:
-    """Make every cache made for `model` (by `make_prompt_cache`) a packed one. Raises
-    ValueError, saying why, for a model whose caches are of its own kind (sliding windows,
-    state-space layers) or whose head size `group_size` does not divide."""
+    """Make every plain KV cache made for `model` (by `make_prompt_cache`) a packed one; a
+    sliding window's or a state-space layer's cache stays as the model makes it. Raises
+    ValueError, saying why, for a model with no plain KV layer, with attention sinks (which
+    MLX's quantized attention does not take), or whose head size `group_size` does not
+    divide."""
     kind = type(model).__module__.rsplit(".", 1)[-1]
-    own = model.make_cache() if hasattr(model, "make_cache") else []
-    if any(type(c) is not KVCache for c in own):
+    own_cache = getattr(model, "make_cache", None)
+    layers = len(model.layers)
+    own = own_cache() if own_cache is not None else [KVCache() for _ in range(layers)]
+    plain = [type(c) is KVCache for c in own]
+    if not any(plain):
         raise ValueError(
-            f"--kv-bits: {kind} models keep caches of their own kind (sliding windows or "
-            "state-space layers), which are not quantized here; serve it without --kv-bits"
+            f"--kv-bits: {kind} models keep no plain KV cache (sliding windows or state-space "
+            "layers only), so nothing would be quantized; serve it without --kv-bits"
+        )
+    if any(hasattr(module, "sinks") for _, module in model.named_modules()):
+        raise ValueError(
+            f"--kv-bits: {kind} models attend with sinks, which MLX's quantized attention does "
+            "not take; serve it without --kv-bits"
         )
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
@@ -157,6 +167,10 @@ def install(model, bits: int, group_size: int) -> None:
             f"attention for this model's head size {head_dim} ({refusal}); serve it without "
             "--kv-bits"
         )
-    layers = len(model.layers)
     packing = Packing(bits, group_size)
-    model.make_cache = lambda: [QuantizedRowKVCache(packing) for _ in range(layers)]
+
+    def make_cache() -> list:
+        made = own_cache() if own_cache is not None else [None] * layers
+        return [QuantizedRowKVCache(packing) if p else c for p, c in zip(plain, made)]
+
+    model.make_cache = make_cache
