@@ -40,6 +40,27 @@ _YARN = {
 }
 
 
+# DeepSeek-style routing (GLM-4 MoE, Nemotron-H): 4 experts, 2 a token, one shared
+_ROUTED_EXPERTS = {
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+}
+# Qwen3.5's and Qwen3-Next's gated-delta (linear attention) layers, every other one full attention
+_GATED_DELTA = {
+    "head_dim": 32,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+}
+
+
 def _alternate(first: str, second: str, layers: int = 4) -> list[str]:
     return [first if i % 2 == 0 else second for i in range(layers)]
 
@@ -48,13 +69,7 @@ def _qwen3_5_text(model_type: str, moe: bool) -> dict:
     text = _DENSE | {
         "model_type": model_type,
         "num_hidden_layers": 4,
-        "head_dim": 32,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 2,
+        **_GATED_DELTA,
         "layer_types": _alternate("linear_attention", "full_attention"),
         "rope_parameters": {
             "type": "default",
@@ -141,13 +156,7 @@ FAMILIES: dict[str, dict] = {
         "model_type": "qwen3_next",
         "architectures": ["Qwen3NextForCausalLM"],
         "num_hidden_layers": 4,
-        "head_dim": 32,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 2,
+        **_GATED_DELTA,
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "decoder_sparse_step": 1,
@@ -245,12 +254,7 @@ FAMILIES: dict[str, dict] = {
         "num_hidden_layers": 3,
         "moe_intermediate_size": 32,
         "first_k_dense_replace": 1,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "norm_topk_prob": True,
+        **_ROUTED_EXPERTS,
         "routed_scaling_factor": 1.0,
         "rms_norm_eps": 1e-5,
         "rope_theta": 1000000.0,
@@ -315,12 +319,7 @@ FAMILIES: dict[str, dict] = {
         "layer_norm_epsilon": 1e-5,
         "moe_intermediate_size": 32,
         "moe_shared_expert_intermediate_size": 32,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "norm_topk_prob": True,
+        **_ROUTED_EXPERTS,
         "routed_scaling_factor": 2.5,
         "tie_word_embeddings": False,
     },

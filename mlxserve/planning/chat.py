@@ -6,6 +6,7 @@ chat, Ollama, Anthropic, Responses) prepares its canonical request here."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -120,7 +121,7 @@ def _message_ends(chat: Chat, ids: list[int], tokens_of) -> tuple[int, ...]:
         candidates.append(replace(ended, messages=(*chat.messages[:system], _EMPTY_USER)))
     for candidate in candidates:
         try:
-            shared = _common_prefix(tokens_of(candidate), ids)
+            shared = len(os.path.commonprefix([tokens_of(candidate), ids]))
         except TemplateError:
             continue
         if 0 < shared < len(ids) - 1:
@@ -129,15 +130,6 @@ def _message_ends(chat: Chat, ids: list[int], tokens_of) -> tuple[int, ...]:
 
 
 _EMPTY_USER = Message(role="user", content="")
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    shared = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        shared += 1
-    return shared
 
 
 def _places_every_image(text: str, chat: Chat, model: ModelFacts) -> bool:
