@@ -27,6 +27,7 @@ import pytest
 
 from mlxserve.engine.stats import RATE_WINDOW_S
 from mlxserve.settings import SpeculationSettings
+from mlxserve.tiny_families import build_tiny_family
 from mlxserve.tiny_model import build_tiny_model
 
 from ..helpers import skip_for_missing, wait_healthy
@@ -298,6 +299,24 @@ def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
         # a verify pass's logits may round the other way (a run of .ci/run at 4765054)
         off = SpeculationSettings(draft_tokens=0)
         with live_servers.own(three_heads[model], speculation=off) as single:
+            for stream in (False, True):
+                alone = answers(single.url, stream=stream)
+                assert_answered(alone)
+                assert answers(url, stream=stream) == alone
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "deepseek_v3"])
+def test_each_kind_of_cache_over_two_ranks_answers_as_one_process(
+    ring, live_servers, tmp_path, family
+):
+    """The family matrix's kinds of cache beside plain KV where a split applies (a hybrid of
+    linear attention, MLA) over 2 ranks, split as `--parallel auto` decides: the same answers as
+    one process. (gemma3_text splits neither way: refused at start, as the test below shows of
+    another model.)"""
+    model = build_tiny_family(family, tmp_path / "model")
+    with ranks_by_hand(model, tmp_path) as (url, _):
+        off = SpeculationSettings(draft_tokens=0)  # as the ranks run
+        with live_servers.own(model, speculation=off) as single:
             for stream in (False, True):
                 alone = answers(single.url, stream=stream)
                 assert_answered(alone)
