@@ -81,7 +81,8 @@ def supports(model) -> bool:
         type(language).__module__ in FAMILIES
         and inner is not None
         and getattr(inner, "swa_idx", None) is None  # llama's sliding-window layers: not here
-        and all(hasattr(layer.self_attn, "q_proj") for layer in inner.layers)
+        # (a layer of another rank's pipeline stage is None here: mlx-lm's pipeline)
+        and all(hasattr(getattr(layer, "self_attn", None), "q_proj") for layer in inner.layers)
     )
 
 
