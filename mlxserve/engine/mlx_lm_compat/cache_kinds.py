@@ -74,11 +74,6 @@ class CacheLayout:
         return " and ".join(self.kinds)
 
 
-def positional(caches) -> bool:
-    """Whether every layer of `caches` (one sequence's or a batch's) keeps plain positions."""
-    return bool(caches) and all(layer_kind(c) == PLAIN for c in caches)
-
-
 def detached(caches: list) -> list:
     """A copy of one sequence's caches sharing no buffer with the batch it came from: a
     checkpoint must not hold the batch's buffers alive, and a buffer something else holds is
