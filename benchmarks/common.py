@@ -87,6 +87,30 @@ def default_model() -> str:
     return str(SHARED_MODEL) if SHARED_MODEL.is_dir() else demo_model()
 
 
+def add_family_flag(parser: argparse.ArgumentParser) -> None:
+    """`--family NAME`: a tiny random model of an mlx-lm architecture in place of --model."""
+    parser.add_argument(
+        "--family",
+        default=None,
+        help="a tiny random model of this mlx-lm architecture (mlxserve/tiny_families.py: "
+        "qwen3_5, gemma3_text, gpt_oss, ...) in place of --model",
+    )
+
+
+def chosen_model(args: argparse.Namespace) -> str:
+    """--family's tiny model (built once into the user cache), else --model, else the
+    default."""
+    family = getattr(args, "family", None)
+    if not family:
+        return args.model or default_model()
+    import platformdirs
+
+    from mlxserve.tiny_families import build_tiny_family
+
+    folder = Path(platformdirs.user_cache_dir("mlxserve")) / "models" / "families" / family
+    return str(build_tiny_family(family, folder))
+
+
 def stretched_context(model: str, tokens: int) -> str:
     """`model` with its declared context raised to `tokens`, for timing prompts past what it was
     trained on (RoPE goes on; the answers mean nothing there, the time they take does): a

@@ -43,15 +43,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
 from common import (
     ROW_ERRORS,
     ServerFailed,
+    add_family_flag,
     bench_parser,
-    default_model,
+    chosen_model,
     load_tokenizer,
     print_table,
     reexec_for_cpu,
@@ -388,12 +388,7 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="the servers' --chat-template (a Jinja file: Qwen3's drops earlier reasoning)",
     )
-    chat.add_argument(
-        "--family",
-        default=None,
-        help="a tiny random model of this mlx-lm architecture (mlxserve/tiny_families.py: "
-        "qwen3_5, gemma3_text, gpt_oss, ...) in place of --model",
-    )
+    add_family_flag(chat)
     agent = kinds.add_parser(
         "agent", help="an agent's tool-using session through /v1/messages", formatter_class=defaults
     )
@@ -433,22 +428,10 @@ def warm_and_cold(
         return None
 
 
-def tiny_family(family: str) -> str:
-    """A tiny random model of `family`'s architecture, built once into the user cache."""
-    import platformdirs
-
-    from mlxserve.tiny_families import build_tiny_family
-
-    folder = Path(platformdirs.user_cache_dir("mlxserve")) / "models" / "families" / family
-    return str(build_tiny_family(family, folder))
-
-
 def main() -> int:
     args = parse_args()
     reexec_for_cpu()  # the process settings `mlxserve serve` runs under
-    model = args.model or default_model()
-    if getattr(args, "family", None):
-        model = tiny_family(args.family)
+    model = chosen_model(args)
     tokenizer = load_tokenizer(model)
     converse, report = (
         (conversation, chat_report) if args.kind == "chat" else (session, agent_report)

@@ -26,7 +26,7 @@ repeats the prompt (16-token windows found in it: a 135M model copies imperfectl
 would repeat itself, not the prompt). /metrics gives drafted and accepted tokens. Each run
 alternates which side goes first.
 
-    python benchmarks/speculation.py [--model PATH] [--max-tokens 200] [--runs 3]
+    python benchmarks/speculation.py [--model PATH | --family NAME] [--max-tokens 200] [--runs 3]
                                      [--skip-mlx-lm] [--skip-c16 | --only-c16]
                                      [--c16-rounds N]
                                      [--draft-layers N [--draft-fit]]
@@ -46,8 +46,9 @@ from common import (
     REPO_ROOT,
     ROW_ERRORS,
     ServerFailed,
+    add_family_flag,
     bench_parser,
-    default_model,
+    chosen_model,
     print_median_ratios,
     print_table,
     reexec_for_cpu,
@@ -72,6 +73,7 @@ class SkippedRow(Exception):
 
 def parse_args() -> argparse.Namespace:
     parser = bench_parser("Prompt-lookup speculative decoding: with drafts against without")
+    add_family_flag(parser)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-mlx-lm", action="store_true")
@@ -235,7 +237,7 @@ def c16_rate(
 def main() -> int:
     args = parse_args()
     reexec_for_cpu()
-    model = args.model or default_model()
+    model = chosen_model(args)
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     tokenizer = load_tokenizer(Path(model))

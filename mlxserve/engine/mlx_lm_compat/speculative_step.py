@@ -8,8 +8,10 @@ sampling (`SequenceSampler.drafts_verified`); the batch's other rows ride in the
 no drafts, their first position sampled as in a plain step. A grammar row's drafts are those
 its grammar allows, or the tokens it forces where the lookup found none, each position masked
 as the grammar would mask it there.
-Positions a row did not keep are taken out of the KV (`speculation.rollback`), so the batch's
-tokens and KV stay as mlx-lm keeps them: the tokens each row has fed.
+Positions a row did not keep are taken out of the KV (`speculation.rollback`); caches that cannot
+be trimmed (states, wrapped windows) are put back as they were before the pass and fed again what
+each row kept (`state_rollback`). So the batch's tokens and caches stay as mlx-lm
+keeps them: the tokens each row has fed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ...speculation.planner import DraftPlanner
 from ...speculation.rollback import roll_back
 from ...speculation.verify import NO_DRAFT, kept_count
 from .batch_join import groups_of, rows_of
+from .state_rollback import StateSnapshot, positional, refeed
 
 
 def planned_drafts(batch: GenerationBatch, planner: DraftPlanner) -> list[list[int]] | None:
@@ -76,6 +79,7 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
     fed = mx.maximum(drafted, 0).astype(current.dtype)  # a pad's position is rolled back
     inputs = mx.concatenate([current[:, None], fed], axis=1)
 
+    snapshot = None if positional(batch.prompt_cache) else StateSnapshot(batch.prompt_cache)
     logits = batch.model(inputs, cache=batch.prompt_cache)
     # a drafting row's only processors but a grammar's: bans of fixed ids (`Ban`: ignore_eos),
     # the same wherever the token falls
@@ -110,7 +114,10 @@ def verify_step(batch: GenerationBatch, planner: DraftPlanner, drafts: list[list
 
     mx.eval(current, current_logprobs, kept)
     kept_rows = kept.tolist()
-    roll_back_rows(batch.prompt_cache, [width - k for k in kept_rows])
+    if snapshot is None:
+        roll_back_rows(batch.prompt_cache, [width - k for k in kept_rows])
+    elif min(kept_rows) < width:
+        refeed(batch.model, batch.prompt_cache, snapshot, inputs, kept_rows)
     forced = [batch.draft_forced.get(row, 0) for row in range(rows)]
     planner.record(batch.uids, drafts, kept_rows, forced)
     tokens, token_logprobs = [], []
@@ -148,6 +155,16 @@ def roll_back_rows(layers: list, rejected: list[int]) -> None:
         start += count
 
 
+def _trimmed(cache: list, surplus: int) -> list | None:
+    """A finished row's `cache` without its last `surplus` positions; None where some layer
+    cannot drop them."""
+    if not all(layer.is_trimmable() for layer in cache):
+        return None
+    for layer in cache:
+        layer.trim(surplus)
+    return cache
+
+
 def next_responses(self: GenerationBatch) -> list:
     """mlx-lm's `GenerationBatch.next` for steps that emit several tokens a row: a response per
     token, each counted against `max_tokens` and stop tokens; a row that ends part-way drops the
@@ -181,9 +198,8 @@ def next_responses(self: GenerationBatch) -> list:
         if surplus:
             del self.tokens[i][-surplus:]
         cache = self.extract_cache(i)
-        if surplus:
-            for layer in cache:
-                layer.trim(surplus)
+        if surplus:  # a state that read them cannot give them back: nothing to keep
+            cache = _trimmed(cache, surplus)
         ended.append(uid)
         responses.append(
             self.Response(uid, last, logprobs[count - 1], finish, cache, self.tokens[i])

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...planning.model_facts import MIXED_BATCHES, ROW_ISOLATION, SPECULATION
+from ...planning.model_facts import MIXED_BATCHES, ROW_ISOLATION
 from ..mlx_lm_compat import mixed_batch
 from ..mlx_lm_compat.cache_kinds import CacheLayout
 
@@ -13,7 +13,6 @@ def features_off_for(model, layout: CacheLayout) -> dict[str, str]:
     off: dict[str, str] = {}
     if not layout.positional:
         kinds = layout.describe()
-        off[SPECULATION] = f"rejected drafts cannot be taken back out of its {kinds} caches"
         off[ROW_ISOLATION] = (
             f"a pass that fails ends every sequence in flight: its {kinds} caches cannot be "
             "put back as they were before the pass"

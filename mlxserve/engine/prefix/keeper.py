@@ -179,8 +179,9 @@ class PrefixKeeper:
         return (again, more) if more > reused else (cache, reused)
 
     def keep(self, tokens, cache) -> None:
-        """Store `cache`, the KV of `tokens`; copied out of the batch's buffers now."""
-        if self.cache is None or not tokens:
+        """Store `cache`, the KV of `tokens`; copied out of the batch's buffers now. (None: a
+        finished row whose state read drafts past its end, which it cannot give back.)"""
+        if self.cache is None or not tokens or cache is None:
             return
         with mx.stream(generation_stream):  # with the model's work (and its collectives)
             mx.async_eval([c.state for c in cache])
