@@ -13,6 +13,9 @@ import asyncio
 import pytest
 
 from mlxserve.engine import Engine, GenerationRequest, StopSpec
+from mlxserve.engine.mlx_lm_compat import mixed_batch
+from mlxserve.families import family_of
+from mlxserve.planning.model_facts import MIXED_BATCHES
 from mlxserve.sampling.params import SamplingParams
 from mlxserve.settings import SpeculationSettings
 from mlxserve.tiny_families import FAMILIES, VOCAB_SIZE, build_tiny_family
@@ -94,6 +97,11 @@ def test_its_cache_kinds_and_what_is_off_are_said(family):
     name, _, full = family
     loaded = full.loaded
     assert loaded.cache_kinds, name
+    # the family home (mlxserve/families.py) names it, and what its layers may keep
+    home = family_of(type(mixed_batch.language_of(loaded.model)).__module__)
+    assert home is not None, f"{name}: no family in mlxserve/families.py runs it"
+    assert set(loaded.cache_kinds) <= set(home.caches), (name, loaded.cache_kinds, home)
+    assert (MIXED_BATCHES not in loaded.features_off) == home.mixed_batches, name
     assert "speculation" not in loaded.features_off  # rolled back by trimming, or fed again
     if loaded.cache_kinds != PLAIN:
         assert "failed-row isolation" in loaded.features_off

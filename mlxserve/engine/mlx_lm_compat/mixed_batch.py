@@ -51,14 +51,14 @@ from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 from mlx_lm.models import base
 from mlx_lm.models.base import create_attention_mask
 
+from ...families import mixed_batch_modules
 from . import batch_join
 
 _mlx_lm_prompt = PromptProcessingBatch.prompt
 
 
-# mlx-lm's modules whose layers `mixed_forward` runs: a norm, attention (Qwen3's with its
-# per-head q and k norms), a norm and an MLP, each added to its input
-FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+# mlx-lm's modules whose layers `mixed_forward` runs (families.py says which)
+MODULES = tuple(f"mlx_lm.models.{name}" for name in mixed_batch_modules())
 # A chunk of this few tokens (a prompt's last one, joining) goes through every layer in the pass
 # that carries it, whatever the pacer's layers a pass: it costs the pass a few rows, where spread
 # over passes it held its prompt's join for as many steps (a prompt with images, its last token
@@ -78,7 +78,7 @@ def supports(model) -> bool:
     language = language_of(model)
     inner = getattr(language, "model", None)
     return (
-        type(language).__module__ in FAMILIES
+        type(language).__module__ in MODULES
         and inner is not None
         and getattr(inner, "swa_idx", None) is None  # llama's sliding-window layers: not here
         # (a layer of another rank's pipeline stage is None here: mlx-lm's pipeline)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ...families import mixed_batch_modules
 from ...planning.model_facts import MIXED_BATCHES, ROW_ISOLATION
 from ..mlx_lm_compat import mixed_batch
 from ..mlx_lm_compat.cache_kinds import CacheLayout
@@ -20,6 +21,6 @@ def features_off_for(model, layout: CacheLayout) -> dict[str, str]:
     if not mixed_batch.supports(model):
         off[MIXED_BATCHES] = (
             "prompt chunks run in passes of their own beside the decode pass: the mixed pass "
-            f"knows {', '.join(m.rsplit('.', 1)[-1] for m in mixed_batch.FAMILIES)} layers only"
+            f"knows {', '.join(mixed_batch_modules())} layers only"
         )
     return off
