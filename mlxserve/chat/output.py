@@ -1,9 +1,11 @@
 """The model's answer, as it streams, split into content, reasoning and tool calls.
 
 Reasoning is the text inside the thinking tags at the start of the answer (or from the start,
-when the prompt opened the tag). Tool calls are read in the model's syntax (tool_calls.py);
-a bare JSON answer is held to the end and read as calls where it is one. Text that might be the
-start of a tag is held back until the next piece decides it, so no tag leaks into content.
+when the prompt opened the tag): `<think>`, Mistral's `[THINK]`, whatever the family writes
+(families.py); gpt-oss's harmony channels are split by harmony.py. Tool calls are read in the
+model's syntax (tool_calls.py); a bare JSON answer is held to the end and read as calls where it
+is one. Text that might be the start of a tag is held back until the next piece decides it, so
+no tag leaks into content.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class OutputSpec:
     # call or a list of them. Nothing else in it is content.
     forced: bool = False
     max_calls: int | None = None  # parallel_tool_calls false: the first call only
+    harmony: bool = False  # gpt-oss's channels, not tags (harmony.py)
+    reasoning_in_content: bool = False  # harmony's analysis channel as content (format "none")
 
 
 @dataclass
@@ -43,7 +47,15 @@ class Delta:
 
 
 class AnswerSplitter:
-    """Feed text as it comes (`feed`), then `finish`; each returns what is decided so far."""
+    """Feed text as it comes (`feed`), then `finish`; each returns what is decided so far.
+    A harmony answer gets harmony.py's splitter, which answers the same calls."""
+
+    def __new__(cls, spec: OutputSpec):
+        if spec.harmony:
+            from .harmony import HarmonySplitter  # it builds on this module's types
+
+            return HarmonySplitter(spec)
+        return super().__new__(cls)
 
     def __init__(self, spec: OutputSpec):
         self.spec = spec
@@ -170,7 +182,7 @@ class AnswerSplitter:
 
     def _release(self, marker: str, final: bool) -> str:
         """The pending text, less an end that may be the start of `marker` (kept pending)."""
-        keep = 0 if final else _partial_suffix(self.pending, marker)
+        keep = 0 if final else partial_suffix(self.pending, marker)
         text = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(self.pending) - keep :]
         return text
@@ -188,7 +200,7 @@ def _undecided(text: str, think: tuple[str, str] | None, spec: OutputSpec) -> bo
     return any(opener.startswith(text) for opener in openers)
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of `text` that begins `marker` (shorter than it)."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):

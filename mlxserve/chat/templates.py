@@ -15,6 +15,7 @@ from typing import Any
 
 from jinja2 import TemplateError as JinjaError
 
+from ..families import OutputFormat, output_format
 from ..settings import ChatSettings
 from .tool_calls import parser_name
 from .tool_prompt import as_plain_messages, with_tools_described
@@ -56,6 +57,7 @@ class TemplateInfo:
     tools: bool  # reads `tools`
     tool_calls: bool  # renders assistant `tool_calls` and `tool` messages
     developer: bool  # knows the `developer` role (else it becomes `system`)
+    output: OutputFormat | None = None  # the family's own output format mlx-lm does not read
 
 
 _infos: weakref.WeakKeyDictionary[Any, TemplateInfo] = weakref.WeakKeyDictionary()
@@ -103,6 +105,16 @@ def _abilities(source: str) -> TemplateInfo:
         tools="tools" in source,
         tool_calls="tool_calls" in source,
         developer="developer" in source,
+        output=output_format(source),
+    )
+
+
+def writes_reasoning(tokenizer: Any, override: str | None = None) -> bool:
+    """Whether the model's answers carry reasoning the server reads apart from content: tags
+    mlx-lm found in its vocabulary, or its family's own (families.py)."""
+    own = template_info(tokenizer, override).output
+    return bool(getattr(tokenizer, "has_thinking", False)) or (
+        own is not None and (own.think is not None or own.channels)
     )
 
 

@@ -58,10 +58,10 @@ HERMES = "hermes"
 
 def parser_names() -> list[str]:
     """What --tool-parser takes: mlx-lm's parsers by module name (listed, not imported: the
-    command line stays quick), and Hermes' (ours)."""
+    command line stays quick), and ours (Hermes', DeepSeek's)."""
     spec = importlib.util.find_spec("mlx_lm")
     folders = [str(Path(p) / "tool_parsers") for p in spec.submodule_search_locations or []]
-    return sorted({HERMES, *(m.name for m in pkgutil.iter_modules(folders))})
+    return sorted({HERMES, "deepseek_v31", *(m.name for m in pkgutil.iter_modules(folders))})
 
 
 def parser_name(tokenizer: Any, override: str | None = None) -> str:
@@ -75,12 +75,16 @@ def parser_name(tokenizer: Any, override: str | None = None) -> str:
 
 
 def syntax_for(
-    tokenizer: Any, tools: list[dict[str, Any]] | None, override: str | None = None
+    tokenizer: Any,
+    tools: list[dict[str, Any]] | None,
+    override: str | None = None,
+    family: str | None = None,
 ) -> ToolSyntax:
     """The syntax of `override` (a --tool-parser name), else the model's own where mlx-lm knows
-    it, else Hermes'."""
-    if override == HERMES:
-        return HERMES_SYNTAX
+    it, else the family's where we parse it (`family`: families.py's name for it), else
+    Hermes'."""
+    if override in OWN_SYNTAXES:
+        return OWN_SYNTAXES[override]
     if override is not None:
         module = importlib.import_module(f"mlx_lm.tool_parsers.{override}")
         parser, start = module.parse_tool_call, module.tool_call_start
@@ -90,7 +94,7 @@ def syntax_for(
         start = getattr(tokenizer, "tool_call_start", None)
         end = getattr(tokenizer, "tool_call_end", "")
     if parser is None or start is None:
-        return HERMES_SYNTAX
+        return OWN_SYNTAXES.get(family or "", HERMES_SYNTAX)
 
     def parse(text: str) -> list[ToolCall]:
         try:
@@ -120,6 +124,33 @@ def parse_json_calls(text: str) -> list[ToolCall]:
 
 
 HERMES_SYNTAX = ToolSyntax(CALL_START, CALL_END, parse_json_calls, json_body=True)
+
+# DeepSeek V3 / V3.1's call tokens (mlx-lm has no parser for them)
+DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_DEEPSEEK_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)(?:<｜tool▁call▁end｜>|$)", re.S
+)
+_DEEPSEEK_V3_BODY = re.compile(r"^\s*([^\n]+?)\s*\n```(?:json)?\s*\n(.*?)\n?```\s*$", re.S)
+
+
+def parse_deepseek_calls(text: str) -> list[ToolCall]:
+    """`<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>` each (V3.1), or V3's
+    `function<｜tool▁sep｜>NAME` then its arguments in a json code block."""
+    calls = []
+    for name, body in _DEEPSEEK_CALL.findall(text):
+        name = name.strip()
+        fenced = _DEEPSEEK_V3_BODY.match(body) if name == "function" else None
+        if fenced is not None:
+            name, body = fenced.group(1), fenced.group(2)
+        calls.append(_call({"name": name, "arguments": body.strip() or "{}"}))
+    if not calls:
+        raise ValueError("no DeepSeek tool call")
+    return calls
+
+
+DEEPSEEK_SYNTAX = ToolSyntax(DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END, parse_deepseek_calls)
+# our own parsers, by the name --tool-parser and families.py give them
+OWN_SYNTAXES = {HERMES: HERMES_SYNTAX, "deepseek_v31": DEEPSEEK_SYNTAX}
 
 
 def _call(call: Any) -> ToolCall:

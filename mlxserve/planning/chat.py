@@ -11,9 +11,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..api.errors import InvalidRequest
+from ..chat.harmony import MARKERS as HARMONY_MARKERS
 from ..chat.output import THINK_TAGS, OutputSpec
 from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
 from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
+from ..families import OutputFormat
 from ..sampling.grammars import Constraint
 from ..settings import ChatSettings
 from .messages import Message
@@ -71,17 +73,26 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
             code="invalid_messages",
         ) from error
     images, image_tokens = read_image_parts(chat.images(), model, settings)
-    think = _think_tags(chat.reasoning_format or settings.reasoning_format, tokenizer)
-    syntax = syntax_for(tokenizer, tools, settings.tool_parser) if calling else None
+    own = template_info(tokenizer, settings.template).output
+    reasoning_format = chat.reasoning_format or settings.reasoning_format
+    # harmony's channels hold its reasoning and calls (but for forced calls: bare JSON)
+    harmony = own is not None and own.channels and not forced
+    think = None if harmony else _think_tags(reasoning_format, tokenizer, own)
+    syntax = None
+    if calling and not harmony:
+        family_syntax = own.tool_syntax if own is not None else None
+        syntax = syntax_for(tokenizer, tools, settings.tool_parser, family_syntax)
     if forced and not syntax.json_body:
         syntax = None  # the forced calls are bare JSON: a syntax of JSON in tags is needed
     output = OutputSpec(
         think=think,
         thinking_open=think is not None and _opens_thinking(text, think),
         tools=syntax,
-        json_calls=calling and not forced,
+        json_calls=calling and not forced and not harmony,
         forced=forced,
         max_calls=None if chat.parallel_tool_calls else 1,
+        harmony=harmony,
+        reasoning_in_content=harmony and reasoning_format == "none",
     )
     stop, options = request.stop, request.output
     if template_info(tokenizer, settings.template).fallback and CHATML_END not in stop.strings:
@@ -226,9 +237,13 @@ def _constraint(
     return Constraint("tool_choice", "json_schema", json.dumps(schema, sort_keys=True))
 
 
-def _think_tags(reasoning_format: str, tokenizer: Any) -> tuple[str, str] | None:
+def _think_tags(
+    reasoning_format: str, tokenizer: Any, own: OutputFormat | None
+) -> tuple[str, str] | None:
     if reasoning_format == "none":
         return None
+    if own is not None and own.think is not None:
+        return own.think
     if getattr(tokenizer, "has_thinking", False):
         return tokenizer.think_start, tokenizer.think_end
     return THINK_TAGS
@@ -241,7 +256,7 @@ def _opens_thinking(text: str, think: tuple[str, str]) -> bool:
 
 
 def _markers_are_special(tokenizer: Any, output: OutputSpec) -> bool:
-    markers = [*(output.think or ())]
+    markers = [*(output.think or ()), *(HARMONY_MARKERS if output.harmony else ())]
     if output.tools is not None:
         markers += [output.tools.start, output.tools.end]
     special = set(getattr(tokenizer, "all_special_tokens", None) or ())

@@ -12,7 +12,8 @@ from typing import Any
 from quart import Blueprint, current_app
 from quart_schema import document_request, hide
 
-from ...chat.templates import template_text
+from ...chat.templates import template_text, writes_reasoning
+from ...families import output_format
 from ...fim import TEMPLATES, FimTemplate
 from ...registry import ModelEntry, describe, read_json
 from ..errors import InvalidRequest, NotSupported
@@ -240,9 +241,11 @@ def capabilities(entry: ModelEntry) -> list[str]:
     found.append("tools")
     loaded = loaded_as(entry)
     if loaded is not None:
-        thinking = bool(getattr(loaded.tokenizer, "has_thinking", False))
+        thinking = writes_reasoning(loaded.tokenizer)
     else:
-        thinking = "<think>" in template_of(entry)
+        template = template_of(entry)
+        own = output_format(template)
+        thinking = "<think>" in template or (own is not None and (own.think or own.channels))
     if thinking:
         found.append("thinking")
     if loaded is not None and loaded.takes_images:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...chat.templates import writes_reasoning
 from ...engine import EngineError
 from ...planning.defaults import logprobs_k
 from ..dispatch import ready_model, submit
@@ -41,7 +42,7 @@ async def ready(body: GenerationFields, clock: Clock):
 
 def check_thinking(body: GenerationFields, loaded) -> None:
     """think: true asks for reasoning a model without thinking tags cannot give (Ollama: 400)."""
-    if body.think not in (None, False) and not getattr(loaded.tokenizer, "has_thinking", False):
+    if body.think not in (None, False) and not writes_reasoning(loaded.tokenizer):
         raise InvalidRequest(f'"{body.model}" does not support thinking', param="think")
 
 
