@@ -1,0 +1,163 @@
+"""A family's own output through every chat door, streamed and not, with the official clients:
+a tiny model trained to answer in gpt-oss's harmony (tests/family_models.py), under gpt-oss's
+real chat template and special tokens. Its reasoning (the analysis channel) comes back as each
+protocol's reasoning, its final channel as content, its commentary call as a tool call, and
+`<|call|>` / `<|return|>` end the answer."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import ollama
+import openai
+import pytest
+
+from ..family_models import HARMONY, QUESTION, TEMPLATES, WEATHER_TOOL, build_trained_family
+from ..helpers import skip_for_missing
+
+pytestmark = pytest.mark.families
+
+REASONING = "The user asks about Paris."
+CONTENT = "Paris is mild today."
+CALL = ("get_weather", {"location": "Paris"})
+USER = [{"role": "user", "content": QUESTION}]
+GREEDY = {"temperature": 0}  # (this anthropic client takes no temperature argument)
+
+
+@pytest.fixture(scope="module")
+def harmony(live_servers, tmp_path_factory):
+    if not (TEMPLATES / HARMONY.template).exists():
+        skip_for_missing(f"the shared chat templates ({TEMPLATES}) are not beside the repository")
+    folder = build_trained_family(HARMONY, tmp_path_factory.getbasetemp() / "families" / "harmony")
+    return live_servers.shared(folder)
+
+
+def openai_chat(live, stream: bool, tools: bool):
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    extra = {"tools": [WEATHER_TOOL]} if tools else {}
+    answer = client.chat.completions.create(
+        model="m", messages=USER, max_tokens=80, temperature=0, stream=stream, **extra
+    )
+    if not stream:
+        message = answer.choices[0].message
+        calls = [
+            (c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []
+        ]
+        reasoning = (message.model_extra or {}).get("reasoning_content") or ""
+        return message.content or "", reasoning, calls, answer.choices[0].finish_reason
+    content, reasoning, arguments, names, finish = "", "", {}, {}, None
+    for chunk in answer:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for call in delta.tool_calls or []:
+            if call.function.name:
+                names[call.index] = call.function.name
+            arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+        finish = choice.finish_reason or finish
+    calls = [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+    return content, reasoning, calls, finish
+
+
+def responses(live, stream: bool, tools: bool):
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    extra = {}
+    if tools:
+        function = WEATHER_TOOL["function"]
+        extra["tools"] = [{"type": "function", **function}]
+    if stream:
+        with client.responses.stream(
+            model="m", input=QUESTION, max_output_tokens=80, temperature=0, **extra
+        ) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(
+            model="m", input=QUESTION, max_output_tokens=80, temperature=0, **extra
+        )
+    content = reasoning = ""
+    calls = []
+    for item in response.output:
+        if item.type == "reasoning":
+            reasoning += "".join(part.text for part in item.content or [])
+        elif item.type == "message":
+            content += "".join(part.text for part in item.content if part.type == "output_text")
+        elif item.type == "function_call":
+            calls.append((item.name, json.loads(item.arguments)))
+    return content, reasoning, calls, response.status
+
+
+def anthropic_messages(live, stream: bool, tools: bool):
+    client = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0)
+    extra = {}
+    if tools:
+        function = WEATHER_TOOL["function"]
+        extra["tools"] = [
+            {
+                "name": function["name"],
+                "description": function["description"],
+                "input_schema": function["parameters"],
+            }
+        ]
+    if stream:
+        with client.messages.stream(
+            model="m", messages=USER, max_tokens=80, extra_body=GREEDY, **extra
+        ) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(
+            model="m", messages=USER, max_tokens=80, extra_body=GREEDY, **extra
+        )
+    content = "".join(b.text for b in message.content if b.type == "text")
+    reasoning = "".join(b.thinking for b in message.content if b.type == "thinking")
+    calls = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    return content, reasoning, calls, message.stop_reason
+
+
+def ollama_chat(live, stream: bool, tools: bool):
+    client = ollama.Client(host=live.url)
+    extra = {"tools": [WEATHER_TOOL]} if tools else {}
+    options = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 80}  # Ollama's: 1.1
+    name = f"{live.engine.model_name}:latest"
+    answer = client.chat(model=name, messages=USER, stream=stream, options=options, **extra)
+    parts = list(answer) if stream else [answer]
+    content = "".join(p.message.content or "" for p in parts)
+    reasoning = "".join(p.message.thinking or "" for p in parts)
+    calls = [
+        (c.function.name, dict(c.function.arguments))
+        for p in parts
+        for c in p.message.tool_calls or []
+    ]
+    return content, reasoning, calls, parts[-1].done_reason
+
+
+DOORS = {
+    "openai chat": (openai_chat, "stop", "tool_calls"),
+    "responses": (responses, "completed", "completed"),
+    "anthropic": (anthropic_messages, "end_turn", "tool_use"),
+    "ollama": (ollama_chat, "stop", "stop"),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("door", DOORS)
+def test_harmony_reasoning_and_content_come_back_apart(harmony, door, stream):
+    ask, ended, _ = DOORS[door]
+    content, reasoning, calls, finish = ask(harmony, stream, tools=False)
+    assert (content, reasoning.strip(), calls, finish) == (CONTENT, REASONING, [], ended)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("door", DOORS)
+def test_a_harmony_call_comes_back_as_a_tool_call(harmony, door, stream):
+    ask, _, ended = DOORS[door]
+    content, reasoning, calls, finish = ask(harmony, stream, tools=True)
+    assert (content, reasoning.strip(), calls, finish) == (
+        "",
+        "Need the weather tool.",
+        [CALL],
+        ended,
+    )
