@@ -23,14 +23,18 @@ WEATHER_TOOL = {
     "function": {
         "name": "get_weather",
         "description": "The weather in a city.",
+        # in the order the ollama client sends a schema's keys (a template that prints the
+        # tools as JSON renders one prompt for every door)
         "parameters": {
             "type": "object",
-            "properties": {"location": {"type": "string", "description": "The city."}},
             "required": ["location"],
+            "properties": {"location": {"type": "string", "description": "The city."}},
         },
     },
 }
 QUESTION = "What is the weather like in Paris today?"
+REASONING, CONTENT = "The user asks about Paris.", "Paris is mild today."
+CALL_REASONING = "Need the weather tool."
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class TrainedFamily:
     stop_tokens: tuple[str, ...]
     answer: str
     call: str
+    reasons: bool = True  # its answers open with REASONING and CALL_REASONING
+    bos: str | None = None  # the template's bos_token
 
 
 HARMONY = TrainedFamily(
@@ -57,12 +63,59 @@ HARMONY = TrainedFamily(
         "<|call|>",
     ),
     stop_tokens=("<|return|>", "<|call|>"),
-    answer="<|channel|>analysis<|message|>The user asks about Paris.<|end|><|start|>assistant"
-    "<|channel|>final<|message|>Paris is mild today.<|return|>",
-    call="<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant"
+    answer=f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant"
+    f"<|channel|>final<|message|>{CONTENT}<|return|>",
+    call=f"<|channel|>analysis<|message|>{CALL_REASONING}<|end|><|start|>assistant"
     '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"location":'
     '"Paris"}<|call|>',
 )
+_CHATML = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+QWEN3 = TrainedFamily(  # Hermes calls after <think>
+    template="Qwen-Qwen3-0.6B.jinja",
+    special_tokens=(*_CHATML, "<think>", "</think>", "<tool_call>", "</tool_call>"),
+    stop_tokens=("<|im_end|>",),
+    answer=f"<think>\n{REASONING}\n</think>\n\n{CONTENT}<|im_end|>",
+    call=f"<think>\n{CALL_REASONING}\n</think>\n\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"location": "Paris"}}\n</tool_call><|im_end|>',
+)
+QWEN3_CODER = TrainedFamily(  # XML calls, no reasoning
+    template="Qwen3-Coder.jinja",
+    special_tokens=(*_CHATML, "<tool_call>", "</tool_call>"),
+    stop_tokens=("<|im_end|>",),
+    answer=f"{CONTENT}<|im_end|>",
+    call="<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n"
+    "</function>\n</tool_call><|im_end|>",
+    reasons=False,
+)
+MINISTRAL = TrainedFamily(  # Ministral 3 / Magistral: [THINK], then [TOOL_CALLS]
+    template="mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    special_tokens=(
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[THINK]",
+        "[/THINK]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+    ),
+    stop_tokens=("</s>",),
+    answer=f"[THINK]{REASONING}[/THINK]{CONTENT}</s>",
+    call=f'[THINK]{CALL_REASONING}[/THINK][TOOL_CALLS]get_weather[ARGS]{{"location": "Paris"}}</s>',
+    bos="<s>",
+)
+TRAINED_FAMILIES = {
+    "harmony": HARMONY,
+    "qwen3": QWEN3,
+    "qwen3_coder": QWEN3_CODER,
+    "ministral3": MINISTRAL,
+}
 CONFIG = {
     "model_type": "llama",
     "hidden_size": 64,
@@ -103,6 +156,8 @@ def _tokenizer(family: TrainedFamily, template: str, out: Path):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out))
     tokenizer.add_special_tokens({"additional_special_tokens": list(family.special_tokens)})
     tokenizer.eos_token = family.stop_tokens[0]
+    if family.bos is not None:
+        tokenizer.bos_token = family.bos
     tokenizer.chat_template = template
     tokenizer.save_pretrained(str(out))
     return PreTrainedTokenizerFast.from_pretrained(str(out))

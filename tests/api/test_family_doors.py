@@ -1,8 +1,9 @@
-"""A family's own output through every chat door, streamed and not, with the official clients:
-a tiny model trained to answer in gpt-oss's harmony (tests/family_models.py), under gpt-oss's
-real chat template and special tokens. Its reasoning (the analysis channel) comes back as each
-protocol's reasoning, its final channel as content, its commentary call as a tool call, and
-`<|call|>` / `<|return|>` end the answer."""
+"""Each family's own output through every chat door, streamed and not, with the official
+clients: tiny models trained to answer in the family's own words (tests/family_models.py) under
+its real chat template and special tokens: gpt-oss's harmony, Qwen3's `<think>` and Hermes
+calls, Qwen3-Coder's XML calls, Ministral 3's `[THINK]` and `[TOOL_CALLS]`. Reasoning comes back
+as each protocol's reasoning, the rest as content, a call as a tool call, and the family's stop
+tokens end the answer."""
 
 from __future__ import annotations
 
@@ -13,24 +14,33 @@ import ollama
 import openai
 import pytest
 
-from ..family_models import HARMONY, QUESTION, TEMPLATES, WEATHER_TOOL, build_trained_family
+from ..family_models import (
+    CALL_REASONING,
+    CONTENT,
+    QUESTION,
+    REASONING,
+    TEMPLATES,
+    TRAINED_FAMILIES,
+    WEATHER_TOOL,
+    build_trained_family,
+)
 from ..helpers import skip_for_missing
 
 pytestmark = pytest.mark.families
 
-REASONING = "The user asks about Paris."
-CONTENT = "Paris is mild today."
 CALL = ("get_weather", {"location": "Paris"})
 USER = [{"role": "user", "content": QUESTION}]
 GREEDY = {"temperature": 0}  # (this anthropic client takes no temperature argument)
 
 
-@pytest.fixture(scope="module")
-def harmony(live_servers, tmp_path_factory):
-    if not (TEMPLATES / HARMONY.template).exists():
+@pytest.fixture(scope="module", params=list(TRAINED_FAMILIES))
+def family(request, live_servers, tmp_path_factory):
+    """(the trained family, a server of its model)."""
+    trained = TRAINED_FAMILIES[request.param]
+    if not (TEMPLATES / trained.template).exists():
         skip_for_missing(f"the shared chat templates ({TEMPLATES}) are not beside the repository")
-    folder = build_trained_family(HARMONY, tmp_path_factory.getbasetemp() / "families" / "harmony")
-    return live_servers.shared(folder)
+    folder = tmp_path_factory.getbasetemp() / "families" / f"trained-{request.param}"
+    return trained, live_servers.shared(build_trained_family(trained, folder))
 
 
 def openai_chat(live, stream: bool, tools: bool):
@@ -144,20 +154,19 @@ DOORS = {
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("door", DOORS)
-def test_harmony_reasoning_and_content_come_back_apart(harmony, door, stream):
+def test_reasoning_and_content_come_back_apart(family, door, stream):
+    trained, live = family
     ask, ended, _ = DOORS[door]
-    content, reasoning, calls, finish = ask(harmony, stream, tools=False)
-    assert (content, reasoning.strip(), calls, finish) == (CONTENT, REASONING, [], ended)
+    content, reasoning, calls, finish = ask(live, stream, tools=False)
+    expected = REASONING if trained.reasons else ""
+    assert (content, reasoning.strip(), calls, finish) == (CONTENT, expected, [], ended)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("door", DOORS)
-def test_a_harmony_call_comes_back_as_a_tool_call(harmony, door, stream):
+def test_a_call_in_the_familys_syntax_comes_back_as_a_tool_call(family, door, stream):
+    trained, live = family
     ask, _, ended = DOORS[door]
-    content, reasoning, calls, finish = ask(harmony, stream, tools=True)
-    assert (content, reasoning.strip(), calls, finish) == (
-        "",
-        "Need the weather tool.",
-        [CALL],
-        ended,
-    )
+    content, reasoning, calls, finish = ask(live, stream, tools=True)
+    expected = CALL_REASONING if trained.reasons else ""
+    assert (content.strip(), reasoning.strip(), calls, finish) == ("", expected, [CALL], ended)

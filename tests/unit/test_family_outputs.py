@@ -173,8 +173,7 @@ CASES = [
     (
         "glm47's arg keys",
         spec("glm47"),
-        "<tool_call>get_weather<arg_key>location</arg_key><arg_value>Paris</arg_value>"
-        "</tool_call>",
+        "<tool_call>get_weather<arg_key>location</arg_key><arg_value>Paris</arg_value></tool_call>",
         "",
         "",
         [("get_weather", WEATHER)],
