@@ -251,3 +251,33 @@ def test_a_real_template_tells_its_familys_own_format(template, expected):
 def test_every_family_names_a_format_that_exists():
     names = {f.name for f in __import__("mlxserve.families").families.OUTPUT_FORMATS}
     assert all(f.output in names for f in FAMILIES if f.output)
+
+
+@pytest.mark.skipif(not TEMPLATES.is_dir(), reason=f"no shared chat templates at {TEMPLATES}")
+def test_reasoning_sent_back_reaches_gpt_oss_and_qwen3_templates(tiny_model):
+    """An assistant turn's reasoning and call, sent back with its tool's result: gpt-oss's
+    template renders it on the analysis channel before the call, Qwen3's in <think>."""
+    from mlx_lm.tokenizer_utils import load
+
+    from mlxserve.chat.templates import render
+    from mlxserve.planning.messages import Call, Message
+
+    history = [
+        Message("user", "What is the weather like in Paris today?"),
+        Message(
+            "assistant",
+            "",
+            tool_calls=(Call("get_weather", {"location": "Paris"}, "call_1"),),
+            reasoning_content="Need the weather tool.",
+        ),
+        Message("tool", "Mild, 18C.", tool_call_id="call_1"),
+    ]
+    tokenizer = load(Path(tiny_model))
+    messages = [m.for_template() for m in history]
+    harmony = render(
+        tokenizer, messages, override=(TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    )
+    assert "<|channel|>analysis<|message|>Need the weather tool.<|end|>" in harmony
+    assert "to=functions.get_weather" in harmony
+    qwen3 = render(tokenizer, messages, override=(TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text())
+    assert "<think>\nNeed the weather tool.\n</think>" in qwen3
