@@ -47,6 +47,7 @@ class ToolSyntax:
     end: str
     parse: Callable[[str], list[ToolCall]]
     json_body: bool = False  # a call is {"name", "arguments"} JSON between start and end
+    name: str = ""  # the parser's (--tool-parser's names)
 
 
 def call_id() -> str:
@@ -103,8 +104,9 @@ def syntax_for(
             raise ValueError(str(error)) from error
         return [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])]
 
-    json_body = parser.__module__.rsplit(".", 1)[-1] == "json_tools"
-    return ToolSyntax(start, end or "", parse, json_body=json_body and bool(end))
+    name = parser.__module__.rsplit(".", 1)[-1]
+    json_body = name == "json_tools" and bool(end)
+    return ToolSyntax(start, end or "", parse, json_body=json_body, name=name)
 
 
 def parse_json_calls(text: str) -> list[ToolCall]:
@@ -123,7 +125,7 @@ def parse_json_calls(text: str) -> list[ToolCall]:
     return [_call(c) for c in calls]
 
 
-HERMES_SYNTAX = ToolSyntax(CALL_START, CALL_END, parse_json_calls, json_body=True)
+HERMES_SYNTAX = ToolSyntax(CALL_START, CALL_END, parse_json_calls, json_body=True, name=HERMES)
 
 # DeepSeek V3 / V3.1's call tokens (mlx-lm has no parser for them)
 DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -148,7 +150,9 @@ def parse_deepseek_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-DEEPSEEK_SYNTAX = ToolSyntax(DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END, parse_deepseek_calls)
+DEEPSEEK_SYNTAX = ToolSyntax(
+    DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END, parse_deepseek_calls, name="deepseek_v31"
+)
 # our own parsers, by the name --tool-parser and families.py give them
 OWN_SYNTAXES = {HERMES: HERMES_SYNTAX, "deepseek_v31": DEEPSEEK_SYNTAX}
 
@@ -199,12 +203,22 @@ def cut_calls(text: str) -> list[ToolCall]:
     return [*calls, ToolCall(name=cut_name, arguments=partial, id=call_id())]
 
 
-def forced_call_grammar(tools: list[dict[str, Any]], one: bool, syntax: ToolSyntax) -> str:
+def forced_call_grammar(
+    tools: list[dict[str, Any]], one: bool, syntax: ToolSyntax, special=None
+) -> str:
     """A Lark grammar (llguidance's) for forced calls written the way the model writes them:
-    each call's JSON between `syntax`'s start and end, one call (`one`) or several."""
-    schema = {**forced_call_schema(tools, one=True), "x-guidance": {"whitespace_flexible": False}}
-    block = f"{json.dumps(syntax.start + chr(10))} %json {json.dumps(schema)} "
-    block += json.dumps(chr(10) + syntax.end)
+    each call's JSON between `syntax`'s start and end, one call (`one`) or several. A tag that
+    is one of the tokenizer's `special` tokens (text: id) is named by its id."""
+    special = special or {}
+
+    def literal(text: str) -> str:
+        return f"<[{special[text]}]>" if text in special else json.dumps(text)
+
+    # spaced as the templates print calls (`tojson`: ", " and ": "), which the model learnt
+    spacing = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    schema = {**forced_call_schema(tools, one=True), "x-guidance": spacing}
+    block = f'{literal(syntax.start)} "\\n" %json {json.dumps(schema)} "\\n" '
+    block += literal(syntax.end)
     start = "start: call" if one else 'start: call ("\\n" call)*'
     return f"{start}\ncall: {block}\n"
 

@@ -11,10 +11,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..api.errors import InvalidRequest
+from ..chat.forced_calls import (
+    MISTRAL,
+    QWEN3_CODER,
+    harmony_grammar,
+    mistral_grammar,
+    xml_grammar,
+)
 from ..chat.harmony import MARKERS as HARMONY_MARKERS
 from ..chat.output import THINK_TAGS, OutputSpec
 from ..chat.templates import CHATML_END, TemplateError, prompt_ids, render, template_info
-from ..chat.tool_calls import forced_call_grammar, forced_call_schema, syntax_for
+from ..chat.tool_calls import ToolSyntax, forced_call_grammar, forced_call_schema, syntax_for
 from ..families import OutputFormat
 from ..sampling.grammars import Constraint
 from ..settings import ChatSettings
@@ -75,15 +82,14 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
     images, image_tokens = read_image_parts(chat.images(), model, settings)
     own = template_info(tokenizer, settings.template).output
     reasoning_format = chat.reasoning_format or settings.reasoning_format
-    # harmony's channels hold its reasoning and calls (but for forced calls: bare JSON)
-    harmony = own is not None and own.channels and not forced
+    harmony = own is not None and own.channels  # its channels hold its reasoning and calls
     think = None if harmony else _think_tags(reasoning_format, tokenizer, own)
     syntax = None
     if calling and not harmony:
         family_syntax = own.tool_syntax if own is not None else None
         syntax = syntax_for(tokenizer, tools, settings.tool_parser, family_syntax)
-    if forced and not syntax.json_body:
-        syntax = None  # the forced calls are bare JSON: a syntax of JSON in tags is needed
+    if forced and syntax is not None and not _forced_in_syntax(syntax):
+        syntax = None  # the forced calls are bare JSON
     output = OutputSpec(
         think=think,
         thinking_open=think is not None and _opens_thinking(text, think),
@@ -99,7 +105,8 @@ def prepare(request: Request, model: ModelFacts, settings: ChatSettings) -> Chat
         stop = replace(stop, strings=(*stop.strings, CHATML_END))
     if _markers_are_special(tokenizer, output):
         options = replace(options, skip_special_tokens=False)  # else the tags vanish
-    constraint = _constraint(chat, request.constraint, tools, output if forced else None)
+    special = _special_tokens(tokenizer)
+    constraint = _constraint(chat, request.constraint, tools, output if forced else None, special)
     ids = prompt_ids(tokenizer, text)
     checkpoints = ()
     if model.keeps_checkpoints and not images:
@@ -213,10 +220,13 @@ def _constraint(
     other: Constraint | None,
     tools: list[dict[str, Any]] | None,
     forced: OutputSpec | None,
+    special: dict[str, int] | None = None,
 ) -> Constraint | None:
     """The request's own constraint (response_format and the like), or the forced calls'
-    grammar: in the model's syntax where its calls are JSON in tags (Hermes, Qwen), else as
-    bare JSON."""
+    grammar: in the model's syntax where a grammar of it is written (harmony, Qwen3-Coder's
+    XML, Mistral's, JSON in tags: Hermes, Qwen), else as bare JSON. `special`: the tokenizer's
+    special tokens by text, their ids (a grammar names them as tokens)."""
+    special = special or {}
     if forced is None:
         return other
     if other is not None:
@@ -230,11 +240,32 @@ def _constraint(
     if isinstance(choice, NamedTool):
         tools = [t for t in tools or [] if t["function"]["name"] == choice.name]
     one = isinstance(choice, NamedTool) or not chat.parallel_tool_calls
+    if forced.harmony:
+        return Constraint("tool_choice", "lark", harmony_grammar(tools or [], special))
     if forced.tools is not None:
-        grammar = forced_call_grammar(tools or [], one, forced.tools)
+        written = FAMILY_GRAMMARS.get(forced.tools.name)
+        if written is not None:
+            grammar = written(tools or [], one, special)
+        else:
+            grammar = forced_call_grammar(tools or [], one, forced.tools, special)
         return Constraint("tool_choice", "lark", grammar)
     schema = forced_call_schema(tools or [], one)
     return Constraint("tool_choice", "json_schema", json.dumps(schema, sort_keys=True))
+
+
+# the families' syntaxes a forced call is held to by a grammar of its own (forced_calls.py)
+FAMILY_GRAMMARS = {QWEN3_CODER: xml_grammar, MISTRAL: mistral_grammar}
+
+
+def _forced_in_syntax(syntax: ToolSyntax) -> bool:
+    """A forced call can be held to this syntax by a grammar of it."""
+    return syntax.json_body or syntax.name in FAMILY_GRAMMARS
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, int]:
+    texts = getattr(tokenizer, "all_special_tokens", None) or ()
+    ids = getattr(tokenizer, "all_special_ids", None) or ()
+    return dict(zip(texts, ids))
 
 
 def _think_tags(

@@ -286,7 +286,7 @@ def test_a_forced_call_is_written_in_the_models_syntax(http):
     """The tiny model has no parser of its own, so Hermes' syntax it is: the grammar makes the
     answer <tool_call> blocks, not bare JSON, as a model trained on that syntax writes calls."""
     result = chat(
-        http, tools=[WEATHER, CLOCK], tool_choice="required", seed=3, max_tokens=200, logprobs=True
+        http, tools=[WEATHER, CLOCK], tool_choice="required", seed=3, max_tokens=400, logprobs=True
     )
     (choice,) = result["choices"]
     raw = "".join(entry["token"] for entry in choice["logprobs"]["content"])

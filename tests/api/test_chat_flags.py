@@ -109,15 +109,17 @@ def test_reasoning_format_none_is_the_default_a_request_may_override(flagged):
     assert message["reasoning_content"] and not message["content"].startswith("<think>")
 
 
-def test_a_forced_call_is_bare_json_where_the_parser_reads_no_json_in_tags(flagged):
-    """qwen3_coder's calls are XML: a forced call is the JSON object the grammar can enforce."""
+def test_a_forced_call_is_written_in_qwen3_coders_xml(flagged):
+    """qwen3_coder's calls are XML: the grammar holds a forced call to it
+    (mlxserve/chat/forced_calls.py), each parameter the tool's schema names."""
     body = {"messages": USER, "tools": [WEATHER, CLOCK], "tool_choice": "required"}
     result = flagged.post(
         "/v1/chat/completions", json={**body, "seed": 1, "max_tokens": 120, "logprobs": True}
     ).json()
     (choice,) = result["choices"]
     raw = "".join(entry["token"] for entry in choice["logprobs"]["content"])
-    assert raw.startswith("[{") or raw.startswith("{"), raw
+    assert raw.startswith("<tool_call>\n<function="), raw
+    assert "<parameter=" in raw and raw.rstrip().endswith("</tool_call>"), raw
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
 
 

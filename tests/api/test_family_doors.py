@@ -35,17 +35,19 @@ GREEDY = {"temperature": 0}  # (this anthropic client takes no temperature argum
 
 @pytest.fixture(scope="module", params=list(TRAINED_FAMILIES))
 def family(request, live_servers, tmp_path_factory):
-    """(the trained family, a server of its model)."""
+    """(its name, the trained family, a server of its model, the model's folder)."""
     trained = TRAINED_FAMILIES[request.param]
     if not (TEMPLATES / trained.template).exists():
         skip_for_missing(f"the shared chat templates ({TEMPLATES}) are not beside the repository")
     folder = tmp_path_factory.getbasetemp() / "families" / f"trained-{request.param}"
-    return trained, live_servers.shared(build_trained_family(trained, folder))
+    folder = build_trained_family(trained, folder)
+    return request.param, trained, live_servers.shared(folder), folder
 
 
-def openai_chat(live, stream: bool, tools: bool):
+def openai_chat(live, stream: bool, tools: bool, **extra):
     client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
-    extra = {"tools": [WEATHER_TOOL]} if tools else {}
+    if tools:
+        extra["tools"] = [WEATHER_TOOL]
     answer = client.chat.completions.create(
         model="m", messages=USER, max_tokens=80, temperature=0, stream=stream, **extra
     )
@@ -155,7 +157,7 @@ DOORS = {
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("door", DOORS)
 def test_reasoning_and_content_come_back_apart(family, door, stream):
-    trained, live = family
+    _, trained, live, _ = family
     ask, ended, _ = DOORS[door]
     content, reasoning, calls, finish = ask(live, stream, tools=False)
     expected = REASONING if trained.reasons else ""
@@ -165,8 +167,64 @@ def test_reasoning_and_content_come_back_apart(family, door, stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("door", DOORS)
 def test_a_call_in_the_familys_syntax_comes_back_as_a_tool_call(family, door, stream):
-    trained, live = family
+    _, trained, live, _ = family
     ask, _, ended = DOORS[door]
     content, reasoning, calls, finish = ask(live, stream, tools=True)
     expected = CALL_REASONING if trained.reasons else ""
     assert (content.strip(), reasoning.strip(), calls, finish) == ("", expected, [CALL], ended)
+
+
+# Forced calls held by grammar to the family's own syntax (mlxserve/chat/forced_calls.py): the
+# raw text each family writes, which the grammar takes, and bare JSON, which it does not
+RAW_CALLS = {
+    "harmony": f"<|channel|>analysis<|message|>{CALL_REASONING}<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"location":'
+    '"Paris"}<|call|>',
+    "ministral3": '[TOOL_CALLS]get_weather[ARGS]{"location": "Paris"}',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n"
+    "</parameter>\n</function>\n</tool_call>",
+}
+BARE_JSON = '{"name": "get_weather", "arguments": {"location": "Paris"}}'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_required_call_comes_back_whatever_the_syntax(family, stream):
+    """Held to the family's own syntax (harmony, Hermes' tags, Qwen3-Coder's XML, Mistral's).
+    gpt-oss's grammar lets its analysis come first, and Qwen3-Coder reasons not: those answer
+    as unforced. Qwen3's and Mistral's grammars leave out the reasoning they were trained to
+    write first, which leaves these tiny models' arguments to chance."""
+    name, trained, live, _ = family
+    content, reasoning, calls, finish = openai_chat(live, stream, True, tool_choice="required")
+    assert finish == "tool_calls" and content == ""
+    assert [call[0] for call in calls] == ["get_weather"], calls
+    if name in ("harmony", "qwen3_coder"):
+        expected = CALL_REASONING if trained.reasons else ""
+        assert (reasoning.strip(), calls) == (expected, [CALL])
+
+
+def test_the_forced_grammar_takes_the_familys_own_call_not_bare_json(family):
+    import llguidance
+    import llguidance.hf
+    from transformers import PreTrainedTokenizerFast
+
+    from mlxserve.chat.forced_calls import harmony_grammar, mistral_grammar, xml_grammar
+
+    name, _, _, folder = family
+    if name not in RAW_CALLS:
+        pytest.skip(f"{name}'s forced calls are JSON (in Hermes' tags, or bare)")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    special = dict(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids))
+    if name == "harmony":
+        grammar = harmony_grammar([WEATHER_TOOL], special)
+    else:
+        written = mistral_grammar if name == "ministral3" else xml_grammar
+        grammar = written([WEATHER_TOOL], True, special)
+    vocab = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+
+    def takes(text: str) -> bool:
+        matcher = llguidance.LLMatcher(vocab, llguidance.grammar_from("lark", grammar))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+    assert takes(RAW_CALLS[name])
+    assert not takes(BARE_JSON)
