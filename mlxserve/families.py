@@ -98,6 +98,7 @@ class OutputFormat:
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = (
     OutputFormat("harmony", "<|channel|>", channels=True),
     OutputFormat("mistral reasoning", "[THINK]", think=("[THINK]", "[/THINK]")),
+    OutputFormat("seed reasoning", "<seed:think>", think=("<seed:think>", "</seed:think>")),
     OutputFormat("deepseek calls", "<｜tool▁calls▁begin｜>", tool_syntax="deepseek_v31"),
 )
 

@@ -107,6 +107,14 @@ CASES = [
         "Short.",
         [],
     ),
+    (
+        "Seed-OSS's <seed:think>",
+        spec(think=("<seed:think>", "</seed:think>")),
+        "<seed:think>Short.</seed:think>Paris is mild.",
+        "Paris is mild.",
+        "Short.",
+        [],
+    ),
     # DeepSeek V3.1, and V3's older form
     (
         "deepseek v3.1: text, then two calls",
@@ -246,6 +254,11 @@ def test_each_familys_output_is_read_back(case, pieces):
 def test_a_real_template_tells_its_familys_own_format(template, expected):
     found = output_format((TEMPLATES / template).read_text())
     assert (found.name if found else None) == expected
+
+
+def test_a_template_with_seed_think_reads_it_as_reasoning():
+    found = output_format("{{ '<seed:think>' }}{{ content }}{{ '</seed:think>' }}")
+    assert found is not None and found.think == ("<seed:think>", "</seed:think>")
 
 
 def test_every_family_names_a_format_that_exists():
