@@ -51,8 +51,10 @@ test-portable: $(VENV)/.installed-dev
 test-engine-process: $(VENV)/.installed-dev
 	MLXSERVE_PORTABLE=1 $(TEST_ENV) $(BIN)/python -m pytest $(ENGINE_PROCESS_TESTS) -m "not soak"
 
-FAMILY_TESTS := tests/engine/test_family_matrix.py tests/api/test_family_chat.py
-# The family matrix beyond one architecture a kind of cache (which make test runs): every
+FAMILY_TESTS := tests/engine/test_family_matrix.py tests/api/test_family_chat.py \
+	tests/api/test_family_doors.py
+# The family matrix beyond one architecture a kind of cache (which make test runs), and each
+# family's own output through every door (tiny models trained on its template): every
 # family's tiny model through batching, the prefix cache and drafts, on the CPU policy and as
 # a Mac's GPU runs it. A minute of both cores, so a tier of its own, after make test.
 test-families: $(VENV)/.installed-dev
