@@ -10,8 +10,11 @@ About a minute of a CPU's time.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,26 +133,42 @@ CONFIG = {
 }
 
 
-def build_trained_family(family: TrainedFamily, out: Path, steps: int = 600) -> Path:
-    """The trained model in `out` (built once: a `.complete` marker)."""
-    out = Path(out)
+def build_trained_family(family: TrainedFamily, name: str, steps: int = 600) -> Path:
+    """The trained model, built once into the user's cache under a hash of all it is made
+    from (so the suite's portable pass, and later runs, reuse the first pass's), staged and
+    renamed into place (test workers building it at once never see half of it)."""
+    import platformdirs
+
+    template = (TEMPLATES / family.template).read_text()
+    made_of = json.dumps([repr(family), template, CONFIG, steps], sort_keys=True)
+    digest = hashlib.sha256(made_of.encode()).hexdigest()[:16]
+    root = Path(platformdirs.user_cache_dir("mlxserve")) / "tests" / "trained"
+    out = root / f"{name}-{digest}"
     if (out / ".complete").exists():
         return out
-    template = (TEMPLATES / family.template).read_text()
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer(family, template, out)
-    rows = _training_rows(family, tokenizer)
-    model, config = _trained(rows, len(tokenizer), steps)
-    config["eos_token_id"] = [tokenizer.convert_tokens_to_ids(t) for t in family.stop_tokens]
-    _save(model, config, out)
-    (out / ".complete").write_text("")
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        tokenizer = _tokenizer(family, template, staging)
+        rows = _training_rows(family, tokenizer)
+        model, config = _trained(rows, len(tokenizer), steps)
+        config["eos_token_id"] = [tokenizer.convert_tokens_to_ids(t) for t in family.stop_tokens]
+        _save(model, config, staging)
+        (staging / ".complete").write_text("")
+        try:
+            os.replace(staging, out)
+        except OSError:  # another worker's is in place
+            if not (out / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
 def _tokenizer(family: TrainedFamily, template: str, out: Path):
     from transformers import PreTrainedTokenizerFast
 
-    shared = _shared_tokenizer(out.parent)
+    shared = _shared_tokenizer(out.parent.parent / "families")
     for file in shared.iterdir():
         if file.is_file() and file.name != ".complete":
             shutil.copyfile(file, out / file.name)

@@ -26,7 +26,9 @@ from ..family_models import (
 )
 from ..helpers import skip_for_missing
 
-pytestmark = pytest.mark.families
+# a family's model trains in its fixture: about a minute under the CPU policy, several in the
+# portable pass (which reuses the first pass's from the cache)
+pytestmark = [pytest.mark.families, pytest.mark.timeout(900)]
 
 CALL = ("get_weather", {"location": "Paris"})
 USER = [{"role": "user", "content": QUESTION}]
@@ -34,13 +36,12 @@ GREEDY = {"temperature": 0}  # (this anthropic client takes no temperature argum
 
 
 @pytest.fixture(scope="module", params=list(TRAINED_FAMILIES))
-def family(request, live_servers, tmp_path_factory):
+def family(request, live_servers):
     """(its name, the trained family, a server of its model, the model's folder)."""
     trained = TRAINED_FAMILIES[request.param]
     if not (TEMPLATES / trained.template).exists():
         skip_for_missing(f"the shared chat templates ({TEMPLATES}) are not beside the repository")
-    folder = tmp_path_factory.getbasetemp() / "families" / f"trained-{request.param}"
-    folder = build_trained_family(trained, folder)
+    folder = build_trained_family(trained, request.param)
     return request.param, trained, live_servers.shared(folder), folder
 
 
@@ -196,7 +197,7 @@ def test_a_required_call_comes_back_whatever_the_syntax(family, stream):
     name, trained, live, _ = family
     content, reasoning, calls, finish = openai_chat(live, stream, True, tool_choice="required")
     assert finish == "tool_calls" and content == ""
-    assert [call[0] for call in calls] == ["get_weather"], calls
+    assert calls and all(call[0] == "get_weather" for call in calls), calls
     if name in ("harmony", "qwen3_coder"):
         expected = CALL_REASONING if trained.reasons else ""
         assert (reasoning.strip(), calls) == (expected, [CALL])
