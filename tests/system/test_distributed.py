@@ -305,12 +305,17 @@ def test_heads_that_do_not_split_run_as_a_pipeline_and_answer_as_one_process(
                 assert answers(url, stream=stream) == alone
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "deepseek_v3"])
+# the families a split applies to (mlx-lm's tensor or pipeline parallelism for their classes);
+# the others are refused at start (the test below)
+SPLIT_FAMILIES = ["qwen3_5", "deepseek_v3", "qwen3_moe", "qwen3_next", "glm4_moe", "ministral3"]
+
+
+@pytest.mark.parametrize("family", SPLIT_FAMILIES)
 def test_each_kind_of_cache_over_two_ranks_answers_as_one_process(
     ring, live_servers, tmp_path, family
 ):
-    """The family matrix's kinds of cache beside plain KV where a split applies (a hybrid of
-    linear attention, MLA) over 2 ranks, split as `--parallel auto` decides: the same answers as
+    """The family matrix's families where a split applies (hybrids of linear attention, MLA,
+    MoE, a sliding window) over 2 ranks, split as `--parallel auto` decides: the same answers as
     one process. (gemma3_text splits neither way: refused at start, as the test below shows of
     another model.)"""
     model = build_tiny_family(family, tmp_path / "model")

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 from mlx_lm.models import nemotron_h
-from mlx_lm.models.cache import BatchKVCache, KVCache, LRUPromptCache, TokenBuffer
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    BatchRotatingKVCache,
+    KVCache,
+    LRUPromptCache,
+    TokenBuffer,
+)
 
 REQUIRED: dict[str, list[tuple[str, str]]] = {
     "BatchGenerator": [
@@ -82,6 +88,10 @@ REQUIRED: dict[str, list[tuple[str, str]]] = {
     "LRUPromptCache()": [("_trie", "prefix_cache.py: what a prompt would reuse, uncopied")],
     "NemotronHMamba2Mixer": [("_ssm", "ssm_lengths.py: its state stops at each row's length")],
     "nemotron_h": [("ssm_update", "ssm_lengths.py: given the rows' lengths")],
+    "BatchRotatingKVCache": [
+        ("_update_concat", "window_prefill.py: a padded one-token pass"),
+        ("update_and_fetch", "window_prefill.py"),
+    ],
 }
 
 
@@ -99,6 +109,7 @@ def _owners() -> dict[str, object]:
         "GenerationBatch()": GenerationBatch.empty(None, None),
         "BatchKVCache": BatchKVCache,
         "BatchKVCache()": BatchKVCache(left_padding=[0]),
+        "BatchRotatingKVCache": BatchRotatingKVCache,
         "KVCache()": KVCache(),
         "TokenBuffer()": TokenBuffer(),
         "LRUPromptCache()": LRUPromptCache(),

@@ -14,7 +14,7 @@ from mlx_lm.models import base
 
 from ...speculation.planner import DraftPlanner
 from ..requests import MAX_BATCH
-from . import batch_join, decode_step, mixed_batch, rope_shift, ssm_lengths
+from . import batch_join, decode_step, mixed_batch, rope_shift, ssm_lengths, window_prefill
 from .contract import check_contract
 from .kv_reserve import reserve_for_generator
 from .lockstep_tokens import broadcast_sampled_tokens
@@ -51,6 +51,7 @@ class ServerBatchGenerator(BatchGenerator):
         decode_step.install()
         rope_shift.install()
         ssm_lengths.install()
+        window_prefill.install()
         if cluster is not None and cluster.size > 1:
             # A pipeline's last stage gathers its hidden state to every rank: the same logits
             # everywhere, so the same tokens without a broadcast (with one, the ring hangs)
