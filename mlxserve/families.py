@@ -94,6 +94,11 @@ class OutputFormat:
     tool_syntax: str | None = None  # the tool parser of ours (chat/tool_calls.OWN_SYNTAXES)
     channels: bool = False  # gpt-oss's harmony channels (chat/harmony.py), not tags
 
+    @property
+    def reasons(self) -> bool:
+        """Its answers carry reasoning the server reads apart from content."""
+        return self.think is not None or self.channels
+
 
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = (
     OutputFormat("harmony", "<|channel|>", channels=True),

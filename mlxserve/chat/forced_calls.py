@@ -22,7 +22,7 @@ QWEN3_CODER, MISTRAL = "qwen3_coder", "mistral"
 
 def harmony_grammar(tools: list[dict[str, Any]], special: Mapping[str, int]) -> str:
     """One call (harmony ends the answer at `<|call|>`)."""
-    token = _literals(special)
+    token = literals(special)
     calls = " | ".join(
         f'{json.dumps(_name(tool) + " ")} {token("<|constrain|>")} "json" '
         f"{token('<|message|>')} %json {json.dumps(_parameters(tool))}"
@@ -40,7 +40,7 @@ def harmony_grammar(tools: list[dict[str, Any]], special: Mapping[str, int]) -> 
 
 def xml_grammar(tools: list[dict[str, Any]], one: bool, special: Mapping[str, int]) -> str:
     """Qwen3-Coder's calls: one (`one`) or several, a line apart."""
-    token = _literals(special)
+    token = literals(special)
     rules, functions = [], []
     for number, tool in enumerate(tools):
         parameters = _parameters(tool)
@@ -70,7 +70,7 @@ def xml_grammar(tools: list[dict[str, Any]], one: bool, special: Mapping[str, in
 
 def mistral_grammar(tools: list[dict[str, Any]], one: bool, special: Mapping[str, int]) -> str:
     """Mistral's calls: one (`one`) or several, each `[TOOL_CALLS]NAME[ARGS]{json}`."""
-    token = _literals(special)
+    token = literals(special)
     calls = " | ".join(
         f"{json.dumps(_name(tool))} {token('[ARGS]')} %json {json.dumps(_parameters(tool))}"
         for tool in tools
@@ -79,7 +79,9 @@ def mistral_grammar(tools: list[dict[str, Any]], one: bool, special: Mapping[str
     return f"{start}\ncall: {token('[TOOL_CALLS]')} ({calls})\n"
 
 
-def _literals(special: Mapping[str, int]):
+def literals(special: Mapping[str, int]):
+    """`text` -> how a grammar writes it: a special token (text: id) by its id, else quoted."""
+
     def literal(text: str) -> str:
         return f"<[{special[text]}]>" if text in special else json.dumps(text)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .output import Delta, OutputSpec, partial_suffix
+from .output import Delta, OutputSpec, StreamSplitter
 from .tool_calls import ToolCall, call_id
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -26,37 +26,17 @@ FUNCTIONS = "functions."
 RECIPIENT = "to="
 
 
-class HarmonySplitter:
-    """`feed` text as it comes, then `finish`: each returns what is decided so far."""
+class HarmonySplitter(StreamSplitter):
+    """Harmony's headers and bodies, channel by channel."""
 
     def __init__(self, spec: OutputSpec):
-        self.spec = spec
-        self.pending = ""
+        super().__init__(spec)
         self.state = "loose"  # text outside any message: content until a header starts
         self.header = ""
         self.channel = ""
         self.recipient: str | None = None
         self.arguments = ""
-        self.calls_made = 0
         self.begins = True  # a body's leading blank lines are dropped
-
-    def feed(self, text: str, last: bool = False) -> Delta:
-        self.pending += text
-        out = self._drain(final=False)
-        if last:
-            out.add(self._drain(final=True))
-        return out
-
-    def finish(self) -> Delta:
-        return self._drain(final=True)
-
-    def _drain(self, final: bool) -> Delta:
-        out = Delta()
-        while True:
-            before = (self.state, len(self.pending))
-            getattr(self, f"_{self.state}")(out, final)
-            if (self.state, len(self.pending)) == before:
-                return out
 
     def _loose(self, out: Delta, final: bool) -> None:
         """Outside a message: `<|start|>` or `<|channel|>` opens a header; anything else is
@@ -124,19 +104,8 @@ class HarmonySplitter:
             out.content += text
 
     def _call(self, out: Delta) -> None:
-        name = self.recipient
-        name = name[len(FUNCTIONS) :] if name.startswith(FUNCTIONS) else name
-        if self.spec.max_calls is not None and self.calls_made >= self.spec.max_calls:
-            return
-        self.calls_made += 1
-        out.calls.append(ToolCall(name, self.arguments.strip() or "{}", call_id()))
-
-    def _release(self, markers: tuple[str, ...], final: bool) -> str:
-        """The pending text, less an end that may begin one of `markers` (kept pending)."""
-        keep = 0 if final else max(partial_suffix(self.pending, m) for m in markers)
-        text = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(self.pending) - keep :]
-        return text
+        name = self.recipient.removeprefix(FUNCTIONS)
+        self._take(out, [ToolCall(name, self.arguments.strip() or "{}", call_id())])
 
 
 def _first(text: str, markers: tuple[str, ...]) -> int | None:

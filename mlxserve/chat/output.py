@@ -46,29 +46,16 @@ class Delta:
         self.calls += other.calls
 
 
-class AnswerSplitter:
-    """Feed text as it comes (`feed`), then `finish`; each returns what is decided so far.
-    A harmony answer gets harmony.py's splitter, which answers the same calls."""
-
-    def __new__(cls, spec: OutputSpec):
-        if spec.harmony:
-            from .harmony import HarmonySplitter  # it builds on this module's types
-
-            return HarmonySplitter(spec)
-        return super().__new__(cls)
+class StreamSplitter:
+    """An answer's text as it streams, through a state machine: each state a method
+    `_<state>(out, final)` that takes what it can decide from `pending` into `out`. Feed text
+    as it comes (`feed`), then `finish`; each returns what is decided so far."""
 
     def __init__(self, spec: OutputSpec):
         self.spec = spec
         self.pending = ""
         self.calls_made = 0
-        self.reasoned = False
-        self.reasoning_begins = True  # its leading blank lines are dropped
-        if spec.forced and spec.tools is None:
-            self.state = "whole"
-        elif spec.think is not None and spec.thinking_open:
-            self.state = "reasoning"
-        else:
-            self.state = "start"
+        self.state = ""
 
     def feed(self, text: str, last: bool = False) -> Delta:
         """What `text` decides; with `last`, the rest too (the answer ends with it)."""
@@ -89,6 +76,42 @@ class AnswerSplitter:
             step(out, final)
             if (self.state, len(self.pending)) == before:
                 return out
+
+    def _take(self, out: Delta, calls: list[ToolCall]) -> None:
+        if self.spec.max_calls is not None:
+            calls = calls[: max(self.spec.max_calls - self.calls_made, 0)]
+        self.calls_made += len(calls)
+        out.calls += calls
+
+    def _release(self, markers: tuple[str, ...], final: bool) -> str:
+        """The pending text, less an end that may begin one of `markers` (kept pending)."""
+        keep = 0 if final else max(partial_suffix(self.pending, m) for m in markers)
+        text = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep :]
+        return text
+
+
+class AnswerSplitter(StreamSplitter):
+    """Thinking tags, tool-call syntaxes and bare JSON calls. A harmony answer gets
+    harmony.py's splitter, which answers the same calls."""
+
+    def __new__(cls, spec: OutputSpec):
+        if spec.harmony:
+            from .harmony import HarmonySplitter  # it builds on this module's types
+
+            return HarmonySplitter(spec)
+        return super().__new__(cls)
+
+    def __init__(self, spec: OutputSpec):
+        super().__init__(spec)
+        self.reasoned = False
+        self.reasoning_begins = True  # its leading blank lines are dropped
+        if spec.forced and spec.tools is None:
+            self.state = "whole"
+        elif spec.think is not None and spec.thinking_open:
+            self.state = "reasoning"
+        else:
+            self.state = "start"
 
     def _start(self, out: Delta, final: bool) -> None:
         """The answer's first characters decide: thinking, a JSON call, or content."""
@@ -119,7 +142,7 @@ class AnswerSplitter:
             self.pending = self.pending[at + len(end) :]
             self.state, self.reasoned = "start", True
             return
-        text = self._release(end, final)
+        text = self._release((end,), final)
         blank_end = text[len(text.rstrip()) :]  # trailing blanks wait for what follows them
         out.reasoning += text[: len(text) - len(blank_end)]
         self.pending = ("" if final else blank_end) + self.pending
@@ -136,7 +159,7 @@ class AnswerSplitter:
             self.pending = self.pending[at + len(tools.start) :]
             self.state = "call"
         else:
-            text = self._release(tools.start, final)
+            text = self._release((tools.start,), final)
         if not self.spec.forced:  # else only the separators between the forced calls
             out.content += text
 
@@ -173,19 +196,6 @@ class AnswerSplitter:
     def _done(self, out: Delta, final: bool) -> None:
         out.content += self.pending
         self.pending = ""
-
-    def _take(self, out: Delta, calls: list[ToolCall]) -> None:
-        if self.spec.max_calls is not None:
-            calls = calls[: max(self.spec.max_calls - self.calls_made, 0)]
-        self.calls_made += len(calls)
-        out.calls += calls
-
-    def _release(self, marker: str, final: bool) -> str:
-        """The pending text, less an end that may be the start of `marker` (kept pending)."""
-        keep = 0 if final else partial_suffix(self.pending, marker)
-        text = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(self.pending) - keep :]
-        return text
 
 
 def _undecided(text: str, think: tuple[str, str] | None, spec: OutputSpec) -> bool:

@@ -113,9 +113,7 @@ def writes_reasoning(tokenizer: Any, override: str | None = None) -> bool:
     """Whether the model's answers carry reasoning the server reads apart from content: tags
     mlx-lm found in its vocabulary, or its family's own (families.py)."""
     own = template_info(tokenizer, override).output
-    return bool(getattr(tokenizer, "has_thinking", False)) or (
-        own is not None and (own.think is not None or own.channels)
-    )
+    return bool(getattr(tokenizer, "has_thinking", False)) or (own is not None and own.reasons)
 
 
 def render(

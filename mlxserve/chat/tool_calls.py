@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .forced_calls import literals
 from .tool_prompt import CALL_END, CALL_START
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.x writes it before a call
@@ -54,7 +55,7 @@ def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-HERMES = "hermes"
+HERMES, DEEPSEEK = "hermes", "deepseek_v31"  # our own parsers' names
 
 
 def parser_names() -> list[str]:
@@ -62,7 +63,7 @@ def parser_names() -> list[str]:
     command line stays quick), and ours (Hermes', DeepSeek's)."""
     spec = importlib.util.find_spec("mlx_lm")
     folders = [str(Path(p) / "tool_parsers") for p in spec.submodule_search_locations or []]
-    return sorted({HERMES, "deepseek_v31", *(m.name for m in pkgutil.iter_modules(folders))})
+    return sorted({*OWN_SYNTAXES, *(m.name for m in pkgutil.iter_modules(folders))})
 
 
 def parser_name(tokenizer: Any, override: str | None = None) -> str:
@@ -151,10 +152,10 @@ def parse_deepseek_calls(text: str) -> list[ToolCall]:
 
 
 DEEPSEEK_SYNTAX = ToolSyntax(
-    DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END, parse_deepseek_calls, name="deepseek_v31"
+    DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END, parse_deepseek_calls, name=DEEPSEEK
 )
 # our own parsers, by the name --tool-parser and families.py give them
-OWN_SYNTAXES = {HERMES: HERMES_SYNTAX, "deepseek_v31": DEEPSEEK_SYNTAX}
+OWN_SYNTAXES = {HERMES: HERMES_SYNTAX, DEEPSEEK: DEEPSEEK_SYNTAX}
 
 
 def _call(call: Any) -> ToolCall:
@@ -209,10 +210,7 @@ def forced_call_grammar(
     """A Lark grammar (llguidance's) for forced calls written the way the model writes them:
     each call's JSON between `syntax`'s start and end, one call (`one`) or several. A tag that
     is one of the tokenizer's `special` tokens (text: id) is named by its id."""
-    special = special or {}
-
-    def literal(text: str) -> str:
-        return f"<[{special[text]}]>" if text in special else json.dumps(text)
+    literal = literals(special or {})
 
     # spaced as the templates print calls (`tojson`: ", " and ": "), which the model learnt
     spacing = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -7,11 +7,12 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx_lm
 import pytest
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache
 
 from mlxserve.speculation.rollback import roll_back
 
 from ..device_numerics import LOGPROB_TOLERANCE
+from .verify_rows import alone, assert_each_decodes_as_alone, decoded_after
 
 PROMPTS = [[5, 9, 14, 3, 22, 7], [11, 4], [8, 8, 30, 2]]
 # Per row: the tokens a verify pass feeds after its prompt (the last token and 3 drafts), and
@@ -26,17 +27,6 @@ def model(tiny_model):
     return loaded
 
 
-def alone(model, tokens: list[int], steps: int) -> list[mx.array]:
-    """The logits of `steps` greedy steps after `tokens`, one sequence."""
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(tokens)[None], cache=cache)[0, -1]
-    out = []
-    for _ in range(steps):
-        out.append(logits)
-        logits = model(mx.argmax(logits)[None, None], cache=cache)[0, -1]
-    return out
-
-
 def batched(model, steps: int, rolled_back=roll_back) -> list[list[mx.array]]:
     """The same rows in one batch, left-padded, through one verify pass and `rolled_back`."""
     longest = max(map(len, PROMPTS))
@@ -46,23 +36,13 @@ def batched(model, steps: int, rolled_back=roll_back) -> list[list[mx.array]]:
     model(padded, cache=caches)
     verify = model(mx.array(FED), cache=caches)
     rolled_back(caches, [len(fed) - kept for fed, kept in zip(FED, KEPT)])
-    logits = verify[mx.arange(len(FED)), mx.array(KEPT) - 1]  # each row's last kept position
-    out: list[list[mx.array]] = [[] for _ in PROMPTS]
-    for _ in range(steps):
-        for row, row_logits in enumerate(logits):
-            out[row].append(row_logits)
-        logits = model(mx.argmax(logits, axis=-1)[:, None], cache=caches)[:, -1]
-    return out
+    return decoded_after(model, caches, verify, KEPT, steps)
 
 
 def test_rows_rolled_back_by_different_counts_decode_as_each_alone(model):
     steps = 6
     together = batched(model, steps)
-    for row, (prompt, fed, kept) in enumerate(zip(PROMPTS, FED, KEPT)):
-        reference = alone(model, prompt + fed[:kept], steps)
-        for step, (ours, theirs) in enumerate(zip(together[row], reference)):
-            assert mx.argmax(ours).item() == mx.argmax(theirs).item(), (row, step)
-            assert mx.allclose(ours, theirs, atol=LOGPROB_TOLERANCE).item(), (row, step)
+    assert_each_decodes_as_alone(model, together, PROMPTS, FED, KEPT, steps)
 
 
 def test_without_the_roll_back_a_row_would_differ(model):

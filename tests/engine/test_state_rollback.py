@@ -15,6 +15,7 @@ from mlxserve.engine.mlx_lm_compat.state_rollback import StateSnapshot, position
 from mlxserve.tiny_families import build_tiny_family
 
 from ..device_numerics import LOGPROB_TOLERANCE
+from .verify_rows import alone, assert_each_decodes_as_alone, decoded_after
 
 # prompts past gemma3_text's window (64), of unequal lengths
 PROMPTS = [[(i * 13 + 5) % 900 + 20 for i in range(90)], [11, 4, 30], list(range(40, 110))]
@@ -33,17 +34,6 @@ def model(request, tmp_path_factory):
     return loaded
 
 
-def alone(model, tokens: list[int], steps: int) -> list[mx.array]:
-    """The logits of `steps` greedy steps after `tokens`, one sequence."""
-    cache = make_prompt_cache(model)
-    logits = model(mx.array(tokens)[None], cache=cache)[0, -1]
-    out = []
-    for _ in range(steps):
-        out.append(logits)
-        logits = model(mx.argmax(logits)[None, None], cache=cache)[0, -1]
-    return out
-
-
 def batched(model, steps: int, put_back=refeed) -> list[list[mx.array]]:
     """The rows read alone, merged into one batch (as mlx-lm batches rows with history), then
     one verify pass and `put_back`."""
@@ -58,23 +48,13 @@ def batched(model, steps: int, put_back=refeed) -> list[list[mx.array]]:
     snapshot = StateSnapshot(caches)
     verify = model(fed, cache=caches)
     put_back(model, caches, snapshot, fed, [k - 1 for k in KEPT])
-    logits = verify[mx.arange(len(FED)), mx.array(KEPT) - 1]  # each row's last kept position
-    out: list[list[mx.array]] = [[] for _ in PROMPTS]
-    for _ in range(steps):
-        for row, row_logits in enumerate(logits):
-            out[row].append(row_logits)
-        logits = model(mx.argmax(logits, axis=-1)[:, None], cache=caches)[:, -1]
-    return out
+    return decoded_after(model, caches, verify, KEPT, steps)
 
 
 def test_rows_fed_again_what_they_kept_decode_as_each_alone(model):
     steps = 6
     together = batched(model, steps)
-    for row, (prompt, fed, kept) in enumerate(zip(PROMPTS, FED, KEPT)):
-        reference = alone(model, prompt + fed[:kept], steps)
-        for step, (ours, theirs) in enumerate(zip(together[row], reference)):
-            assert mx.argmax(ours).item() == mx.argmax(theirs).item(), (row, step)
-            assert mx.allclose(ours, theirs, atol=LOGPROB_TOLERANCE).item(), (row, step)
+    assert_each_decodes_as_alone(model, together, PROMPTS, FED, KEPT, steps)
 
 
 def test_without_being_put_back_a_row_would_differ(model):

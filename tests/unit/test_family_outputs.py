@@ -262,8 +262,13 @@ def test_a_template_with_seed_think_reads_it_as_reasoning():
 
 
 def test_every_family_names_a_format_that_exists():
-    names = {f.name for f in __import__("mlxserve.families").families.OUTPUT_FORMATS}
+    from mlxserve.chat.tool_calls import OWN_SYNTAXES
+    from mlxserve.families import OUTPUT_FORMATS
+
+    names = {f.name for f in OUTPUT_FORMATS}
     assert all(f.output in names for f in FAMILIES if f.output)
+    # (families.py is plain data: the parsers it names by name are ours)
+    assert all(f.tool_syntax in OWN_SYNTAXES for f in OUTPUT_FORMATS if f.tool_syntax)
 
 
 @pytest.mark.skipif(not TEMPLATES.is_dir(), reason=f"no shared chat templates at {TEMPLATES}")

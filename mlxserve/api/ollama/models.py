@@ -245,7 +245,7 @@ def capabilities(entry: ModelEntry) -> list[str]:
     else:
         template = template_of(entry)
         own = output_format(template)
-        thinking = "<think>" in template or (own is not None and (own.think or own.channels))
+        thinking = "<think>" in template or (own is not None and own.reasons)
     if thinking:
         found.append("thinking")
     if loaded is not None and loaded.takes_images:

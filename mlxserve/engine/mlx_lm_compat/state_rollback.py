@@ -61,9 +61,7 @@ def _leaves(layers: Sequence) -> list:
     for layer in layers:
         if isinstance(layer, CacheList):
             found += _leaves(layer.caches)
-        elif isinstance(layer, KVGroups):
-            found += layer.groups
-        else:
+        else:  # (KV groups are plain KV's alone: `positional`, never snapshot)
             found.append(layer)
     return found
 
